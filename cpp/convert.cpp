@@ -1,0 +1,4 @@
+#include <pybind11/pybind11.h>
+namespace py = pybind11;
+
+void register_convert(py::module_ &) {}

@@ -1,0 +1,31 @@
+"""npurt: one VART-ML style API for NPUs, over OpenVINO and ONNX Runtime (Vitis AI EP)."""
+
+from .factory import RunnerFactory
+from .formats import convert
+from .runner import Runner
+from .tensor import NpuTensor
+from .types import (
+    DataType,
+    DeviceInfo,
+    JobHandle,
+    MemoryLayout,
+    MemoryType,
+    NpuError,
+    NpuFallbackWarning,
+    NpuTensorInfo,
+    NpuUnsupportedError,
+    QuantParameters,
+    RoundingMode,
+    RunnerType,
+    StatusCode,
+    TensorDirection,
+    TensorType,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataType", "DeviceInfo", "JobHandle", "MemoryLayout", "MemoryType", "NpuError", "NpuFallbackWarning",
+    "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "RoundingMode", "Runner",
+    "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "convert", "__version__",
+]

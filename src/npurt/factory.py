@@ -1,0 +1,130 @@
+"""RunnerFactory and the backend registry (entry-point group "npurt.backends")."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .runner import Runner
+from .types import NpuError, RunnerType
+
+ENTRY_POINT_GROUP = "npurt.backends"
+AUTO_ORDER = ("OPENVINO", "VAIML")  # AUTO: the first whose NPU is present, else the first that loads the model
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._classes: dict[str, type[Runner]] = {}
+        self._errors: dict[str, str] = {}
+        self._scanned = False
+
+    def _scan(self) -> None:
+        if self._scanned:
+            return
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            name = ep.name.upper()
+            if name in self._classes:
+                continue
+            try:
+                cls = ep.load()
+            except Exception as e:  # noqa: BLE001 - a broken backend must not hide the others
+                self._errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            if not (isinstance(cls, type) and issubclass(cls, Runner)):
+                self._errors[name] = f"entry point {ep.value} is not a Runner subclass"
+                continue
+            self._classes[name] = cls
+        self._scanned = True
+
+    def register(self, name: str, cls: type[Runner]) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Runner)):
+            raise ValueError(f"backend {name!r}: {cls!r} is not a Runner subclass")
+        with self._lock:
+            self._classes[name.upper()] = cls
+            self._errors.pop(name.upper(), None)
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._classes.pop(name.upper(), None)
+
+    def classes(self) -> dict[str, type[Runner]]:
+        with self._lock:
+            self._scan()
+            return dict(self._classes)
+
+    def errors(self) -> dict[str, str]:
+        with self._lock:
+            self._scan()
+            return dict(self._errors)
+
+
+_registry = _Registry()
+
+
+def _type_name(runner_type: RunnerType | str) -> str:
+    if isinstance(runner_type, RunnerType):
+        return runner_type.name
+    if isinstance(runner_type, str):
+        return runner_type.upper()
+    raise ValueError(f"runner type {runner_type!r} is not a RunnerType or a backend name")
+
+
+class RunnerFactory:
+    """Creates runners for the registered backends."""
+
+    @staticmethod
+    def create_runner(runner_type: RunnerType | str, model_path: str | Path,
+                      options: Mapping[str, Any] | None = None) -> Runner:
+        name = _type_name(runner_type)
+        classes = _registry.classes()
+        if name == RunnerType.AUTO.name:
+            return RunnerFactory._create_auto(classes, model_path, options)
+        cls = classes.get(name)
+        if cls is None:
+            errors = _registry.errors()
+            if name in errors:
+                raise NpuError(f"backend {name} is installed but failed to load: {errors[name]}")
+            valid = sorted(set(classes) | {RunnerType.AUTO.name})
+            raise ValueError(f"unknown runner type {name!r}; available: {', '.join(valid) or 'none'}"
+                             + (f" (failed to load: {', '.join(sorted(errors))})" if errors else ""))
+        return cls(model_path, options)
+
+    @staticmethod
+    def _create_auto(classes: dict[str, type[Runner]], model_path: str | Path,
+                     options: Mapping[str, Any] | None) -> Runner:
+        ordered = [n for n in AUTO_ORDER if n in classes] + sorted(n for n in classes if n not in AUTO_ORDER)
+        if not ordered:
+            raise NpuError("no npurt backend is installed" + "".join(
+                f"; {n} failed to load: {e}" for n, e in _registry.errors().items()))
+        with_npu = [n for n in ordered if classes[n].npu_present()]
+        failures = []
+        for name in with_npu + [n for n in ordered if n not in with_npu]:
+            try:
+                return classes[name](model_path, options)
+            except ValueError:
+                raise  # a bad argument is bad for every backend
+            except Exception as e:  # noqa: BLE001 - try the next backend, report all at the end
+                failures.append(f"{name}: {e}")
+        raise NpuError("no backend could run the model: " + "; ".join(failures))
+
+    @staticmethod
+    def register_backend(name: str, cls: type[Runner]) -> None:
+        """Register a backend class under a name (in addition to the entry points)."""
+        _registry.register(name, cls)
+
+    @staticmethod
+    def unregister_backend(name: str) -> None:
+        _registry.unregister(name)
+
+    @staticmethod
+    def available_backends() -> dict[str, type[Runner]]:
+        return _registry.classes()
+
+    @staticmethod
+    def backend_errors() -> dict[str, str]:
+        """Backends whose entry point failed to load, with why."""
+        return _registry.errors()

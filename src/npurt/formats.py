@@ -1,0 +1,171 @@
+"""HW views: which layout / dtype / quantization each target uses, and conversion between views.
+
+The view rules (DESIGN.md, "HW views"):
+
+| target   | 4-D float                          | other float       | int       | QDQ boundary             |
+|----------|------------------------------------|-------------------|-----------|--------------------------|
+| OPENVINO | NHWC, FP16                         | same layout, FP16 | unchanged | quantized int8/uint8     |
+| VAIML    | HCWNC4, BF16, channels padded to 4 | same layout, BF16 | unchanged | quantized int8/uint8     |
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .options import HwFormat
+from .tensor import NpuTensor
+from .types import DataType, MemoryLayout, NpuTensorInfo, QuantParameters, RoundingMode, TensorType
+
+FLOAT_TYPES = (DataType.FLOAT32, DataType.FP16, DataType.BF16)
+TARGET_FLOAT_TYPE = {"OPENVINO": DataType.FP16, "VAIML": DataType.BF16}
+TARGET_4D_LAYOUT = {"OPENVINO": MemoryLayout.NHWC, "VAIML": MemoryLayout.HCWNC4}
+CHANNEL_GROUP = {MemoryLayout.HCWNC4: 4, MemoryLayout.HCWNC8: 8, MemoryLayout.HCWNC16: 16}
+# Axis permutations from the logical NCHW tensor (for HCWNCk: the [N, C/k, k, H, W] split of it).
+_PERMUTATION = {
+    MemoryLayout.NCHW: (0, 1, 2, 3),
+    MemoryLayout.NHWC: (0, 2, 3, 1),
+}
+_HCWNC_PERMUTATION = (3, 1, 4, 0, 2)  # [N, C/k, k, H, W] -> [H, C/k, W, N, k]
+
+
+def default_layout(rank: int) -> MemoryLayout:
+    """The layout name of a CPU (ONNX) tensor of this rank."""
+    return {2: MemoryLayout.NC, 3: MemoryLayout.NHW, 4: MemoryLayout.NCHW}.get(rank, MemoryLayout.UNKNOWN)
+
+
+def layout_shape(logical: tuple[int, ...], layout: MemoryLayout, order: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The shape of a tensor of logical (CPU) shape ``logical`` stored in ``layout``."""
+    if layout in CHANNEL_GROUP:
+        if len(logical) != 4:
+            raise ValueError(f"{layout.name} needs a 4-D tensor, got shape {list(logical)}")
+        k = CHANNEL_GROUP[layout]
+        n, c, h, w = logical
+        return (h, math.ceil(c / k), w, n, k)
+    if layout is MemoryLayout.GENERIC and order:
+        return tuple(logical[i] for i in order)
+    perm = _PERMUTATION.get(layout)
+    if perm is not None and len(logical) == 4:
+        return tuple(logical[i] for i in perm)
+    return tuple(logical)
+
+
+def hw_view(cpu: NpuTensorInfo, target: str, *, quant_data_type: DataType | None = None,
+            override: HwFormat | None = None) -> NpuTensorInfo:
+    """The HW view of a CPU-view tensor on ``target`` (the target, not the device a fallback attached)."""
+    layout = cpu.memory_layout
+    dtype = cpu.data_type
+    if quant_data_type is not None:
+        dtype = quant_data_type
+    elif cpu.data_type in FLOAT_TYPES and target in TARGET_FLOAT_TYPE:
+        dtype = TARGET_FLOAT_TYPE[target]
+        if len(cpu.shape) == 4:
+            layout = TARGET_4D_LAYOUT[target]
+    if override is not None:
+        layout = override.memory_layout if override.memory_layout is not None else layout
+        dtype = override.data_type if override.data_type is not None else dtype
+    if layout in CHANNEL_GROUP or (layout in _PERMUTATION and len(cpu.shape) == 4):
+        shape = layout_shape(cpu.shape, layout)
+    elif layout == cpu.memory_layout or layout is MemoryLayout.UNKNOWN:
+        shape = cpu.shape
+    else:
+        raise ValueError(f"tensor {cpu.name!r}: layout {layout.name} does not apply to shape {list(cpu.shape)}")
+    return NpuTensorInfo(name=cpu.name, data_type=dtype, shape=shape, direction=cpu.direction,
+                         tensor_type=TensorType.HW, memory_layout=layout)
+
+
+# -- conversion (numpy reference path; the native kernels replace it where they apply) --------------
+def _to_float32(a: np.ndarray, dtype: DataType, quant: QuantParameters | None) -> np.ndarray:
+    if dtype is DataType.BF16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    if dtype in (DataType.INT8, DataType.UINT8) and quant is not None:
+        return ((a.astype(np.float32) - np.float32(quant.zero_point)) * np.float32(quant.scale)).astype(np.float32)
+    return a.astype(np.float32)
+
+
+def _from_float32(x: np.ndarray, dtype: DataType, quant: QuantParameters | None) -> np.ndarray:
+    if dtype is DataType.BF16:
+        bits = x.astype(np.float32).view(np.uint32)
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+        nan = np.isnan(x)
+        out = rounded.astype(np.uint16)
+        out[nan] = ((bits[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)  # keep NaN a (quiet) NaN
+        return out
+    if dtype in (DataType.INT8, DataType.UINT8) and quant is not None:
+        info = np.iinfo(dtype.numpy)
+        q = x / np.float32(quant.scale)
+        q = np.trunc(q) if quant.rounding_mode is RoundingMode.ROUND_TOWARD_ZERO else np.rint(q)
+        return np.clip(q + quant.zero_point, info.min, info.max).astype(dtype.numpy)
+    return x.astype(dtype.numpy)
+
+
+def _logical_shape(src: NpuTensorInfo, dst: NpuTensorInfo) -> tuple[int, ...]:
+    for info in (src, dst):
+        if info.memory_layout not in CHANNEL_GROUP and info.memory_layout is not MemoryLayout.GENERIC:
+            perm = _PERMUTATION.get(info.memory_layout)
+            if perm is not None and len(info.shape) == 4:
+                inv = np.argsort(perm)
+                return tuple(info.shape[i] for i in inv)
+            return info.shape
+    for info in (src, dst):  # both padded/permuted: the padded channels are part of the tensor
+        if info.memory_layout in CHANNEL_GROUP:
+            h, cg, w, n, k = info.shape
+            return (n, cg * k, h, w)
+        return tuple(info.shape[i] for i in np.argsort(info.memory_layout_order))
+    raise AssertionError("unreachable")
+
+
+def _view_to_logical(a: np.ndarray, info: NpuTensorInfo, logical: tuple[int, ...]) -> np.ndarray:
+    layout = info.memory_layout
+    if layout in CHANNEL_GROUP:
+        n, c, h, w = logical
+        full = a.transpose(np.argsort(_HCWNC_PERMUTATION)).reshape(n, -1, h, w)
+        return full[:, :c]
+    if layout is MemoryLayout.GENERIC and info.memory_layout_order:
+        return a.transpose(np.argsort(info.memory_layout_order))
+    perm = _PERMUTATION.get(layout)
+    if perm is not None and a.ndim == 4:
+        return a.transpose(np.argsort(perm))
+    return a
+
+
+def _logical_to_view(x: np.ndarray, info: NpuTensorInfo) -> np.ndarray:
+    layout = info.memory_layout
+    if layout in CHANNEL_GROUP:
+        n, c, h, w = x.shape
+        k = CHANNEL_GROUP[layout]
+        cp = math.ceil(c / k) * k
+        if cp != c:
+            x = np.concatenate([x, np.zeros((n, cp - c, h, w), x.dtype)], axis=1)
+        return x.reshape(n, cp // k, k, h, w).transpose(_HCWNC_PERMUTATION)
+    if layout is MemoryLayout.GENERIC and info.memory_layout_order:
+        return x.transpose(info.memory_layout_order)
+    perm = _PERMUTATION.get(layout)
+    if perm is not None and x.ndim == 4:
+        return x.transpose(perm)
+    return x
+
+
+def convert(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = None) -> None:
+    """Convert ``src`` into ``dst``: two views of the same logical tensor (layout, dtype, quantization).
+
+    ``quant`` gives the scale and zero point where one side is the quantized view of a float tensor.
+    """
+    if not isinstance(src, NpuTensor) or not isinstance(dst, NpuTensor):
+        raise ValueError("convert() takes two NpuTensors")
+    if not dst.writable:
+        raise ValueError(f"convert(): destination {dst.info.name!r} is read-only")
+    s, d = src.info, dst.info
+    logical = _logical_shape(s, d)
+    if layout_shape(logical, s.memory_layout, s.memory_layout_order) != s.shape or \
+            layout_shape(logical, d.memory_layout, d.memory_layout_order) != d.shape:
+        raise ValueError(f"convert(): {s.name!r} {s.describe()} and {d.name!r} {d.describe()} are not views of "
+                         "the same tensor")
+    quantized = {DataType.INT8, DataType.UINT8}
+    if (s.data_type in quantized) != (d.data_type in quantized) and quant is None:
+        raise ValueError(f"convert(): {s.data_type.name} -> {d.data_type.name} needs QuantParameters")
+    x = _view_to_logical(src.numpy(), s, logical)
+    if s.data_type != d.data_type:
+        x = _from_float32(_to_float32(x, s.data_type, quant), d.data_type, quant)
+    np.copyto(dst.numpy(), _logical_to_view(x, d))

@@ -1,0 +1,179 @@
+"""Runner options: the one place where option names, defaults and valid values are known."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .types import DataType, MemoryLayout, TensorDirection, TensorType, _enum
+
+DEVICES = ("AUTO", "NPU", "CPU", "GPU")
+FALLBACKS = ("cpu", "error")
+CALLBACK_ORDERS = ("submission", "completion")
+LOG_LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
+PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
+PRECISIONS = ("f32", "f16", "bf16")
+MEMORY_PROVIDERS = ("auto", "dma_heap", "udmabuf", "memfd", "host")
+
+OPTION_KEYS = (
+    "device", "fallback", "input_tensor_type", "output_tensor_type", "batch_size", "shapes",
+    "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
+    "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
+    "memory_strict",
+)
+PER_TENSOR_PREFIXES = ("input_tensor_type.", "output_tensor_type.")
+
+
+@dataclass(frozen=True)
+class HwFormat:
+    """A user's override of one tensor's HW view."""
+
+    memory_layout: MemoryLayout | None = None
+    data_type: DataType | None = None
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    device: str = "AUTO"
+    fallback: str = "cpu"
+    input_tensor_type: TensorType = TensorType.HW
+    output_tensor_type: TensorType = TensorType.HW
+    tensor_types: Mapping[tuple[TensorDirection, str], TensorType] = field(default_factory=dict)
+    batch_size: int = 1
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    max_concurrent_runs: int | None = None  # None: the backend's choice (the engine's optimum, else 2)
+    async_threadpool_depth: int | None = None  # None: max_concurrent_runs
+    callback_order: str = "submission"
+    log_level: str = "INFO"
+    cache_dir: Path | None = None
+    performance_hint: str | None = None
+    inference_precision: str | None = None
+    hw_format: Mapping[str, HwFormat] = field(default_factory=dict)
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+    memory_provider: str = "auto"
+    memory_strict: bool = False
+
+    def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
+        """The view a port is compiled for: its per-tensor option, else the direction's option."""
+        per = self.tensor_types.get((direction, name))
+        if per is not None:
+            return per
+        return self.input_tensor_type if direction is TensorDirection.INPUT else self.output_tensor_type
+
+
+def _choice(key: str, value: Any, valid: tuple[str, ...], upper: bool) -> str:
+    if isinstance(value, str):
+        v = value.upper() if upper else value.lower()
+        if v in valid:
+            return v
+    raise ValueError(f"option {key!r}: {value!r} is not one of {', '.join(valid)}")
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"option {key!r}: {value!r} is not a positive integer")
+    return value
+
+
+def _tensor_type(key: str, value: Any) -> TensorType:
+    if isinstance(value, TensorType):
+        return value
+    return TensorType[_choice(key, value, ("HW", "CPU"), upper=True)]
+
+
+def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
+    """Validate a user's option dict. Unknown keys and bad values raise ValueError naming the valid ones."""
+    if options is None:
+        return RunnerOptions()
+    if not isinstance(options, Mapping):
+        raise ValueError(f"options must be a dict, got {type(options).__name__}")
+    kw: dict[str, Any] = {}
+    tensor_types: dict[tuple[TensorDirection, str], TensorType] = {}
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise ValueError(f"option names are strings, got {key!r}")
+        if key.startswith(PER_TENSOR_PREFIXES):
+            prefix, _, tensor = key.partition(".")
+            if not tensor:
+                raise ValueError(f"option {key!r} names no tensor")
+            direction = TensorDirection.INPUT if prefix == "input_tensor_type" else TensorDirection.OUTPUT
+            tensor_types[(direction, tensor)] = _tensor_type(key, value)
+            continue
+        if key not in OPTION_KEYS:
+            raise ValueError(
+                f"unknown option {key!r}; valid options: {', '.join(OPTION_KEYS)}, "
+                "input_tensor_type.<tensor>, output_tensor_type.<tensor>"
+            )
+        if value is None:
+            continue
+        if key == "device":
+            kw[key] = _choice(key, value, DEVICES, upper=True)
+        elif key == "fallback":
+            kw[key] = _choice(key, value, FALLBACKS, upper=False)
+        elif key in ("input_tensor_type", "output_tensor_type"):
+            kw[key] = _tensor_type(key, value)
+        elif key in ("batch_size", "max_concurrent_runs", "async_threadpool_depth"):
+            kw[key] = _positive_int(key, value)
+        elif key == "shapes":
+            kw[key] = _parse_shapes(value)
+        elif key == "callback_order":
+            kw[key] = _choice(key, value, CALLBACK_ORDERS, upper=False)
+        elif key == "log_level":
+            kw[key] = _choice(key, value, LOG_LEVELS, upper=True)
+        elif key == "cache_dir":
+            if not isinstance(value, (str, Path)) or not str(value):
+                raise ValueError(f"option 'cache_dir': {value!r} is not a path")
+            kw[key] = Path(value)
+        elif key == "performance_hint":
+            kw[key] = _choice(key, value, PERFORMANCE_HINTS, upper=True)
+        elif key == "inference_precision":
+            kw[key] = _choice(key, value, PRECISIONS, upper=False)
+        elif key == "hw_format":
+            kw[key] = _parse_hw_format(value)
+        elif key == "engine_options":
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                raise ValueError(f"option 'engine_options' must be a dict with string keys, got {value!r}")
+            kw[key] = dict(value)
+        elif key == "memory_provider":
+            kw[key] = _choice(key, value, MEMORY_PROVIDERS, upper=False)
+        elif key == "memory_strict":
+            if not isinstance(value, bool):
+                raise ValueError(f"option 'memory_strict': {value!r} is not a bool")
+            kw[key] = value
+    return RunnerOptions(tensor_types=tensor_types, **kw)
+
+
+def _parse_shapes(value: Any) -> dict[str, tuple[int, ...]]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"option 'shapes' must map input names to shapes, got {value!r}")
+    shapes = {}
+    for name, shape in value.items():
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise ValueError(f"option 'shapes': shape of {name!r} is not a sequence: {shape!r}") from None
+        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+            raise ValueError(f"option 'shapes': shape of {name!r} must be positive integers, got {shape!r}")
+        shapes[str(name)] = dims
+    return shapes
+
+
+def _parse_hw_format(value: Any) -> dict[str, HwFormat]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"option 'hw_format' must map tensor names to formats, got {value!r}")
+    out = {}
+    for name, fmt in value.items():
+        if not isinstance(fmt, Mapping) or not set(fmt) <= {"memory_layout", "data_type"}:
+            raise ValueError(
+                f"option 'hw_format': format of {name!r} must be a dict with 'memory_layout' and/or 'data_type', "
+                f"got {fmt!r}"
+            )
+        layout = fmt.get("memory_layout")
+        dtype = fmt.get("data_type")
+        out[str(name)] = HwFormat(
+            memory_layout=None if layout is None else _enum(MemoryLayout, layout, f"hw_format[{name!r}] layout"),
+            data_type=None if dtype is None else _enum(DataType, dtype, f"hw_format[{name!r}] data_type"),
+        )
+    return out

@@ -1,0 +1,308 @@
+"""Enums and value types of the npurt API, with VART-ML's names and values."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+
+class NpuError(RuntimeError):
+    """An error of the runtime (engine, device, memory), as opposed to a bad argument (ValueError)."""
+
+
+class NpuUnsupportedError(NpuError):
+    """The engine cannot do what was asked (an operator, a memory type, a shape): StatusCode.UNSUPPORTED."""
+
+
+class NpuFallbackWarning(UserWarning):
+    """A runner runs somewhere else than it was asked to (for example on CPU because no NPU is present)."""
+
+
+class RunnerType(IntEnum):
+    OPENVINO = 0
+    VAIML = 1
+    AUTO = 2
+
+
+class TensorType(IntEnum):
+    CPU = 0
+    HW = 1
+
+
+class TensorDirection(IntEnum):
+    INPUT = 0
+    OUTPUT = 1
+
+
+class MemoryType(IntEnum):
+    UNKNOWN = 0
+    XRT_BO = 1
+    DMA_FD = 2
+    USER_POINTER_CMA = 3
+    USER_POINTER_NON_CMA = 4
+
+
+class MemoryLayout(IntEnum):
+    UNKNOWN = 0
+    NC = 1
+    NCH = 2
+    NHC = 3
+    NHW = 4
+    NWC = 5
+    NHWC = 6
+    NCHW = 7
+    NHWC4 = 8
+    NHWC8 = 9
+    NC4HW4 = 10
+    NC8HW8 = 11
+    HCWNC4 = 12
+    HCWNC8 = 13
+    HCWNC16 = 14
+    NHW16C4WC = 15
+    NHW16WC4C = 16
+    GENERIC = 17
+
+
+class DataType(IntEnum):
+    UNKNOWN = 0
+    BOOLEAN = 1
+    INT8 = 2
+    UINT8 = 3
+    INT16 = 4
+    UINT16 = 5
+    BF16 = 6
+    FP16 = 7
+    INT32 = 8
+    UINT32 = 9
+    FLOAT32 = 10
+    INT64 = 11
+    UINT64 = 12
+
+    @property
+    def itemsize(self) -> int:
+        if self is DataType.UNKNOWN:
+            raise ValueError("DataType.UNKNOWN has no element size")
+        return _NUMPY_OF[self].itemsize
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype that holds this type's bits (BF16 shows as uint16)."""
+        if self is DataType.UNKNOWN:
+            raise ValueError("DataType.UNKNOWN has no numpy dtype")
+        return _NUMPY_OF[self]
+
+    @classmethod
+    def from_numpy(cls, dtype: Any) -> DataType:
+        dt = np.dtype(dtype)
+        for k, v in _NUMPY_OF.items():
+            if k is not DataType.BF16 and v == dt:
+                return k
+        raise ValueError(f"no npurt DataType for numpy dtype {dt}")
+
+
+_NUMPY_OF: dict[DataType, np.dtype] = {
+    DataType.BOOLEAN: np.dtype(np.bool_),
+    DataType.INT8: np.dtype(np.int8),
+    DataType.UINT8: np.dtype(np.uint8),
+    DataType.INT16: np.dtype(np.int16),
+    DataType.UINT16: np.dtype(np.uint16),
+    DataType.BF16: np.dtype(np.uint16),
+    DataType.FP16: np.dtype(np.float16),
+    DataType.INT32: np.dtype(np.int32),
+    DataType.UINT32: np.dtype(np.uint32),
+    DataType.FLOAT32: np.dtype(np.float32),
+    DataType.INT64: np.dtype(np.int64),
+    DataType.UINT64: np.dtype(np.uint64),
+}
+
+
+class StatusCode(IntEnum):
+    SUCCESS = 0
+    FAILURE = 1
+    INVALID_INPUT = 2
+    INVALID_OUTPUT = 3
+    OUT_OF_MEMORY = 4
+    RUNTIME_ERROR = 5
+    JOB_PENDING = 6
+    INVALID_JOB_ID = 7
+    RESOURCE_UNAVAILABLE = 8
+    UNSUPPORTED = 9
+
+
+class RoundingMode(IntEnum):
+    UNKNOWN = 0
+    ROUND_TO_NEAREST_EVEN = 1
+    ROUND_TOWARD_ZERO = 2
+
+
+def _enum(enum_cls: type[IntEnum], value: Any, what: str) -> Any:
+    """Accept an enum member, its name (case-insensitive) or its value."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        try:
+            return enum_cls[value.upper()]
+        except KeyError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return enum_cls(value)
+        except ValueError:
+            pass
+    valid = ", ".join(m.name for m in enum_cls)
+    raise ValueError(f"{what}: {value!r} is not a {enum_cls.__name__} (valid: {valid})")
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides in elements."""
+    strides = []
+    acc = 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class NpuTensorInfo:
+    """Metadata of one tensor in one view. Immutable; equal by value.
+
+    ``strides`` (in elements), ``size`` (elements) and ``size_in_bytes`` are derived from ``shape`` and
+    ``data_type`` unless given (padded rows, for example, give strides and a larger size_in_bytes).
+    """
+
+    name: str
+    data_type: DataType
+    shape: tuple[int, ...]
+    direction: TensorDirection = TensorDirection.INPUT
+    tensor_type: TensorType = TensorType.HW
+    memory_layout: MemoryLayout = MemoryLayout.UNKNOWN
+    memory_layout_order: tuple[int, ...] = ()
+    strides: tuple[int, ...] = field(default=())
+    size: int = -1
+    size_in_bytes: int = -1
+
+    def __post_init__(self) -> None:
+        setattr_ = object.__setattr__
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"NpuTensorInfo.name must be a non-empty string, got {self.name!r}")
+        setattr_(self, "data_type", _enum(DataType, self.data_type, f"tensor {self.name!r} data_type"))
+        setattr_(self, "direction", _enum(TensorDirection, self.direction, f"tensor {self.name!r} direction"))
+        setattr_(self, "tensor_type", _enum(TensorType, self.tensor_type, f"tensor {self.name!r} tensor_type"))
+        setattr_(self, "memory_layout", _enum(MemoryLayout, self.memory_layout, f"tensor {self.name!r} layout"))
+        try:
+            shape = tuple(int(d) for d in self.shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"tensor {self.name!r}: shape must be a sequence of ints, got {self.shape!r}") from None
+        if any(d < 0 for d in shape):
+            raise ValueError(f"tensor {self.name!r}: shape {shape} has a negative dimension")
+        setattr_(self, "shape", shape)
+        order = tuple(int(d) for d in self.memory_layout_order)
+        if order and sorted(order) != list(range(len(shape))):
+            raise ValueError(
+                f"tensor {self.name!r}: memory_layout_order {order} is not a permutation of {len(shape)} dims"
+            )
+        setattr_(self, "memory_layout_order", order)
+        if self.data_type is DataType.UNKNOWN:
+            raise ValueError(f"tensor {self.name!r}: data_type UNKNOWN has no size")
+        strides = tuple(int(s) for s in self.strides) if self.strides else contiguous_strides(shape)
+        if len(strides) != len(shape):
+            raise ValueError(f"tensor {self.name!r}: {len(strides)} strides for a {len(shape)}-d shape {shape}")
+        if any(s < 0 for s in strides):
+            raise ValueError(f"tensor {self.name!r}: negative strides {strides} are not supported")
+        setattr_(self, "strides", strides)
+        size = math.prod(shape)
+        if self.size not in (-1, size):
+            raise ValueError(f"tensor {self.name!r}: size {self.size} does not match shape {shape} ({size})")
+        setattr_(self, "size", size)
+        span = 0 if size == 0 else (sum((d - 1) * s for d, s in zip(shape, strides)) + 1)
+        need = span * self.data_type.itemsize
+        if self.size_in_bytes == -1:
+            setattr_(self, "size_in_bytes", need)
+        elif self.size_in_bytes < need:
+            raise ValueError(
+                f"tensor {self.name!r}: size_in_bytes {self.size_in_bytes} is smaller than the {need} bytes "
+                f"that shape {shape} with strides {strides} spans"
+            )
+
+    @property
+    def is_contiguous(self) -> bool:
+        return self.strides == contiguous_strides(self.shape)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return self.data_type.numpy
+
+    def replace(self, **changes: Any) -> NpuTensorInfo:
+        """A copy with some fields changed; derived fields are derived again unless given."""
+        kw = {
+            "name": self.name,
+            "data_type": self.data_type,
+            "shape": self.shape,
+            "direction": self.direction,
+            "tensor_type": self.tensor_type,
+            "memory_layout": self.memory_layout,
+            "memory_layout_order": self.memory_layout_order,
+        }
+        if not ({"shape", "data_type"} & changes.keys()):
+            kw.update(strides=self.strides, size_in_bytes=self.size_in_bytes)
+        kw.update(changes)
+        return NpuTensorInfo(**kw)
+
+    def describe(self) -> str:
+        layout = self.memory_layout.name
+        if self.memory_layout is MemoryLayout.GENERIC and self.memory_layout_order:
+            layout += str(list(self.memory_layout_order))
+        return f"{self.tensor_type.name} {list(self.shape)} {self.data_type.name} {layout}"
+
+
+@dataclass(frozen=True)
+class QuantParameters:
+    scale: float
+    zero_point: int
+    rounding_mode: RoundingMode = RoundingMode.ROUND_TO_NEAREST_EVEN
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"QuantParameters.scale must be a positive finite number, got {self.scale!r}")
+        object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "zero_point", int(self.zero_point))
+        object.__setattr__(self, "rounding_mode", _enum(RoundingMode, self.rounding_mode, "rounding_mode"))
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """What execute_async returns: job ids start at 1; 0 is never a valid job."""
+
+    status: StatusCode
+    job_id: int
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where a runner runs, and why there."""
+
+    requested: str
+    attached: str
+    engine: str
+    engine_version: str
+    fell_back: bool = False
+    reason: str = ""
+    skipped: tuple[tuple[str, str], ...] = ()  # (device, why it was not taken)
+    full_name: str = ""
+    placement: tuple[tuple[str, int], ...] = ()  # (engine provider, node count), where the engine says
+
+    def summary(self) -> str:
+        s = f"{self.engine} {self.engine_version} on {self.attached}"
+        if self.full_name:
+            s += f" ({self.full_name})"
+        if self.fell_back:
+            s += f" [asked for {self.requested}; fell back: {self.reason}]"
+        if self.placement:
+            s += "; nodes: " + ", ".join(f"{p}: {n}" for p, n in self.placement)
+        return s

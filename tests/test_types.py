@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+
+from npurt import (
+    DataType,
+    JobHandle,
+    MemoryLayout,
+    MemoryType,
+    NpuTensorInfo,
+    QuantParameters,
+    RoundingMode,
+    RunnerType,
+    StatusCode,
+    TensorDirection,
+    TensorType,
+)
+
+
+def test_enum_values_follow_vart_ml():
+    assert [m.name for m in DataType] == ["UNKNOWN", "BOOLEAN", "INT8", "UINT8", "INT16", "UINT16", "BF16", "FP16",
+                                          "INT32", "UINT32", "FLOAT32", "INT64", "UINT64"]
+    assert [int(m) for m in DataType] == list(range(13))
+    assert MemoryType.XRT_BO == 1 and MemoryType.USER_POINTER_NON_CMA == 4
+    assert MemoryLayout.HCWNC4 == 12 and MemoryLayout.GENERIC == 17
+    assert StatusCode.SUCCESS == 0 and StatusCode.UNSUPPORTED == 9
+    assert [m.name for m in StatusCode] == ["SUCCESS", "FAILURE", "INVALID_INPUT", "INVALID_OUTPUT", "OUT_OF_MEMORY",
+                                            "RUNTIME_ERROR", "JOB_PENDING", "INVALID_JOB_ID", "RESOURCE_UNAVAILABLE",
+                                            "UNSUPPORTED"]
+    assert {m.name for m in RunnerType} == {"OPENVINO", "VAIML", "AUTO"}
+    assert TensorType.CPU == 0 and TensorDirection.OUTPUT == 1
+    assert RoundingMode.ROUND_TOWARD_ZERO == 2
+
+
+def test_info_derives_strides_and_sizes():
+    info = NpuTensorInfo(name="x", data_type=DataType.FP16, shape=(1, 3, 4, 5))
+    assert info.strides == (60, 20, 5, 1)
+    assert info.size == 60 and info.size_in_bytes == 120
+    assert info.is_contiguous
+    assert info.tensor_type is TensorType.HW and info.memory_layout_order == ()
+    assert info == NpuTensorInfo(name="x", data_type="fp16", shape=[1, 3, 4, 5])
+    assert hash(info) == hash(NpuTensorInfo(name="x", data_type=DataType.FP16, shape=(1, 3, 4, 5)))
+
+
+def test_info_padded_strides():
+    info = NpuTensorInfo(name="row", data_type=DataType.UINT8, shape=(2, 3), strides=(8, 1))
+    assert info.size == 6 and info.size_in_bytes == 11
+    with pytest.raises(ValueError, match="smaller than"):
+        NpuTensorInfo(name="row", data_type=DataType.UINT8, shape=(2, 3), strides=(8, 1), size_in_bytes=10)
+
+
+def test_info_is_immutable_and_replace_rederives():
+    info = NpuTensorInfo(name="x", data_type=DataType.FLOAT32, shape=(2, 2))
+    with pytest.raises(AttributeError):
+        info.name = "y"  # type: ignore[misc]
+    bigger = info.replace(shape=(4, 4))
+    assert bigger.size_in_bytes == 64 and bigger.strides == (4, 1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"name": "", "data_type": DataType.FLOAT32, "shape": (1,)}, "non-empty"),
+    ({"name": "x", "data_type": DataType.UNKNOWN, "shape": (1,)}, "UNKNOWN"),
+    ({"name": "x", "data_type": "float99", "shape": (1,)}, "not a DataType"),
+    ({"name": "x", "data_type": DataType.FLOAT32, "shape": (1, -2)}, "negative"),
+    ({"name": "x", "data_type": DataType.FLOAT32, "shape": (2, 3), "memory_layout_order": (0, 0)}, "permutation"),
+    ({"name": "x", "data_type": DataType.FLOAT32, "shape": (2, 3), "strides": (1,)}, "strides"),
+    ({"name": "x", "data_type": DataType.FLOAT32, "shape": (2, 3), "size": 5}, "size 5"),
+])
+def test_info_rejects_bad_fields(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        NpuTensorInfo(**kwargs)
+
+
+def test_bf16_shows_as_uint16():
+    assert DataType.BF16.numpy == np.uint16
+    assert DataType.from_numpy(np.uint16) is DataType.UINT16
+    assert DataType.from_numpy(np.float16) is DataType.FP16
+
+
+def test_quant_parameters_and_job_handle():
+    q = QuantParameters(0.5, 3)
+    assert q.rounding_mode is RoundingMode.ROUND_TO_NEAREST_EVEN
+    with pytest.raises(ValueError):
+        QuantParameters(0.0, 0)
+    assert JobHandle(StatusCode.SUCCESS, 1) == JobHandle(StatusCode.SUCCESS, 1)
