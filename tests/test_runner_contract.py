@@ -1,0 +1,350 @@
+"""The execution contract of Runner, on the numpy test backend (y = a*x + b): every StatusCode it returns."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from npurt import (
+    DataType,
+    JobHandle,
+    MemoryLayout,
+    NpuError,
+    NpuTensor,
+    NpuTensorInfo,
+    RunnerFactory,
+    StatusCode,
+    TensorDirection,
+    TensorType,
+)
+
+
+@pytest.fixture
+def runner(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(), {"input_tensor_type": "CPU",
+                                                            "output_tensor_type": "CPU"}) as r:
+        yield r
+
+
+def cpu_io(runner, value=1.0, batch=1):
+    x_info = runner.get_tensor_info_by_name("x", TensorType.CPU)
+    y_info = runner.get_tensor_info_by_name("y", TensorType.CPU)
+    xs = [NpuTensor(x_info, np.full(x_info.shape, value, np.float32)) for _ in range(batch)]
+    ys = [NpuTensor(y_info, np.zeros(y_info.shape, np.float32)) for _ in range(batch)]
+    return [[x] for x in xs], [[y] for y in ys]
+
+
+# -- factory and options ------------------------------------------------------------------------------
+def test_unknown_runner_type_lists_the_valid_ones(axpy_model):
+    with pytest.raises(ValueError, match=r"unknown runner type 'NOPE'.*AXPY"):
+        RunnerFactory.create_runner("NOPE", axpy_model())
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"colour": "red"}, r"unknown option 'colour'; valid options: device, fallback"),
+    ({"device": "TPU"}, r"'device': 'TPU' is not one of AUTO, NPU, CPU, GPU"),
+    ({"batch_size": 0}, "positive integer"),
+    ({"callback_order": "random"}, "submission, completion"),
+    ({"input_tensor_type": "GPU"}, "HW, CPU"),
+    ({"input_tensor_type.nope": "CPU"}, "no input 'nope'"),
+    ({"shapes": {"x": [1, -3]}}, "positive integers"),
+    ({"hw_format": {"x": {"memory_layout": "ZZZ"}}}, "not a MemoryLayout"),
+])
+def test_bad_options_raise_value_error(axpy_model, options, match):
+    with pytest.raises(ValueError, match=match):
+        RunnerFactory.create_runner("AXPY", axpy_model(), options)
+
+
+def test_missing_model_file_raises(tmp_path):
+    with pytest.raises(ValueError, match="model file not found"):
+        RunnerFactory.create_runner("AXPY", tmp_path / "missing.json")
+
+
+# -- queries ---------------------------------------------------------------------------------------------
+def test_queries(runner):
+    assert runner.get_num_input_tensors() == 1 and runner.get_num_output_tensors() == 1
+    assert runner.get_batch_size() == 1
+    (x_cpu,) = runner.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)
+    assert x_cpu.shape == (1, 3, 4, 4) and x_cpu.memory_layout is MemoryLayout.NCHW
+    assert x_cpu.tensor_type is TensorType.CPU and x_cpu.direction is TensorDirection.INPUT
+    (y_hw,) = runner.get_tensors_info(TensorDirection.OUTPUT)
+    assert y_hw.tensor_type is TensorType.HW and y_hw.direction is TensorDirection.OUTPUT
+    assert runner.get_quant_parameters("x") is None
+    with pytest.raises(ValueError, match=r"no tensor named 'z'.*\['x'\].*\['y'\]"):
+        runner.get_tensor_info_by_name("z")
+    assert runner.device_info.attached == "CPU"
+
+
+def test_hw_view_follows_the_target_not_the_device(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(target="VAIML")) as r:
+        hw = r.get_tensor_info_by_name("x")
+        assert hw.shape == (4, 1, 4, 1, 4) and hw.data_type is DataType.BF16
+        assert hw.memory_layout is MemoryLayout.HCWNC4
+
+
+# -- execute -----------------------------------------------------------------------------------------------
+def test_execute_success_cpu_ports(runner):
+    ins, outs = cpu_io(runner, 3.0)
+    assert runner.execute(ins, outs) is StatusCode.SUCCESS
+    assert np.all(outs[0][0].numpy() == 7.0)
+    assert runner.last_error == ""
+    assert runner.stats["copies"] == 0  # CPU tensors on CPU-configured ports: no conversion
+
+
+def test_hw_ports_zero_copy_and_cpu_tensors_converted_once_each(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(target="OPENVINO")) as r:
+        x_hw, y_hw = r.get_tensor_info_by_name("x"), r.get_tensor_info_by_name("y")
+        assert x_hw.memory_layout is MemoryLayout.NHWC and x_hw.data_type is DataType.FP16
+        x, y = r.allocate_npu_tensor(x_hw), r.allocate_npu_tensor(y_hw)
+        src = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+        x.numpy()[...] = src.transpose(0, 2, 3, 1).astype(np.float16)
+        assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS
+        assert r.stats["copies"] == 0 and r.stats["bytes_copied"] == 0
+        expected = 2 * src.astype(np.float16).astype(np.float32) + 1
+        np.testing.assert_allclose(y.numpy().transpose(0, 3, 1, 2).astype(np.float32), expected, rtol=1e-3)
+        # the same run fed from CPU views: one conversion in, one out, counted
+        xc = NpuTensor(r.get_tensor_info_by_name("x", TensorType.CPU), src)
+        yc = NpuTensor(r.get_tensor_info_by_name("y", TensorType.CPU), np.zeros((1, 3, 4, 4), np.float32))
+        assert r.execute([[xc]], [[yc]]) is StatusCode.SUCCESS
+        assert r.stats["copies"] == 2 and r.stats["bytes_copied"] == x_hw.size_in_bytes + 48 * 4
+        np.testing.assert_allclose(yc.numpy(), expected, rtol=1e-3)
+
+
+def test_batch_slots(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(), {"batch_size": 2, "input_tensor_type": "CPU",
+                                                            "output_tensor_type": "CPU"}) as r:
+        ins, outs = cpu_io(r, 1.0, batch=2)
+        ins[1][0].numpy()[...] = 5.0
+        assert r.execute(ins, outs) is StatusCode.SUCCESS
+        assert outs[0][0].numpy().max() == 3.0 and outs[1][0].numpy().max() == 11.0
+        ins3, outs3 = cpu_io(r, 1.0, batch=3)
+        assert r.execute(ins3, outs3) is StatusCode.INVALID_INPUT
+        assert "1 to 2" in r.last_error
+
+
+def bad_input_cases(runner):
+    x_info = runner.get_tensor_info_by_name("x", TensorType.CPU)
+    y_info = runner.get_tensor_info_by_name("y", TensorType.CPU)
+    good_x = NpuTensor(x_info, np.ones(x_info.shape, np.float32))
+    good_y = NpuTensor(y_info, np.zeros(y_info.shape, np.float32))
+    wrong_name = NpuTensor(x_info.replace(name="q"), np.ones(x_info.shape, np.float32))
+    wrong_shape = NpuTensor(x_info.replace(shape=(1, 3, 4, 5)), np.ones((1, 3, 4, 5), np.float32))
+    wrong_dtype = NpuTensor(x_info.replace(data_type=DataType.INT32), np.ones(x_info.shape, np.int32))
+    ro = np.zeros(y_info.shape, np.float32)
+    ro.flags.writeable = False
+    read_only_out = NpuTensor(y_info.replace(direction=TensorDirection.INPUT), ro)
+    return [
+        ([[good_x, good_x]], [[good_y]], StatusCode.INVALID_INPUT, "2 input tensors given"),
+        ([[]], [[good_y]], StatusCode.INVALID_INPUT, "0 input tensors"),
+        ([[wrong_name]], [[good_y]], StatusCode.INVALID_INPUT, "unknown names ['q']"),
+        ([[wrong_shape]], [[good_y]], StatusCode.INVALID_INPUT, "differ from the model's static shapes"),
+        ([[wrong_dtype]], [[good_y]], StatusCode.INVALID_INPUT, "data_type is INT32, expected FLOAT32"),
+        ([["not a tensor"]], [[good_y]], StatusCode.INVALID_INPUT, "is not an NpuTensor"),
+        ([], [], StatusCode.INVALID_INPUT, "0 batch slots"),
+        ("x", [[good_y]], StatusCode.INVALID_INPUT, "list (batch) of lists"),
+        ([[good_x]], [[good_y, good_y]], StatusCode.INVALID_OUTPUT, "2 output tensors given"),
+        ([[good_x]], [[read_only_out]], StatusCode.INVALID_OUTPUT, "read-only"),
+        ([[good_x]], [[good_x]], StatusCode.INVALID_OUTPUT, "no output tensor for 'y'"),
+    ]
+
+
+def test_execute_invalid_input_and_output(runner):
+    for ins, outs, status, message in bad_input_cases(runner):
+        assert runner.execute(ins, outs) is status, message
+        assert message in runner.last_error, (message, runner.last_error)
+
+
+@pytest.mark.parametrize("value, status, message", [
+    (np.nan, StatusCode.RUNTIME_ERROR, "engine failure"),
+    (np.inf, StatusCode.UNSUPPORTED, "not supported"),
+    (-np.inf, StatusCode.OUT_OF_MEMORY, "out of memory"),
+])
+def test_engine_errors_become_status_codes(runner, value, status, message):
+    ins, outs = cpu_io(runner, value)
+    assert runner.execute(ins, outs) is status
+    assert message in runner.last_error
+    ok_ins, ok_outs = cpu_io(runner, 1.0)
+    assert runner.execute(ok_ins, ok_outs) is StatusCode.SUCCESS  # the runner lives on
+
+
+def test_last_error_is_per_thread(runner):
+    ins, outs = cpu_io(runner, np.nan)
+    assert runner.execute(ins, outs) is StatusCode.RUNTIME_ERROR
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(runner.last_error))
+    t.start()
+    t.join()
+    assert seen == [""] and "engine failure" in runner.last_error
+
+
+# -- async ---------------------------------------------------------------------------------------------------
+def test_async_wait_statuses(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=300), {"input_tensor_type": "CPU",
+                                     "output_tensor_type": "CPU", "max_concurrent_runs": 1}) as r:
+        ins, outs = cpu_io(r, 2.0)
+        job = r.execute_async(ins, outs)
+        assert job.status is StatusCode.SUCCESS and job.job_id == 1
+        assert r.wait(job, 0) is StatusCode.JOB_PENDING
+        assert r.wait(job, 10) is StatusCode.JOB_PENDING
+        busy = r.execute_async(ins, outs)
+        assert busy == JobHandle(StatusCode.RESOURCE_UNAVAILABLE, 0)
+        assert "busy" in r.last_error
+        assert r.wait(job, -5) is StatusCode.INVALID_INPUT
+        assert r.wait(job, 5000) is StatusCode.SUCCESS
+        assert np.all(outs[0][0].numpy() == 5.0)
+        assert r.wait(job, 0) is StatusCode.INVALID_JOB_ID  # collected
+        assert r.wait(JobHandle(StatusCode.SUCCESS, 0), 0) is StatusCode.INVALID_JOB_ID
+        assert r.wait(12345, 0) is StatusCode.INVALID_JOB_ID
+        assert r.wait("job", 0) is StatusCode.INVALID_JOB_ID
+        job2 = r.execute_async(ins, outs)
+        assert job2.job_id == 2
+        assert r.wait(job2) is StatusCode.SUCCESS
+
+
+def test_async_failure_status_and_message_reach_the_waiter(runner):
+    ins, outs = cpu_io(runner, np.nan)
+    job = runner.execute_async(ins, outs)
+    assert runner.wait(job, 5000) is StatusCode.RUNTIME_ERROR
+    assert "engine failure" in runner.last_error
+    bad = runner.execute_async([[]], outs)
+    assert bad.status is StatusCode.INVALID_INPUT and bad.job_id == 0
+
+
+def test_wait_on_another_runners_job(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(), {"input_tensor_type": "CPU",
+                                                            "output_tensor_type": "CPU"}) as a, \
+            RunnerFactory.create_runner("AXPY", axpy_model()) as b:
+        ins, outs = cpu_io(a)
+        job = a.execute_async(ins, outs)
+        assert b.wait(job, 100) is StatusCode.INVALID_JOB_ID
+        assert a.wait(job, 5000) is StatusCode.SUCCESS
+
+
+@pytest.mark.parametrize("order", ["submission", "completion"])
+def test_callback_order(axpy_model, order):
+    opts = {"input_tensor_type": "CPU", "output_tensor_type": "CPU", "max_concurrent_runs": 4,
+            "callback_order": order}
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_from_input=True), opts) as r:
+        seen, done = [], threading.Event()
+
+        def callback(handle):
+            seen.append(handle)
+            if len(seen) == 4:
+                done.set()
+
+        jobs = []
+        for delay in (400, 250, 100, 0):  # later jobs finish first
+            ins, outs = cpu_io(r, float(delay))
+            jobs.append(r.execute_async(ins, outs, callback))
+            assert jobs[-1].status is StatusCode.SUCCESS
+        assert done.wait(10)
+        ids = [h.job_id for h in seen]
+        assert all(h.status is StatusCode.SUCCESS for h in seen)
+        if order == "submission":
+            assert ids == [j.job_id for j in jobs]
+        else:
+            assert ids == [j.job_id for j in reversed(jobs)]
+        time.sleep(0.05)
+        # a job with a callback is released after its callback returns
+        assert r.wait(jobs[0], 0) is StatusCode.INVALID_JOB_ID
+
+
+def test_raising_callback_is_logged_and_worker_lives(runner, caplog):
+    ins, outs = cpu_io(runner)
+    got = threading.Event()
+
+    def bad(handle):
+        raise RuntimeError("callback bug")
+
+    assert runner.execute_async(ins, outs, bad).status is StatusCode.SUCCESS
+    assert runner.execute_async(ins, outs, lambda h: got.set()).status is StatusCode.SUCCESS
+    assert got.wait(5)
+    assert "callback of job 1 raised" in caplog.text
+    assert runner.execute_async(ins, outs, "not callable").status is StatusCode.INVALID_INPUT
+
+
+# -- shapes ------------------------------------------------------------------------------------------------------
+def test_dynamic_dims_need_shapes(axpy_model):
+    path = axpy_model(shape=[None, 3, None, 4])
+    with pytest.raises(ValueError, match=r"input 'x' has dynamic dim 2 .*shapes=\{'x'"):
+        RunnerFactory.create_runner("AXPY", path)
+    with pytest.raises(ValueError, match="does not fit input 'x'"):
+        RunnerFactory.create_runner("AXPY", path, {"shapes": {"x": [1, 4, 8, 4]}})
+    with RunnerFactory.create_runner("AXPY", path, {"shapes": {"x": [1, 3, 8, 4]}, "input_tensor_type": "CPU",
+                                                     "output_tensor_type": "CPU"}) as r:
+        assert r.get_tensor_info_by_name("y", TensorType.CPU).shape == (1, 3, 8, 4)
+        assert r.stats["compiles"] == 1
+        feeds = {"x": np.ones((1, 3, 6, 4), np.float32)}
+        for _ in range(3):  # a new shape compiles once, then is reused
+            assert r.run(feeds)["y"].shape == (1, 3, 6, 4)
+        assert r.stats["compiles"] == 2
+        with pytest.raises(ValueError, match="does not fit"):
+            r.run({"x": np.ones((1, 5, 6, 4), np.float32)})
+
+
+def test_run_convenience(runner):
+    out = runner.run({"x": np.full((1, 3, 4, 4), 2.0, np.float32)})
+    assert np.all(out["y"] == 5.0)
+    with pytest.raises(ValueError, match="dtype float64"):
+        runner.run({"x": np.ones((1, 3, 4, 4))})
+    with pytest.raises(ValueError, match=r"missing inputs \['x'\]"):
+        runner.run({})
+    with pytest.raises(NpuError, match="RUNTIME_ERROR"):
+        runner.run({"x": np.full((1, 3, 4, 4), np.nan, np.float32)})
+
+
+# -- lifecycle ---------------------------------------------------------------------------------------------------
+def test_close_ends_pending_jobs_and_refuses_new_work(axpy_model):
+    r = RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=200), {"input_tensor_type": "CPU",
+                                    "output_tensor_type": "CPU", "max_concurrent_runs": 4,
+                                    "async_threadpool_depth": 1})
+    ins, outs = cpu_io(r)
+    jobs = [r.execute_async(ins, outs) for _ in range(3)]
+    assert all(j.status is StatusCode.SUCCESS for j in jobs)
+    r.close()
+    statuses = [r.wait(j, 1000) for j in jobs]
+    assert statuses[0] is StatusCode.SUCCESS  # it was running
+    assert StatusCode.FAILURE in statuses[1:]  # queued behind it: ended by close
+    assert "closed" in r.last_error or statuses.count(StatusCode.FAILURE) >= 1
+    assert r.execute(ins, outs) is StatusCode.FAILURE and "closed" in r.last_error
+    assert r.execute_async(ins, outs).status is StatusCode.FAILURE
+    with pytest.raises(NpuError, match="closed"):
+        r.get_tensors_info(TensorDirection.INPUT)
+    r.close()  # idempotent
+
+
+def test_threads_share_one_runner(runner):
+    expected = {v: 2 * v + 1 for v in range(8)}
+    errors = []
+
+    def work(v):
+        ins, outs = cpu_io(runner, float(v))
+        for _ in range(50):
+            if runner.execute(ins, outs) is not StatusCode.SUCCESS:
+                errors.append(runner.last_error)
+            if not np.all(outs[0][0].numpy() == expected[v]):
+                errors.append(f"thread {v}: wrong result")
+            job = runner.execute_async(ins, outs)
+            if job.status is StatusCode.SUCCESS and runner.wait(job, 5000) is not StatusCode.SUCCESS:
+                errors.append(runner.last_error)
+
+    threads = [threading.Thread(target=work, args=(v,)) for v in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+
+def test_hw_tensor_info_wrong_view_is_reported(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(target="OPENVINO")) as r:
+        x_hw = r.get_tensor_info_by_name("x")
+        wrong = NpuTensorInfo(name="x", data_type=DataType.FP16, shape=(1, 3, 4, 4), tensor_type=TensorType.HW,
+                              memory_layout=MemoryLayout.NCHW)
+        x = r.allocate_npu_tensor(wrong)
+        y = r.allocate_npu_tensor(r.get_tensor_info_by_name("y"))
+        assert r.execute([[x]], [[y]]) is StatusCode.INVALID_INPUT
+        assert "HW shape [1, 3, 4, 4], expected [1, 4, 4, 3]" in r.last_error
+        assert x_hw.shape == (1, 4, 4, 3)
