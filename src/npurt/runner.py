@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from .types import (
 log = logging.getLogger("npurt")
 
 MAX_COMPILED_SHAPES = 8  # compiled variants kept per runner (one per input-shape signature)
+PLAN_CACHE_SIZE = 64  # validated plans kept per runner, keyed by the identity of the tensors
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,28 @@ class Compiled:
         return tuple(p.cpu.shape for p in self.inputs)
 
 
+def _zero_copy(t: NpuTensor, port: Port) -> bool:
+    """Whether a tensor is in the view its port's engine consumes, laid out as the engine expects."""
+    return t.info.tensor_type is port.view and t.info.strides == port.engine.strides
+
+
+_NO_SYNC_PROVIDERS = frozenset({"user", "host", "memfd"})  # memory the CPU sees coherently
+
+
+class _Slot:
+    """One validated batch slot: the compiled variant, tensors in port order, and what the run must do."""
+
+    __slots__ = ("compiled", "ins", "outs", "convert_in", "convert_out", "direct")
+
+    def __init__(self, compiled: Compiled, ins: list[NpuTensor], outs: list[NpuTensor]) -> None:
+        self.compiled, self.ins, self.outs = compiled, ins, outs
+        self.convert_in = tuple(i for i, (t, p) in enumerate(zip(ins, compiled.inputs)) if not _zero_copy(t, p))
+        self.convert_out = tuple(j for j, (t, p) in enumerate(zip(outs, compiled.outputs)) if not _zero_copy(t, p))
+        # DMA-BUF memory needs CPU-access bracketing around the (CPU) engine's access; other memory does not.
+        self.direct = not (self.convert_in or self.convert_out or
+                           any(t.provider not in _NO_SYNC_PROVIDERS for t in (*ins, *outs)))
+
+
 class _StatusError(Exception):
     def __init__(self, status: StatusCode, message: str) -> None:
         super().__init__(message)
@@ -157,6 +181,7 @@ class Runner:
         self._compiled: dict[tuple[tuple[int, ...], ...], Compiled] = {}
         self._compile_lock = threading.Lock()
         self._default = self._get_compiled(self._default_signature())
+        self._plans: dict[Any, tuple[tuple[weakref.ref[NpuTensor], ...], list[_Slot]]] = {}
         # async machinery
         self._max_concurrent = self.options.max_concurrent_runs or self._default_max_concurrent_runs()
         self._slots = threading.BoundedSemaphore(self._max_concurrent)
@@ -531,7 +556,29 @@ class Runner:
                                f"cannot compile the model for input shapes {[list(s) for s in signature]}: {e}"
                                ) from None
 
-    def _plan(self, inputs: Any, outputs: Any) -> list[tuple[Compiled, list[NpuTensor], list[NpuTensor]]]:
+    def _plan(self, inputs: Any, outputs: Any) -> list[_Slot]:
+        """Validate ``[batch][tensor]`` lists into a plan, reusing the plan of the same tensor objects.
+
+        NpuTensors are immutable (info and memory), so a plan validated once for the same objects stays
+        valid; the cache holds them weakly, keyed by identity, and so costs nothing on the hot path.
+        """
+        try:
+            key = (tuple(tuple(map(id, s)) for s in inputs), tuple(tuple(map(id, s)) for s in outputs))
+        except TypeError:
+            return self._validate(inputs, outputs)  # not lists of lists: let validation say what is wrong
+        flat = [t for s in inputs for t in s] + [t for s in outputs for t in s]
+        hit = self._plans.get(key)
+        if hit is not None and all(r() is t for r, t in zip(hit[0], flat)):
+            return hit[1]
+        plan = self._validate(inputs, outputs)
+        refs = tuple(weakref.ref(t) for t in flat)
+        with self._lock:
+            if len(self._plans) >= PLAN_CACHE_SIZE:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = (refs, plan)
+        return plan
+
+    def _validate(self, inputs: Any, outputs: Any) -> list[_Slot]:
         """Validate ``[batch][tensor]`` lists; return per slot the compiled variant and tensors in port order."""
         batch = self.options.batch_size
         for what, lists, status in (("inputs", inputs, StatusCode.INVALID_INPUT),
@@ -557,7 +604,7 @@ class Runner:
                                            (outs, compiled.outputs, StatusCode.INVALID_OUTPUT)):
                 for t, p in zip(tensors, ports):
                     self._check_view(t, p, b, status)
-            plan.append((compiled, ins, outs))
+            plan.append(_Slot(compiled, ins, outs))
         return plan
 
     @staticmethod
@@ -610,10 +657,13 @@ class Runner:
             raise _StatusError(status, f"batch slot {b}: output {port.name!r} is read-only")
 
     # ---------------------------------------------------------------- internals: running
-    def _execute_plan(self, plan: list[tuple[Compiled, list[NpuTensor], list[NpuTensor]]]) -> tuple[StatusCode, str]:
-        for b, (compiled, ins, outs) in enumerate(plan):
+    def _execute_plan(self, plan: list[_Slot]) -> tuple[StatusCode, str]:
+        for b, slot in enumerate(plan):
             try:
-                self._execute_slot(compiled, ins, outs)
+                if slot.direct:
+                    self._run(slot.compiled, slot.ins, slot.outs)
+                else:
+                    self._execute_slot(slot)
             except _StatusError as e:
                 return e.status, f"batch slot {b}: {e}"
             except NpuUnsupportedError as e:
@@ -624,21 +674,20 @@ class Runner:
                 return StatusCode.RUNTIME_ERROR, f"batch slot {b}: {type(e).__name__}: {e}"
         return StatusCode.SUCCESS, ""
 
-    def _execute_slot(self, compiled: Compiled, ins: list[NpuTensor], outs: list[NpuTensor]) -> None:
+    def _execute_slot(self, slot: _Slot) -> None:
+        """One slot with conversions into staging buffers and/or CPU-access bracketing of DMA-BUF memory."""
+        compiled = slot.compiled
         borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]] = []
         try:
-            engine_ins = []
-            for i, (t, port) in enumerate(zip(ins, compiled.inputs)):
-                if self._zero_copy(t, port):
-                    engine_ins.append(t)
-                    continue
-                stage = self._borrow(compiled, TensorDirection.INPUT, i, port.engine, borrowed)
-                self._convert(t, stage, port.quant)
-                engine_ins.append(stage)
-            engine_outs = []
-            for j, (t, port) in enumerate(zip(outs, compiled.outputs)):
-                engine_outs.append(t if self._zero_copy(t, port)
-                                   else self._borrow(compiled, TensorDirection.OUTPUT, j, port.engine, borrowed))
+            engine_ins = list(slot.ins)
+            for i in slot.convert_in:
+                port = compiled.inputs[i]
+                engine_ins[i] = self._borrow(compiled, TensorDirection.INPUT, i, port.engine, borrowed)
+                self._convert(slot.ins[i], engine_ins[i], port.quant)
+            engine_outs = list(slot.outs)
+            for j in slot.convert_out:
+                engine_outs[j] = self._borrow(compiled, TensorDirection.OUTPUT, j, compiled.outputs[j].engine,
+                                              borrowed)
             for t in engine_ins:
                 t.begin_cpu_access(write=False)
             for t in engine_outs:
@@ -650,17 +699,13 @@ class Runner:
                     t.end_cpu_access(write=False)
                 for t in engine_outs:
                     t.end_cpu_access(write=True)
-            for t, stage, port in zip(outs, engine_outs, compiled.outputs):
-                if stage is not t:
-                    self._convert(stage, t, port.quant)
+            for j in slot.convert_out:
+                self._convert(engine_outs[j], slot.outs[j], compiled.outputs[j].quant)
         finally:
-            with self._lock:
-                for key, stage in borrowed:
-                    compiled.staging.setdefault(key, []).append(stage)
-
-    @staticmethod
-    def _zero_copy(t: NpuTensor, port: Port) -> bool:
-        return t.info.tensor_type is port.view and t.info.strides == port.engine.strides
+            if borrowed:
+                with self._lock:
+                    for key, stage in borrowed:
+                        compiled.staging.setdefault(key, []).append(stage)
 
     def _borrow(self, compiled: Compiled, direction: TensorDirection, index: int, info: NpuTensorInfo,
                 borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]]) -> NpuTensor:
@@ -694,7 +739,7 @@ class Runner:
                 self._executor = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="npurt-run")
             return self._executor
 
-    def _run_job(self, job: _Job, plan: list[tuple[Compiled, list[NpuTensor], list[NpuTensor]]]) -> None:
+    def _run_job(self, job: _Job, plan: list[_Slot]) -> None:
         try:
             status, message = self._execute_plan(plan)
         except BaseException as e:  # noqa: BLE001 - a worker never dies
