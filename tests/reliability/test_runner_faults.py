@@ -1,0 +1,85 @@
+"""Fault handling of the Runner contract itself, on the numpy test backend."""
+
+import _thread
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from npurt import NpuTensor, RunnerFactory, StatusCode, TensorType
+
+from .procstat import open_fds, rss_bytes, threads
+
+CPU = {"input_tensor_type": "CPU", "output_tensor_type": "CPU"}
+
+
+def io(runner, value=1.0):
+    x = runner.get_tensor_info_by_name("x", TensorType.CPU)
+    y = runner.get_tensor_info_by_name("y", TensorType.CPU)
+    return ([[NpuTensor(x, np.full(x.shape, value, np.float32))]],
+            [[NpuTensor(y, np.zeros(y.shape, np.float32))]])
+
+
+def test_keyboard_interrupt_reaches_a_waiting_main_thread(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=1500), CPU) as r:
+        ins, outs = io(r)
+        job = r.execute_async(ins, outs)
+        timer = threading.Timer(0.2, _thread.interrupt_main)
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            r.wait(job)  # no timeout: would wait 1.5 s
+        assert time.monotonic() - t0 < 1.0
+        # the job is still there and finishes normally
+        assert r.wait(job, 5000) is StatusCode.SUCCESS
+
+
+def test_close_while_jobs_in_flight_ends_every_job(axpy_model):
+    r = RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=100), {**CPU, "max_concurrent_runs": 8,
+                                                                       "async_threadpool_depth": 2})
+    ins, outs = io(r)
+    seen = []
+    jobs = [r.execute_async(ins, outs, seen.append) for _ in range(8)]
+    assert all(j.status is StatusCode.SUCCESS for j in jobs)
+    t0 = time.monotonic()
+    r.close()
+    assert time.monotonic() - t0 < 5
+    # every callback ran exactly once, with a final status; none is left pending
+    assert sorted(h.job_id for h in seen) == [j.job_id for j in jobs]
+    assert {h.status for h in seen} <= {StatusCode.SUCCESS, StatusCode.FAILURE}
+    assert StatusCode.JOB_PENDING not in {h.status for h in seen}
+
+
+def test_callback_that_submits_and_waits_does_not_deadlock(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(), {**CPU, "max_concurrent_runs": 2}) as r:
+        ins, outs = io(r)
+        inner = []
+        done = threading.Event()
+
+        def callback(handle):
+            job = r.execute_async(ins, outs)
+            inner.append(r.wait(job, 5000))
+            done.set()
+
+        r.execute_async(ins, outs, callback)
+        assert done.wait(10)
+        assert inner == [StatusCode.SUCCESS]
+
+
+def test_runner_cycles_leak_nothing(axpy_model):
+    """10,000 execute / execute_async / wait cycles: fds, threads and RSS stay where they were."""
+    with RunnerFactory.create_runner("AXPY", axpy_model(), CPU) as r:
+        ins, outs = io(r)
+        for _ in range(200):  # warm up: thread pool, staging, plan cache
+            r.execute(ins, outs)
+            r.wait(r.execute_async(ins, outs), 5000)
+        fds, nthreads, rss = open_fds(), threads(), rss_bytes()
+        for _ in range(10_000):
+            assert r.execute(ins, outs) is StatusCode.SUCCESS
+            job = r.execute_async(ins, outs)
+            assert r.wait(job, 5000) is StatusCode.SUCCESS
+        assert open_fds() == fds
+        assert threads() == nthreads
+        assert rss_bytes() - rss < 4 << 20  # 4 MiB margin for allocator noise
+        assert len(r._jobs) == 0  # every collected job is forgotten
