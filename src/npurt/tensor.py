@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ class NpuTensor:
     """
 
     __slots__ = ("_info", "_memory_type", "_bytes", "_source", "_provider", "_owner", "_offset", "_parent",
-                 "__weakref__")
+                 "_buffer", "_dmabuf", "__weakref__")
 
     def __init__(self, info: NpuTensorInfo, buffer: Any, memory_type: MemoryType = MemoryType.USER_POINTER_NON_CMA,
                  *, offset: int = 0) -> None:
@@ -61,8 +62,10 @@ class NpuTensor:
         self._info = info
         self._memory_type = memory_type
         self._offset = offset
-        self._owner: Any = None  # set for runner-owned memory
+        self._owner: Any = None  # set for runner-owned memory (and XRT_BO over a native Buffer)
         self._parent: NpuTensor | None = None  # set for sub-tensors
+        self._buffer: _native.Buffer | None = None  # the native memory, for sync and export
+        self._dmabuf = False
         if memory_type in (MemoryType.USER_POINTER_CMA, MemoryType.USER_POINTER_NON_CMA):
             self._init_user_pointer(buffer)
         elif memory_type in (MemoryType.XRT_BO, MemoryType.DMA_FD):
@@ -92,9 +95,33 @@ class NpuTensor:
         self._provider = "user"
 
     def _init_native(self, buffer: Any) -> None:
-        raise ValueError(
-            f"tensor {self._info.name!r}: {self._memory_type.name} memory is not available in this build"
-        )
+        info, name, offset = self._info, self._info.name, self._offset
+        if self._memory_type is MemoryType.XRT_BO:
+            if not isinstance(buffer, _native.Buffer):
+                raise ValueError(
+                    f"tensor {name!r}: XRT_BO memory is a native buffer (runner.allocate_npu_tensor() or "
+                    f"npurt._native.Buffer), got {type(buffer).__name__}"
+                )
+            if offset > buffer.size:
+                raise ValueError(f"tensor {name!r}: offset {offset} is past the end of a {buffer.size}-byte buffer")
+            native, start = buffer, offset
+            self._offset = buffer.offset + offset  # the offset inside the buffer's fd, for export
+            self._owner = buffer
+            self._source = buffer
+        else:  # DMA_FD: an fd the caller keeps; we map our own duplicate of it
+            if isinstance(buffer, bool) or not isinstance(buffer, int):
+                raise ValueError(f"tensor {name!r}: DMA_FD memory is an fd (int), got {type(buffer).__name__}")
+            if offset % info.data_type.itemsize:
+                raise ValueError(f"tensor {name!r}: offset {offset} is not aligned to its "
+                                 f"{info.data_type.itemsize}-byte {info.data_type.name} elements")
+            # mmap needs a page-aligned file offset: map from the page below and start the view inside it.
+            start = offset % PAGE_SIZE
+            native = _import_fd(name, buffer, start + info.size_in_bytes, offset - start, allow_file=True)
+            self._source = buffer
+        self._buffer = native
+        self._dmabuf = native.is_dmabuf
+        self._provider = native.provider
+        self._bytes = np.frombuffer(native, dtype=np.uint8)[start:]
 
     def _check_size_and_alignment(self) -> None:
         info = self._info
@@ -104,7 +131,8 @@ class NpuTensor:
                 f"{info.describe()} needs {info.size_in_bytes}"
             )
         address = self.get_virtual_address()
-        if self._memory_type is MemoryType.USER_POINTER_NON_CMA:
+        if self._memory_type in (MemoryType.USER_POINTER_NON_CMA, MemoryType.DMA_FD):
+            # A DMA_FD reaches the device as fd + offset, so only the elements need alignment in the mapping.
             align, why = info.data_type.itemsize, f"its {info.data_type.name} elements"
         else:
             align, why = PAGE_SIZE, f"{self._memory_type.name} memory (page size)"
@@ -130,6 +158,11 @@ class NpuTensor:
         return self._provider
 
     @property
+    def offset(self) -> int:
+        """Byte offset of the tensor's first byte inside the memory ``export_buffer()`` refers to."""
+        return self._offset
+
+    @property
     def nbytes(self) -> int:
         return self._info.size_in_bytes
 
@@ -144,7 +177,11 @@ class NpuTensor:
         return self._memory_type
 
     def get_buffer(self) -> Any:
-        """The buffer the tensor was made from (a user object, an fd, or the runner's buffer); None if none."""
+        """The buffer the tensor was made from; None if none.
+
+        A user object for USER_POINTER_*, the fd number for DMA_FD (the caller's, or for runner-allocated
+        DMA_FD tensors the buffer's own fd, borrowed: do not close it), the native Buffer for XRT_BO.
+        """
         return self._source
 
     def get_virtual_address(self) -> int:
@@ -171,20 +208,36 @@ class NpuTensor:
 
     # -- memory operations ---------------------------------------------------------------------------
     def sync_buffer(self) -> None:
-        """Make CPU writes visible to the device (inputs) or device writes visible to the CPU (outputs).
+        """Make CPU writes visible to the device and device writes visible to the CPU (DMA-BUF memory).
 
-        A no-op for memory that needs no cache maintenance (host memory, memfd).
+        A full DMA_BUF_IOCTL_SYNC start/end pair over the buffer; a no-op for memory that needs no cache
+        maintenance (host memory, memfd, user memory).
         """
+        if self._dmabuf:
+            self._buffer.sync_start(read=True, write=True)
+            self._buffer.sync_end(read=True, write=True)
 
     def begin_cpu_access(self, write: bool) -> None:
         """Start a CPU access window (DMA_BUF_IOCTL_SYNC start); a no-op where not needed."""
+        if self._dmabuf:
+            self._buffer.sync_start(read=True, write=bool(write))
 
     def end_cpu_access(self, write: bool) -> None:
         """End a CPU access window (DMA_BUF_IOCTL_SYNC end); a no-op where not needed."""
+        if self._dmabuf:
+            self._buffer.sync_end(read=True, write=bool(write))
 
     def export_buffer(self) -> int:
-        """A new DMA-BUF (or sealed memfd) fd that the caller owns, or -1 where the memory is not exportable."""
-        return -1
+        """A new DMA-BUF (or sealed memfd) fd that the caller owns and must close; -1 where not exportable.
+
+        The fd refers to the whole underlying buffer; the tensor starts at ``offset`` bytes into it. A
+        sub-tensor therefore exports its parent's buffer, and its ``offset`` says where it lies (as XRT does
+        for sub-buffers): ``NpuTensor(info, fd, MemoryType.DMA_FD, offset=t.offset)`` maps it elsewhere.
+        User memory and host memory give -1.
+        """
+        if self._buffer is None:
+            return -1
+        return self._buffer.export()
 
     # -- interop -------------------------------------------------------------------------------------
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
@@ -205,37 +258,72 @@ class NpuTensor:
 
 
 # -- runner-owned memory ---------------------------------------------------------------------------
-def _page_aligned_host_bytes(nbytes: int) -> np.ndarray:
-    raw = np.zeros(nbytes + PAGE_SIZE, np.uint8)
-    start = (-raw.ctypes.data) % PAGE_SIZE
-    return raw[start:start + nbytes]
+_log = logging.getLogger("npurt")
+
+
+def _import_fd(name: str, fd: int, size: int, offset: int, allow_file: bool) -> _native.Buffer:
+    """Buffer.import_fd with the tensor's name in the message."""
+    try:
+        return _native.Buffer.import_fd(fd, size, offset, allow_file)
+    except ValueError as e:
+        raise ValueError(f"tensor {name!r}: {e}") from None
+    except OSError as e:
+        raise type(e)(e.errno, f"tensor {name!r}: {e.strerror}") from None
 
 
 def _owned(info: NpuTensorInfo, memory_type: MemoryType, data: np.ndarray, provider: str, owner: Any,
-           source: Any) -> NpuTensor:
+           source: Any, buffer: _native.Buffer | None) -> NpuTensor:
     t = NpuTensor.__new__(NpuTensor)
     t._info, t._memory_type, t._offset = info, memory_type, 0
     t._bytes, t._provider, t._owner, t._source = data, provider, owner, source
     t._parent = None
+    t._buffer = buffer
+    t._dmabuf = buffer is not None and buffer.is_dmabuf
     return t
 
 
 def allocate_tensor(info: NpuTensorInfo, memory_type: MemoryType = MemoryType.XRT_BO, provider: str = "auto",
                     strict: bool = False) -> NpuTensor:
-    """Runner-owned, page-aligned memory for ``info`` (see Runner.allocate_npu_tensor)."""
+    """Runner-owned, page-aligned memory for ``info`` (see Runner.allocate_npu_tensor).
+
+    ``provider`` "auto" walks the chain dma_heap:system -> udmabuf -> memfd -> host, and ``strict`` refuses to
+    fall below its top; an explicit provider ("dma_heap", "dma_heap:<heap>", "udmabuf", "memfd", "host")
+    gives exactly that one or raises NpuError saying why. DMA_FD tensors need fd-backed memory, so the host
+    step is not taken for them.
+    """
     memory_type = MemoryType(memory_type)
     if memory_type is MemoryType.UNKNOWN:
         raise ValueError(f"tensor {info.name!r}: cannot allocate memory of type UNKNOWN")
     if info.tensor_type is TensorType.HW and memory_type is MemoryType.USER_POINTER_NON_CMA:
         raise ValueError(f"tensor {info.name!r}: a HW tensor cannot use USER_POINTER_NON_CMA memory")
-    if provider not in ("auto", "host") and strict:
-        raise NpuError(f"tensor {info.name!r}: memory provider {provider!r} is not available in this build")
-    data = _page_aligned_host_bytes(max(info.size_in_bytes, 1))[: info.size_in_bytes]
-    return _owned(info, memory_type, data, "host", owner=data, source=data)
+    if not isinstance(provider, str):
+        raise ValueError(f"tensor {info.name!r}: memory provider {provider!r} is not a string")
+    if memory_type is MemoryType.DMA_FD and provider == "host":
+        raise ValueError(f"tensor {info.name!r}: DMA_FD memory needs an fd-backed provider, not 'host'")
+    nbytes = info.size_in_bytes
+    try:
+        buffer = _native.Buffer.allocate(max(nbytes, 1), provider, bool(strict))
+    except ValueError as e:
+        raise ValueError(f"tensor {info.name!r}: {e}") from None
+    except OSError as e:
+        raise NpuError(f"tensor {info.name!r}: {e.strerror}") from e
+    if memory_type is MemoryType.DMA_FD and buffer.fd < 0:
+        raise NpuError(f"tensor {info.name!r}: DMA_FD memory needs an fd, but only {buffer.provider} memory was "
+                       f"available ({'; '.join(buffer.fallback_reasons)})")
+    if buffer.fallback_reasons:
+        _log.debug("tensor %r: %s memory (%s)", info.name, buffer.provider, "; ".join(buffer.fallback_reasons))
+    data = np.frombuffer(buffer, dtype=np.uint8)[:nbytes]
+    source = buffer.fd if memory_type is MemoryType.DMA_FD else buffer
+    return _owned(info, memory_type, data, buffer.provider, owner=buffer, source=source, buffer=buffer)
 
 
 def sub_tensor(parent: NpuTensor, info: NpuTensorInfo, offset: int) -> NpuTensor:
-    """A view of ``info`` at byte ``offset`` into a runner-allocated parent; the memory lives on with it."""
+    """A view of ``info`` at byte ``offset`` into a runner-allocated parent; the memory lives on with it.
+
+    The view holds the parent's native buffer (through its numpy base), so the mapping and the fd stay until
+    the parent and every sub-tensor are gone. ``export_buffer()`` of a sub-tensor gives the parent's buffer,
+    with the sub-tensor's ``offset`` inside it.
+    """
     if not isinstance(parent, NpuTensor) or parent._owner is None:
         raise ValueError("allocate_sub_tensor needs a parent made by allocate_npu_tensor")
     if parent._parent is not None:
@@ -251,6 +339,7 @@ def sub_tensor(parent: NpuTensor, info: NpuTensorInfo, offset: int) -> NpuTensor
     if offset % info.data_type.itemsize:
         raise ValueError(f"sub-tensor {info.name!r}: offset {offset} is not aligned to its "
                          f"{info.data_type.itemsize}-byte elements")
-    t = _owned(info, parent.memory_type, parent._bytes[offset:end], parent.provider, parent._owner, parent._source)
-    t._offset, t._parent = offset, parent
+    t = _owned(info, parent.memory_type, parent._bytes[offset:end], parent.provider, parent._owner, parent._source,
+               parent._buffer)
+    t._offset, t._parent = parent._offset + offset, parent
     return t
