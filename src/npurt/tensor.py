@@ -94,7 +94,7 @@ class NpuTensor:
         self._source = buffer
         self._provider = "user"
 
-    def _init_native(self, buffer: Any) -> None:
+    def _init_native(self, buffer: Any, allow_file: bool = True) -> None:
         info, name, offset = self._info, self._info.name, self._offset
         if self._memory_type is MemoryType.XRT_BO:
             if not isinstance(buffer, _native.Buffer):
@@ -116,7 +116,7 @@ class NpuTensor:
                                  f"{info.data_type.itemsize}-byte {info.data_type.name} elements")
             # mmap needs a page-aligned file offset: map from the page below and start the view inside it.
             start = offset % PAGE_SIZE
-            native = _import_fd(name, buffer, start + info.size_in_bytes, offset - start, allow_file=True)
+            native = _import_fd(name, buffer, start + info.size_in_bytes, offset - start, allow_file)
             self._source = buffer
         self._buffer = native
         self._dmabuf = native.is_dmabuf
@@ -279,6 +279,24 @@ def _owned(info: NpuTensorInfo, memory_type: MemoryType, data: np.ndarray, provi
     t._parent = None
     t._buffer = buffer
     t._dmabuf = buffer is not None and buffer.is_dmabuf
+    return t
+
+
+def import_dma_fd(info: NpuTensorInfo, fd: int, offset: int = 0, *, allow_file: bool = True) -> NpuTensor:
+    """``NpuTensor(info, fd, MemoryType.DMA_FD, offset=offset)``, optionally refusing regular files.
+
+    For fds from another process (npurt.share), where a file could be truncated under the mapping. The
+    tensor holds its own duplicate of ``fd``, and ``get_buffer()`` gives that one (borrowed), so the caller
+    may close ``fd`` at once.
+    """
+    t = NpuTensor.__new__(NpuTensor)
+    t._info, t._memory_type, t._offset = info, MemoryType.DMA_FD, offset
+    t._owner, t._parent, t._buffer, t._dmabuf = None, None, None, False
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"tensor {info.name!r}: offset {offset!r} is not a byte offset >= 0")
+    t._init_native(fd, allow_file)
+    t._source = t._buffer.fd
+    t._check_size_and_alignment()
     return t
 
 
