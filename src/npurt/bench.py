@@ -1,0 +1,512 @@
+"""Measurement loops for `npurt bench` and benchmarks/: a runner and the raw engines, on the same model, in one run.
+
+Each measurement returns plain dicts (milliseconds, inferences per second) so that the CLI and the benchmark
+scripts only format them:
+
+- ``bench_runner``: time to the first inference (load + compile, then the first ``execute``; with a cache dir
+  also the load from the cache), latency of ``execute`` with runner-allocated tensors after a warm-up, and
+  throughput of ``execute_async`` with N requests in flight.
+- ``bench_raw_openvino`` / ``bench_raw_onnxruntime``: the same figures for the engine called directly
+  (``compile_model`` + ``InferRequest.infer`` / ``AsyncInferQueue``; ``InferenceSession.run`` + a thread pool),
+  with the settings the runner used (device, static shapes, OpenVINO CPU inference precision f32).
+- ``ratios``: npurt against the raw engine (latency > 1 and throughput < 1 mean npurt is slower).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from .factory import RunnerFactory
+from .formats import convert
+from .runner import Runner
+from .tensor import NpuTensor
+from .types import NpuError, NpuTensorInfo, StatusCode, TensorDirection, TensorType
+
+
+class BenchError(NpuError):
+    """A measurement could not run (the engine failed an inference, a request failed)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long each measured phase runs: until ``niter`` iterations or ``time_s`` seconds, whichever is first."""
+
+    niter: int | None = None
+    time_s: float | None = 3.0
+    warmup: int = 5
+
+    def __post_init__(self) -> None:
+        if self.niter is None and self.time_s is None:
+            raise ValueError("a benchmark budget needs niter or time_s")
+        if self.niter is not None and self.niter < 1:
+            raise ValueError(f"niter must be >= 1, got {self.niter}")
+        if self.time_s is not None and not self.time_s > 0:
+            raise ValueError(f"time must be > 0 seconds, got {self.time_s}")
+
+    def fraction(self, count: int, elapsed: float) -> float:
+        parts = []
+        if self.niter is not None:
+            parts.append(count / self.niter)
+        if self.time_s is not None:
+            parts.append(elapsed / self.time_s)
+        return min(1.0, max(parts))
+
+    def done(self, count: int, elapsed: float) -> bool:
+        return self.fraction(count, elapsed) >= 1.0
+
+
+class Progress:
+    """A plain-text progress bar on a stream (stderr): redrawn in place on a terminal, one line per phase else."""
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True, width: int = 30) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        self.width = width
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._label = ""
+        self._last = 0.0
+
+    def phase(self, label: str) -> None:
+        if not self.enabled:
+            return
+        self._label = label
+        self._last = 0.0
+        if self.tty:
+            self.update(0.0, force=True)
+        else:
+            print(f"npurt bench: {label} ...", file=self.stream, flush=True)
+
+    def update(self, fraction: float, force: bool = False) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        filled = int(round(self.width * min(max(fraction, 0.0), 1.0)))
+        bar = "#" * filled + "-" * (self.width - filled)
+        print(f"\r{self._label[:44]:<44} [{bar}] {fraction * 100:3.0f}%", end="", file=self.stream, flush=True)
+
+    def done(self) -> None:
+        if self.tty and self._label:
+            self.update(1.0, force=True)
+            print(file=self.stream, flush=True)
+        self._label = ""
+
+
+_NO_PROGRESS = Progress(enabled=False)
+
+
+# -------------------------------------------------------------------------------------------------- statistics
+def summarize_ms(samples_ns: Sequence[int]) -> dict[str, float | int]:
+    """min / p50 / p90 / p99 / max / mean of latencies in nanoseconds, in milliseconds."""
+    if not samples_ns:
+        raise BenchError("no latency samples were taken")
+    a = np.asarray(samples_ns, dtype=np.float64) / 1e6
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"count": int(a.size), "min": float(a.min()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
+            "max": float(a.max()), "mean": float(a.mean())}
+
+
+def measure_latency(step: Callable[[], None], budget: Budget, progress: Progress = _NO_PROGRESS,
+                    label: str = "latency") -> dict[str, float | int]:
+    """Run ``step`` ``budget.warmup`` times, then time each call until the budget is spent."""
+    progress.phase(f"{label}: warm-up")
+    for _ in range(budget.warmup):
+        step()
+    progress.phase(label)
+    samples: list[int] = []
+    start = time.perf_counter()
+    while not budget.done(len(samples), time.perf_counter() - start):
+        t0 = time.perf_counter_ns()
+        step()
+        samples.append(time.perf_counter_ns() - t0)
+        progress.update(budget.fraction(len(samples), time.perf_counter() - start))
+    progress.done()
+    return summarize_ms(samples)
+
+
+def _throughput(count: int, elapsed: float, requests: int) -> dict[str, float | int]:
+    return {"requests": requests, "count": count, "seconds": elapsed, "fps": count / elapsed if elapsed > 0 else 0.0}
+
+
+def random_array(shape: Sequence[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """Random data for one input: floats in [0, 1), integers in [0, 10), booleans half true."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 10, size=shape).astype(dtype)
+    return rng.random(shape, dtype=np.float32).astype(dtype)
+
+
+def random_feeds(infos: Sequence[NpuTensorInfo], seed: int) -> dict[str, np.ndarray]:
+    """Random inputs for a runner's CPU-view input infos, reproducible from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return {i.name: random_array(i.shape, i.numpy_dtype, rng) for i in infos}
+
+
+# -------------------------------------------------------------------------------------------------- npurt
+def runner_tensors(runner: Runner, feeds: Mapping[str, np.ndarray], tensor_type: TensorType = TensorType.HW
+                   ) -> tuple[list[NpuTensor], list[NpuTensor]]:
+    """Runner-allocated input and output tensors in ``tensor_type`` views, inputs filled from CPU-view ``feeds``."""
+    ins = []
+    for info in runner.get_tensors_info(TensorDirection.INPUT, tensor_type):
+        t = runner.allocate_npu_tensor(info)
+        cpu = runner.get_tensor_info_by_name(info.name, TensorType.CPU)
+        src = NpuTensor(cpu, np.ascontiguousarray(feeds[info.name]))
+        t.begin_cpu_access(write=True)
+        try:
+            if tensor_type is TensorType.CPU:
+                t.numpy()[...] = src.numpy()
+            else:
+                convert(src, t, quant=runner.get_quant_parameters(info.name))
+        finally:
+            t.end_cpu_access(write=True)
+        ins.append(t)
+    outs = [runner.allocate_npu_tensor(i) for i in runner.get_tensors_info(TensorDirection.OUTPUT, tensor_type)]
+    return ins, outs
+
+
+def device_info_dict(runner: Runner) -> dict[str, Any]:
+    d = dataclasses.asdict(runner.device_info)
+    d["skipped"] = [list(s) for s in d["skipped"]]
+    d["placement"] = [list(p) for p in d["placement"]]
+    return d
+
+
+def _execute_or_raise(runner: Runner, ins: list[NpuTensor], outs: list[NpuTensor]) -> None:
+    status = runner.execute([ins], [outs])
+    if status is not StatusCode.SUCCESS:
+        raise BenchError(f"execute failed: {status.name}: {runner.last_error}")
+
+
+def _timed_first_inference(backend: str, model: Path, options: Mapping[str, Any], seed: int,
+                           tensor_type: TensorType) -> tuple[Runner, float, float, dict[str, np.ndarray]]:
+    """Create a runner and run it once on random inputs: (runner, load + compile ms, first inference ms, feeds)."""
+    t0 = time.perf_counter()
+    runner = RunnerFactory.create_runner(backend, model, options)
+    t1 = time.perf_counter()
+    try:
+        feeds = random_feeds(runner.get_tensors_info(TensorDirection.INPUT, TensorType.CPU), seed)
+        ins, outs = runner_tensors(runner, feeds, tensor_type)
+        t2 = time.perf_counter()
+        _execute_or_raise(runner, ins, outs)
+        t3 = time.perf_counter()
+    except BaseException:
+        runner.close()
+        raise
+    return runner, (t1 - t0) * 1e3, (t3 - t2) * 1e3, feeds
+
+
+def measure_runner_throughput(runner: Runner, feeds: Mapping[str, np.ndarray], requests: int, budget: Budget,
+                              tensor_type: TensorType = TensorType.HW, progress: Progress = _NO_PROGRESS,
+                              label: str = "throughput") -> dict[str, float | int]:
+    """``execute_async`` with ``requests`` jobs in flight, each on its own runner-allocated tensors."""
+    sets = [runner_tensors(runner, feeds, tensor_type) for _ in range(requests)]
+    progress.phase(f"{label} ({requests} requests)")
+    jobs: list[Any] = [None] * requests
+
+    def submit(i: int) -> None:
+        ins, outs = sets[i]
+        while True:
+            job = runner.execute_async([ins], [outs])
+            if job.status is StatusCode.SUCCESS:
+                jobs[i] = job
+                return
+            if job.status is not StatusCode.RESOURCE_UNAVAILABLE:
+                raise BenchError(f"execute_async failed: {job.status.name}: {runner.last_error}")
+            time.sleep(0)  # all runs busy: a job of ours is still finishing; try again
+
+    def collect(i: int) -> None:
+        status = runner.wait(jobs[i], None)
+        jobs[i] = None
+        if status is not StatusCode.SUCCESS:
+            raise BenchError(f"async job failed: {status.name}: {runner.last_error}")
+
+    for i in range(min(requests, budget.warmup)):  # warm-up: every request once
+        submit(i)
+        collect(i)
+    done = started = 0
+    start = time.perf_counter()
+    for i in range(requests):
+        if budget.niter is not None and started >= budget.niter:
+            break
+        submit(i)
+        started += 1
+    i = 0
+    while any(j is not None for j in jobs):
+        if jobs[i] is not None:
+            collect(i)
+            done += 1
+            if not budget.done(started, time.perf_counter() - start):
+                submit(i)
+                started += 1
+            progress.update(budget.fraction(started, time.perf_counter() - start))
+        i = (i + 1) % requests
+    elapsed = time.perf_counter() - start
+    progress.done()
+    return _throughput(done, elapsed, requests)
+
+
+def bench_runner(backend: str, model: str | Path, options: Mapping[str, Any], budget: Budget, requests: int,
+                 seed: int = 0, cache_dir: str | Path | None = None, tensor_type: TensorType = TensorType.HW,
+                 progress: Progress = _NO_PROGRESS) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """All figures for one npurt backend, and the CPU-view inputs it ran on (to give the raw engines the same).
+
+    ``options`` must not hold cache_dir: give ``cache_dir``, measured separately from the cold compile.
+    """
+    model = Path(model)
+    name = backend.upper()
+    options = {**options, "max_concurrent_runs": requests}
+    progress.phase(f"{name}: load + compile + first inference")
+    runner, load_ms, first_ms, feeds = _timed_first_inference(name, model, options, seed, tensor_type)
+    progress.done()
+    result: dict[str, Any] = {"backend": name, "tensor_type": tensor_type.name, "load_ms": load_ms,
+                              "first_inference_ms": first_ms, "time_to_first_inference_ms": load_ms + first_ms}
+    try:
+        result["device_info"] = device_info_dict(runner)
+        result["inputs"] = {i.name: list(i.shape) for i in runner.get_tensors_info(TensorDirection.INPUT,
+                                                                                   TensorType.CPU)}
+        if cache_dir is not None:
+            result["cache"] = _cached_load(name, model, options, seed, tensor_type, Path(cache_dir), progress)
+        ins, outs = runner_tensors(runner, feeds, tensor_type)
+        before = runner.stats
+        result["latency_ms"] = measure_latency(lambda: _execute_or_raise(runner, ins, outs), budget, progress,
+                                               f"{name}: execute latency")
+        after = runner.stats
+        n = after["executes"] - before["executes"]
+        result["copies_per_inference"] = (after["copies"] - before["copies"]) / n if n else 0.0
+        result["throughput"] = measure_runner_throughput(runner, feeds, requests, budget, tensor_type, progress,
+                                                         f"{name}: execute_async throughput")
+        result["stats"] = runner.stats
+    finally:
+        runner.close()
+    return result, feeds
+
+
+def _cached_load(name: str, model: Path, options: Mapping[str, Any], seed: int, tensor_type: TensorType,
+                 cache_dir: Path, progress: Progress) -> dict[str, Any]:
+    """Load with a compiled-model cache twice: the first fills it (if it was empty), the second reads it."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    was_empty = not any(cache_dir.iterdir())
+    opts = {**options, "cache_dir": str(cache_dir)}
+    progress.phase(f"{name}: load with cache_dir (fill)")
+    runner, fill_ms, fill_first_ms, _ = _timed_first_inference(name, model, opts, seed, tensor_type)
+    runner.close()
+    progress.phase(f"{name}: load from cache")
+    runner, load_ms, first_ms, _ = _timed_first_inference(name, model, opts, seed, tensor_type)
+    runner.close()
+    progress.done()
+    return {"dir": str(cache_dir), "was_empty": was_empty, "fill_load_ms": fill_ms,
+            "fill_first_inference_ms": fill_first_ms, "cached_load_ms": load_ms,
+            "cached_first_inference_ms": first_ms, "cached_time_to_first_inference_ms": load_ms + first_ms}
+
+
+# -------------------------------------------------------------------------------------------------- raw engines
+def openvino_config(device: str, performance_hint: str | None = None, cache_dir: str | Path | None = None
+                    ) -> dict[str, str]:
+    """The OpenVINO properties npurt's backend sets for a device (CPU: f32 precision, not the bf16 default)."""
+    config = {}
+    if device == "CPU":
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+    if performance_hint:
+        config["PERFORMANCE_HINT"] = performance_hint.upper()
+    if cache_dir is not None:
+        config["CACHE_DIR"] = str(cache_dir)
+    return config
+
+
+def _ov_compile(core: Any, model: Path, device: str, shapes: Mapping[str, Sequence[int]] | None,
+                config: Mapping[str, str]) -> Any:
+    if shapes:
+        ov_model = core.read_model(str(model))
+        ov_model.reshape({name: list(shape) for name, shape in shapes.items()})
+        return core.compile_model(ov_model, device, dict(config))
+    return core.compile_model(str(model), device, dict(config))
+
+
+def bench_raw_openvino(model: str | Path, device: str, feeds: Mapping[str, np.ndarray], budget: Budget,
+                       requests: int, shapes: Mapping[str, Sequence[int]] | None = None,
+                       performance_hint: str | None = None, cache_dir: str | Path | None = None,
+                       progress: Progress = _NO_PROGRESS) -> dict[str, Any]:
+    """OpenVINO called directly: compile_model, InferRequest.infer with input tensors set once, AsyncInferQueue."""
+    import openvino as ov
+
+    model = Path(model)
+    core = ov.Core()
+    config = openvino_config(device, performance_hint)
+    progress.phase("raw OpenVINO: compile + first inference")
+    t0 = time.perf_counter()
+    compiled = _ov_compile(core, model, device, shapes, config)
+    t1 = time.perf_counter()
+    request = compiled.create_infer_request()
+    arrays = {n: np.ascontiguousarray(a) for n, a in feeds.items()}
+    for n, a in arrays.items():
+        request.set_tensor(n, ov.Tensor(a, shared_memory=True))
+    t2 = time.perf_counter()
+    request.infer()
+    t3 = time.perf_counter()
+    progress.done()
+    result: dict[str, Any] = {"engine": "openvino", "engine_version": ov.__version__, "device": device,
+                              "config": config, "call": "InferRequest.infer() with input tensors set once",
+                              "load_ms": (t1 - t0) * 1e3, "first_inference_ms": (t3 - t2) * 1e3,
+                              "time_to_first_inference_ms": (t1 - t0 + t3 - t2) * 1e3}
+    if cache_dir is not None:
+        raw_cache = Path(cache_dir) / "raw-openvino"
+        raw_cache.mkdir(parents=True, exist_ok=True)
+        cached_config = openvino_config(device, performance_hint, raw_cache)
+        progress.phase("raw OpenVINO: compile with CACHE_DIR (fill)")
+        t0 = time.perf_counter()
+        _ov_compile(core, model, device, shapes, cached_config)
+        fill_ms = (time.perf_counter() - t0) * 1e3
+        progress.phase("raw OpenVINO: load from cache")
+        t0 = time.perf_counter()
+        cached = _ov_compile(core, model, device, shapes, cached_config)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        r = cached.create_infer_request()
+        for n, a in arrays.items():
+            r.set_tensor(n, ov.Tensor(a, shared_memory=True))
+        t0 = time.perf_counter()
+        r.infer()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        progress.done()
+        del r, cached
+        result["cache"] = {"dir": str(raw_cache), "fill_load_ms": fill_ms, "cached_load_ms": load_ms,
+                           "cached_first_inference_ms": first_ms,
+                           "cached_time_to_first_inference_ms": load_ms + first_ms}
+
+    result["latency_ms"] = measure_latency(request.infer, budget, progress, "raw OpenVINO: infer latency")
+
+    queue = ov.AsyncInferQueue(compiled, requests)
+    own_arrays = [{n: a.copy() for n, a in arrays.items()} for _ in range(requests)]  # each request its own inputs
+    for req, req_arrays in zip(queue, own_arrays):
+        for n, a in req_arrays.items():
+            req.set_tensor(n, ov.Tensor(a, shared_memory=True))
+    counter = {"done": 0}
+
+    def on_done(_request: Any, _userdata: Any) -> None:
+        counter["done"] += 1  # callbacks hold the GIL: no lock needed for one counter
+
+    for _ in range(min(requests, budget.warmup)):
+        queue.start_async()
+    queue.wait_all()
+    queue.set_callback(on_done)
+    progress.phase(f"raw OpenVINO: AsyncInferQueue throughput ({requests} requests)")
+    started = 0
+    start = time.perf_counter()
+    while not budget.done(started, time.perf_counter() - start):
+        queue.start_async()  # blocks while all requests are busy
+        started += 1
+        progress.update(budget.fraction(started, time.perf_counter() - start))
+    queue.wait_all()
+    elapsed = time.perf_counter() - start
+    progress.done()
+    result["throughput"] = _throughput(counter["done"], elapsed, requests)
+    del queue, request, compiled
+    return result
+
+
+def onnxruntime_providers(device: str) -> list[str]:
+    """The providers a raw ONNX Runtime session uses for the device the npurt runner attached."""
+    if device == "NPU":
+        return ["VitisAIExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def bench_raw_onnxruntime(model: str | Path, device: str, feeds: Mapping[str, np.ndarray], budget: Budget,
+                          requests: int, progress: Progress = _NO_PROGRESS) -> dict[str, Any]:
+    """ONNX Runtime called directly: InferenceSession.run, and ``requests`` threads calling it for throughput."""
+    import onnxruntime as ort
+
+    providers = onnxruntime_providers(device)
+    arrays = {n: np.ascontiguousarray(a) for n, a in feeds.items()}
+    progress.phase("raw ONNX Runtime: session + first inference")
+    t0 = time.perf_counter()
+    session = ort.InferenceSession(str(model), providers=providers)
+    t1 = time.perf_counter()
+    session.run(None, arrays)
+    t2 = time.perf_counter()
+    progress.done()
+    result: dict[str, Any] = {"engine": "onnxruntime", "engine_version": ort.__version__, "device": device,
+                              "providers": session.get_providers(), "call": "InferenceSession.run(None, feeds)",
+                              "load_ms": (t1 - t0) * 1e3, "first_inference_ms": (t2 - t1) * 1e3,
+                              "time_to_first_inference_ms": (t2 - t0) * 1e3}
+    result["latency_ms"] = measure_latency(lambda: session.run(None, arrays), budget, progress,
+                                           "raw ONNX Runtime: run latency")
+
+    lock = threading.Lock()
+    state = {"started": 0, "done": 0}
+    own_arrays = [{n: a.copy() for n, a in arrays.items()} for _ in range(requests)]
+    for a in own_arrays[: budget.warmup]:
+        session.run(None, a)
+    progress.phase(f"raw ONNX Runtime: {requests}-thread throughput")
+    start = time.perf_counter()
+
+    def worker(feeds_i: dict[str, np.ndarray]) -> None:
+        while True:
+            with lock:
+                if budget.done(state["started"], time.perf_counter() - start):
+                    return
+                state["started"] += 1
+            session.run(None, feeds_i)
+            with lock:
+                state["done"] += 1
+
+    with ThreadPoolExecutor(max_workers=requests, thread_name_prefix="raw-ort") as pool:
+        futures = [pool.submit(worker, a) for a in own_arrays]
+        while not all(f.done() for f in futures):
+            progress.update(budget.fraction(state["started"], time.perf_counter() - start))
+            time.sleep(0.05)
+        for f in futures:
+            f.result()
+    elapsed = time.perf_counter() - start
+    progress.done()
+    result["throughput"] = _throughput(state["done"], elapsed, requests)
+    return result
+
+
+# -------------------------------------------------------------------------------------------------- comparison
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or not math.isfinite(a) or not math.isfinite(b):
+        return None
+    return a / b
+
+
+def ratios(npurt_result: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, float | None]:
+    """npurt / raw: latency and load ratios above 1 and a throughput ratio below 1 mean npurt is slower."""
+    out = {f"latency_{k}": _ratio(npurt_result["latency_ms"][k], raw["latency_ms"][k]) for k in ("p50", "p90", "p99")}
+    out["throughput"] = _ratio(npurt_result["throughput"]["fps"], raw["throughput"]["fps"])
+    out["time_to_first_inference"] = _ratio(npurt_result["time_to_first_inference_ms"],
+                                            raw["time_to_first_inference_ms"])
+    if "cache" in npurt_result and "cache" in raw:
+        out["cached_load"] = _ratio(npurt_result["cache"]["cached_load_ms"], raw["cache"]["cached_load_ms"])
+    return out
+
+
+def raw_engine_of(result: Mapping[str, Any]) -> str:
+    """Which raw engine matches an npurt result: by the engine its runner reported."""
+    engine = str(result.get("device_info", {}).get("engine", "")).lower()
+    if "openvino" in engine:
+        return "openvino"
+    if "onnx" in engine:
+        return "onnxruntime"
+    return ""
+
+
+__all__ = [
+    "BenchError", "Budget", "Progress", "bench_raw_onnxruntime", "bench_raw_openvino", "bench_runner",
+    "device_info_dict", "measure_latency", "measure_runner_throughput", "onnxruntime_providers", "openvino_config",
+    "random_array", "random_feeds", "ratios", "raw_engine_of", "runner_tensors", "summarize_ms",
+]
