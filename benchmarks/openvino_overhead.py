@@ -1,0 +1,180 @@
+"""Overhead of npurt's OpenVINO runner against calling OpenVINO directly, in one run, on CPU.
+
+For the PP-OCR classifier (1x3x48x192), recogniser (1x3x48x320) and detector (1x3x640x640):
+
+- latency, CPU-configured ports: ``runner.execute`` on runner-allocated (XRT_BO) tensors in the CPU view,
+  against ``InferRequest.infer({0: x}, share_inputs=True, share_outputs=True)`` on the runner's own compiled
+  model (same model, same compiled settings), with the two calls interleaved so that load from other
+  processes hits both alike;
+- latency, HW-configured ports (NHWC FP16, converted inside the compiled model): the same, the raw call
+  feeding NHWC FP16 arrays to the same HW compiled model;
+- throughput: ``execute_async`` keeping ``max_concurrent_runs`` jobs in flight against ``ov.AsyncInferQueue``
+  with as many requests, on a THROUGHPUT-hint runner, in alternating blocks.
+
+Targets (issue 4): latency ratio <= 1.03 (and <= 20 us added on the classifier), throughput ratio >= 0.97.
+
+    python benchmarks/openvino_overhead.py [--quick] [--models cls,rec,det]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from models import fetch  # noqa: E402
+from npurt import RunnerFactory, StatusCode, TensorDirection, TensorType  # noqa: E402
+
+MODELS = {  # name -> (model, input shape, latency iterations, throughput jobs per block)
+    "cls": ("ocr_cls", (1, 3, 48, 192), 2000, 400),
+    "rec": ("ocr_rec", (1, 3, 48, 320), 300, 60),
+    "det": ("ocr_det", (1, 3, 640, 640), 60, 12),
+}
+
+
+def make_runner(path: Path, shape: tuple[int, ...], **options: object):
+    return RunnerFactory.create_runner("OPENVINO", path, {"device": "CPU", "shapes": {"x": list(shape)}, **options})
+
+
+def tensors(runner, view: TensorType, rng: np.random.Generator):
+    ins = [runner.allocate_npu_tensor(i) for i in runner.get_tensors_info(TensorDirection.INPUT, view)]
+    outs = [runner.allocate_npu_tensor(i) for i in runner.get_tensors_info(TensorDirection.OUTPUT, view)]
+    for t in ins:
+        t.numpy()[...] = rng.random(t.info.shape, dtype=np.float32).astype(t.numpy().dtype)
+    return ins, outs
+
+
+def latency(runner, view: TensorType, iterations: int, rng: np.random.Generator) -> tuple[float, float, float]:
+    """p50 of runner.execute and of the raw infer (microseconds), interleaved; and the p50 of the differences."""
+    ins, outs = tensors(runner, view, rng)
+    request = runner.compiled_model.create_infer_request()
+    raw_inputs = {i: np.array(t.numpy()) for i, t in enumerate(ins)}  # same data, plain numpy arrays
+
+    def run_npurt() -> None:
+        status = runner.execute([ins], [outs])
+        if status is not StatusCode.SUCCESS:
+            raise RuntimeError(f"execute: {status.name}: {runner.last_error}")
+
+    def run_raw() -> None:
+        request.infer(raw_inputs, share_inputs=True, share_outputs=True)
+
+    for _ in range(max(10, iterations // 20)):
+        run_npurt()
+        run_raw()
+    a, b = [], []
+    clock = time.perf_counter
+    for k in range(iterations):
+        first, second, fa, fb = (run_npurt, run_raw, a, b) if k % 2 == 0 else (run_raw, run_npurt, b, a)
+        t0 = clock()
+        first()
+        t1 = clock()
+        second()
+        t2 = clock()
+        fa.append(t1 - t0)
+        fb.append(t2 - t1)
+    diffs = [x - y for x, y in zip(a, b)]
+    return statistics.median(a) * 1e6, statistics.median(b) * 1e6, statistics.median(diffs) * 1e6
+
+
+def throughput(runner, jobs: int, blocks: int, rng: np.random.Generator) -> tuple[float, float, int]:
+    """Inferences per second: execute_async vs AsyncInferQueue, same number of requests, alternating blocks."""
+    depth = runner.max_concurrent_runs
+    sets = [tensors(runner, TensorType.CPU, rng) for _ in range(depth)]
+    queue = ov.AsyncInferQueue(runner.compiled_model, depth)
+    x = {i: np.array(t.numpy()) for i, t in enumerate(sets[0][0])}
+
+    def run_npurt(n: int) -> float:
+        t0 = time.perf_counter()
+        free = deque(sets)
+        running: deque = deque()
+        for _ in range(n):
+            if not free:
+                job, used = running.popleft()
+                if runner.wait(job) is not StatusCode.SUCCESS:
+                    raise RuntimeError(f"job: {runner.last_error}")
+                free.append(used)
+            ins, outs = free.popleft()
+            job = runner.execute_async([ins], [outs])
+            if job.status is not StatusCode.SUCCESS:
+                raise RuntimeError(f"execute_async: {job.status.name}: {runner.last_error}")
+            running.append((job, (ins, outs)))
+        for job, _ in running:
+            runner.wait(job)
+        return n / (time.perf_counter() - t0)
+
+    def run_raw(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            queue.start_async(x, share_inputs=True)
+        queue.wait_all()
+        return n / (time.perf_counter() - t0)
+
+    run_npurt(max(4, jobs // 10))
+    run_raw(max(4, jobs // 10))
+    a, b = [], []
+    for k in range(blocks):
+        if k % 2 == 0:
+            a.append(run_npurt(jobs))
+            b.append(run_raw(jobs))
+        else:
+            b.append(run_raw(jobs))
+            a.append(run_npurt(jobs))
+    return statistics.median(a), statistics.median(b), depth
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a quarter of the iterations (a smoke run)")
+    parser.add_argument("--models", default="cls,rec,det", help="comma-separated subset of cls,rec,det")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    scale = 4 if args.quick else 1
+    print(f"OpenVINO {ov.get_version()}, CPU, {'quick' if args.quick else 'full'} run; times are p50 in us")
+    header = (f"{'model':<5} {'ports':<5} {'npurt':>9} {'raw':>9} {'ratio':>6} {'added':>8}   "
+              f"{'async/s':>9} {'queue/s':>9} {'ratio':>6} {'reqs':>4}")
+    print(header)
+    print("-" * len(header))
+    failures = []
+    for name in args.models.split(","):
+        model, shape, iterations, jobs = MODELS[name]
+        path = fetch(model)
+        iterations = max(20, iterations // scale)
+        jobs = max(8, jobs // scale)
+        cpu = make_runner(path, shape, input_tensor_type="CPU", output_tensor_type="CPU")
+        hw = make_runner(path, shape)
+        tput = make_runner(path, shape, input_tensor_type="CPU", output_tensor_type="CPU",
+                           performance_hint="THROUGHPUT")
+        rows = []
+        for label, runner, view in (("CPU", cpu, TensorType.CPU), ("HW", hw, TensorType.HW)):
+            p_npurt, p_raw, added = latency(runner, view, iterations, rng)
+            ratio = p_npurt / p_raw
+            rows.append((label, p_npurt, p_raw, ratio, added))
+            if ratio > 1.03:
+                failures.append(f"{name} {label}-port latency ratio {ratio:.3f} > 1.03")
+            if name == "cls" and added > 20:
+                failures.append(f"{name} {label}-port adds {added:.1f} us > 20 us")
+            if runner.stats["copies"]:
+                failures.append(f"{name} {label}: {runner.stats['copies']} host copies on the zero-copy path")
+        a, b, depth = throughput(tput, jobs, 5 if not args.quick else 3, rng)
+        if a / b < 0.97:
+            failures.append(f"{name} throughput ratio {a / b:.3f} < 0.97")
+        for k, (label, p_npurt, p_raw, ratio, added) in enumerate(rows):
+            tail = f"   {a:9.1f} {b:9.1f} {a / b:6.3f} {depth:4d}" if k == 0 else ""
+            print(f"{name:<5} {label:<5} {p_npurt:9.1f} {p_raw:9.1f} {ratio:6.3f} {added:+8.1f}{tail}")
+        for r in (cpu, hw, tput):
+            r.close()
+    print()
+    print("targets met" if not failures else "targets missed: " + "; ".join(failures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
