@@ -261,15 +261,27 @@ def measure_runner_throughput(runner: Runner, feeds: Mapping[str, np.ndarray], r
 
 
 def bench_runner(backend: str, model: str | Path, options: Mapping[str, Any], budget: Budget, requests: int,
-                 seed: int = 0, cache_dir: str | Path | None = None, tensor_type: TensorType = TensorType.HW,
+                 seed: int = 0, cache_dir: str | Path | None = None, tensor_type: TensorType | None = None,
                  progress: Progress = _NO_PROGRESS) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """All figures for one npurt backend, and the CPU-view inputs it ran on (to give the raw engines the same).
 
-    ``options`` must not hold cache_dir: give ``cache_dir``, measured separately from the cold compile.
+    ``tensor_type``: the view of the ports and of the runner-allocated tensors. None picks HW when the runner
+    attached an NPU and CPU otherwise: on another device the HW view (FP16 / BF16, another layout) only adds a
+    conversion that the raw engine running the plain model does not do, so the comparison would not be like for
+    like. ``options`` must not hold cache_dir: give ``cache_dir``, measured separately from the cold compile.
     """
     model = Path(model)
     name = backend.upper()
     options = {**options, "max_concurrent_runs": requests}
+    # Once untimed, so that the engine's libraries and plugins are loaded before the timed load, as they are
+    # for the raw engine measured later in the same process.
+    progress.phase(f"{name}: loading the engine")
+    runner, _, _, _ = _timed_first_inference(name, model, options, seed, tensor_type or TensorType.HW)
+    attached = runner.device_info.attached
+    runner.close()
+    if tensor_type is None:
+        tensor_type = TensorType.HW if attached == "NPU" else TensorType.CPU
+    options = {**options, "input_tensor_type": tensor_type.name, "output_tensor_type": tensor_type.name}
     progress.phase(f"{name}: load + compile + first inference")
     runner, load_ms, first_ms, feeds = _timed_first_inference(name, model, options, seed, tensor_type)
     progress.done()
