@@ -524,7 +524,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = read_model_file(path)
     shapes = parse_shapes(args.shape)
     check_shapes(model, shapes)
-    backend = resolve_backend(args.backend)
     given = parse_inputs(args.input, model)
     for name, arr in given.items():  # a dynamic input's shape can come from its file
         port = next(p for p in model.inputs if p.name == name)
@@ -536,6 +535,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_static(model, shapes)
     if args.output is not None and not Path(args.output).resolve().parent.is_dir():
         raise CliError(f"--output {args.output}: directory {Path(args.output).resolve().parent} does not exist")
+    backend = resolve_backend(args.backend)
     loaded = create_runner(backend, path, runner_options(args, shapes))
     runner = loaded.runner
     try:
@@ -752,7 +752,6 @@ def build_parser() -> argparse.ArgumentParser:
                      description="npurt: one VART-ML style runtime for NPUs, over OpenVINO and ONNX Runtime.")
     parser.add_argument("--version", action="version",
                         version=f"npurt {__version__}")
-    parser.set_defaults(debug=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("devices", parents=[common], help="what this machine has, per backend, and why no NPU",
@@ -821,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         args.hint = args.hint.upper()
     if getattr(args, "tensor_type", None):
         args.tensor_type = args.tensor_type.upper()
+    args.debug = getattr(args, "debug", False)
     try:
         if hasattr(args, "device"):
             args.device = parse_device(args.device)

@@ -1,0 +1,237 @@
+"""The npurt command, driven as a user drives it: `python -m npurt ...` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from models import model_or_skip
+from npurt import RunnerFactory
+from npurt.models import default_model_path
+
+REAL_BACKENDS = sorted({"OPENVINO", "VAIML"} & set(RunnerFactory.available_backends()))
+needs_backend = pytest.mark.skipif(not REAL_BACKENDS, reason="no real npurt backend (OPENVINO, VAIML) is registered: "
+                                   f"{RunnerFactory.backend_errors()}")
+NO_NPU = not (os.path.isdir("/dev/accel") and os.listdir("/dev/accel"))
+
+
+def npurt(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "npurt", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def npurt_script(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def stdout_json(proc: subprocess.CompletedProcess[str]) -> dict:
+    # An editable install may print its rebuild log on stdout before the command runs: start at the JSON.
+    text = proc.stdout
+    start = 0 if text.startswith("{") else text.index("\n{") + 1
+    return json.loads(text[start:])
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *expected: str) -> str:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("npurt")]
+    assert len(lines) == 1 and lines[0].startswith("npurt: error: "), proc.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def cls_model() -> Path:
+    return model_or_skip("ocr_cls")  # dynamic input x [?, 3, ?, ?]
+
+
+def test_version():
+    proc = npurt("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip().endswith("npurt 0.1.0")
+
+
+def test_default_model_is_small_deterministic_and_rebuilt_identically(tmp_path):
+    from npurt.models import make_default
+
+    path = default_model_path()
+    assert path.is_file() and path.stat().st_size < 400_000
+    assert make_default.main([str(tmp_path / "again.onnx")]) == 0
+    assert (tmp_path / "again.onnx").read_bytes() == path.read_bytes()
+
+
+def test_devices_json_reports_engines_kernel_and_verdict():
+    report = stdout_json(npurt("devices", "--json"))
+    ov_devices = {d["name"]: d for d in report["openvino"]["devices"]}
+    assert "CPU" in ov_devices and ov_devices["CPU"]["full_name"]
+    assert set(report["openvino"]["plugins"]) == {"NPU", "GPU"}
+    assert "CPUExecutionProvider" in report["onnxruntime"]["providers"]
+    assert report["onnxruntime"]["vitis_ai"] == ("VitisAIExecutionProvider" in ort.get_available_providers())
+    nodes = sorted(os.listdir("/dev/accel")) if os.path.isdir("/dev/accel") else []
+    assert [Path(n["path"]).name for n in report["kernel"]["accel_nodes"]] == nodes
+    assert report["kernel"]["npu_drivers"]["intel_vpu"]["loaded"] == os.path.isdir("/sys/module/intel_vpu")
+    assert report["kernel"]["udmabuf"]["present"] == os.path.exists("/dev/udmabuf")
+    heaps = sorted(os.listdir("/dev/dma_heap")) if os.path.isdir("/dev/dma_heap") else []
+    assert [h["name"] for h in report["kernel"]["dma_heaps"]] == heaps
+    assert report["memory"]["expected"].split(":")[0] in ("dma_heap", "udmabuf", "memfd", "host")
+    assert set(report["backends"]["installed"]) >= set(REAL_BACKENDS)
+    if NO_NPU:
+        assert report["npu_present"] is False
+        assert "no NPU" in report["verdict"]
+        assert any("intel_vpu" in n for n in report["needed"])
+        assert any("VitisAIExecutionProvider" in n for n in report["needed"])
+
+
+@pytest.mark.skipif(not NO_NPU, reason="this machine has an NPU")
+def test_devices_text_says_plainly_that_no_npu_is_present():
+    proc = npurt("devices")
+    assert proc.returncode == 0, proc.stderr
+    assert "no NPU is present on this machine" in proc.stdout
+    assert "To use an NPU, this machine would need:" in proc.stdout
+    assert "amdxdna" in proc.stdout and "/dev/accel" in proc.stdout
+
+
+@needs_backend
+def test_run_default_model_matches_onnxruntime(tmp_path):
+    image = np.random.default_rng(7).random((1, 3, 64, 64), dtype=np.float32)
+    np.save(tmp_path / "image.npy", image)
+    out = tmp_path / "out.npz"
+    proc = npurt("run", "--input", f"image={tmp_path / 'image.npy'}", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "embedded default model" in text
+    assert any(f"Backend   {b}" in text for b in REAL_BACKENDS), text
+    assert "on CPU" in text or "on NPU" in text or "on GPU" in text
+    if NO_NPU:
+        assert "skipped NPU" in text  # AUTO says why the NPU was not taken
+    assert "scores       [1, 10] float32" in text and "Latency   load + compile" in text
+    reference = ort.InferenceSession(str(default_model_path())).run(None, {"image": image})[0]
+    scores = np.load(out)["scores"]
+    # the default HW views are FP16 (OpenVINO) or BF16 (Vitis AI): compare at that precision
+    np.testing.assert_allclose(scores, reference, atol=2e-2)
+    assert f"argmax {int(np.argmax(scores))} " in text
+
+
+@needs_backend
+@pytest.mark.skipif(not NO_NPU, reason="this machine has an NPU")
+def test_run_on_absent_npu_falls_back_with_reason_or_fails_with_fallback_error():
+    proc = npurt("run", "--device", "NPU", "--backend", REAL_BACKENDS[0].lower(), "--repeat", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "fell back: asked for NPU, running on CPU:" in proc.stdout
+    proc = npurt("run", "--device", "NPU", "--fallback", "error", "--backend", REAL_BACKENDS[0].lower())
+    assert_one_line_error(proc, "NPU is not available")
+
+
+@needs_backend
+def test_info_shows_both_views_and_how_to_fix_dynamic_dims(cls_model):
+    proc = npurt("info", str(default_model_path()), "--backend", REAL_BACKENDS[0].lower())
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU view  [1, 3, 64, 64] FLOAT32 NCHW" in proc.stdout
+    hw = {"OPENVINO": "HW view   [1, 64, 64, 3] FP16 NHWC", "VAIML": "HW view   [64, 1, 64, 1, 4] BF16 HCWNC4"}
+    assert hw[REAL_BACKENDS[0]] in proc.stdout
+    assert "quant     none (float)" in proc.stdout
+
+    proc = npurt("info", str(cls_model))
+    assert proc.returncode == 0, proc.stderr
+    assert "[?, 3, ?, ?] float32" in proc.stdout and "add --shape x=1,3,D2,D3" in proc.stdout
+
+    proc = npurt("info", str(cls_model), "--shape", "x=1,3,48,192")
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU view  [1, 3, 48, 192] FLOAT32 NCHW" in proc.stdout
+    assert "fixed by --shape" in proc.stdout
+
+
+@needs_backend
+def test_bench_json_with_raw_comparison(tmp_path):
+    proc = npurt("bench", "--niter", "20", "--compare-raw", "--json", "--backend", "both", "--warmup", "2",
+                 timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = stdout_json(proc)
+    assert [r["backend"] for r in report["results"]] == REAL_BACKENDS
+    assert "npurt bench:" in proc.stderr  # progress on stderr, never mixed into the JSON
+    for entry in report["results"]:
+        for side in (entry["npurt"], entry["raw"]):
+            lat = side["latency_ms"]
+            assert lat["count"] == 20
+            assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+            assert side["throughput"]["count"] >= 20 and side["throughput"]["fps"] > 0
+            assert side["load_ms"] > 0 and side["first_inference_ms"] > 0
+        assert entry["npurt"]["stats"]["execute_failures"] == 0 and entry["npurt"]["stats"]["jobs_failed"] == 0
+        # tensors in the ports' own view, allocated by the runner: no host copy per inference
+        assert entry["npurt"]["copies_per_inference"] == 0
+        ratio = entry["ratio"]
+        assert ratio["latency_p50"] == pytest.approx(entry["npurt"]["latency_ms"]["p50"]
+                                                     / entry["raw"]["latency_ms"]["p50"])
+        assert ratio["throughput"] > 0
+
+
+def test_no_backend_installed_says_so_in_one_line():
+    # As if neither backend module could be imported (a broken or partial install).
+    proc = npurt_script("import sys; sys.modules['npurt.backends.openvino'] = None; "
+                        "sys.modules['npurt.backends.vaiml'] = None; "
+                        "from npurt.cli import main; sys.exit(main(['run']))")
+    assert_one_line_error(proc, "no npurt backend is installed", "OPENVINO failed to load")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = npurt("--debug", "run", str(tmp_path / "missing.onnx"))
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "model file not found" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("bad")
+    (d / "text.onnx").write_text("this is not a model\n")
+    (d / "empty.onnx").write_bytes(b"")
+    np.save(d / "f64.npy", np.zeros((1, 3, 64, 64)))
+    np.save(d / "small.npy", np.zeros((1, 3, 32, 32), np.float32))
+    (d / "pickle.npy").write_text("not numpy")
+    return d
+
+
+ERROR_CASES = {
+    "missing model": (["run", "{d}/missing.onnx"], ["model file not found"]),
+    "text file": (["info", "{d}/text.onnx"], ["is not a model", "not an ONNX file"]),
+    "empty file": (["bench", "{d}/empty.onnx"], ["is not a model"]),
+    "unknown backend": (["run", "--backend", "tpu"], ["unknown backend 'tpu'", "openvino"]),
+    "unknown device": (["info", str(default_model_path()), "--device", "FPGA"], ["unknown device 'FPGA'"]),
+    "bad shape syntax": (["run", "--shape", "image=1,3,x"], ["expected NAME=D1,D2,..."]),
+    "shape of no input": (["run", "--shape", "img=1,3,64,64"], ["has no input 'img'", "image"]),
+    "input file missing": (["run", "--input", "image={d}/none.npy"], ["file not found"]),
+    "input wrong dtype": (["run", "--input", "image={d}/f64.npy"], ["dtype float64, expected float32"]),
+    "input wrong shape": (["run", "--input", "image={d}/small.npy"], ["shape [1, 3, 32, 32], expected [1, 3, 64, 64]"]),
+    "input not npy": (["run", "--input", "image={d}/pickle.npy"], ["is not a .npy file"]),
+    "input unknown name": (["run", "--input", "x={d}/small.npy"], ["has no input 'x'"]),
+    "bad niter": (["bench", "--niter", "0"], ["--niter 0"]),
+    "unknown option": (["run", "--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+}
+
+
+@pytest.fixture(scope="module")
+def error_runs(bad_files) -> dict[str, subprocess.CompletedProcess[str]]:
+    """All the error cases, run a few at a time (each is a separate `python -m npurt`, as a user types it)."""
+    def run(case: str) -> subprocess.CompletedProcess[str]:
+        return npurt(*[a.format(d=bad_files) for a in ERROR_CASES[case][0]])
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(ERROR_CASES, pool.map(run, ERROR_CASES)))
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_user_errors_are_one_clear_line(case, error_runs):
+    assert_one_line_error(error_runs[case], *ERROR_CASES[case][1])
+
+
+def test_dynamic_model_without_shape_names_the_flag(cls_model):
+    for command in ("run", "bench"):
+        proc = npurt(command, str(cls_model))
+        assert_one_line_error(proc, "input 'x' has dynamic dims [?, 3, ?, ?]", "--shape x=1,3,D2,D3")
