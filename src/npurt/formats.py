@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from . import _native
 from .options import HwFormat
 from .tensor import NpuTensor
 from .types import DataType, MemoryLayout, NpuTensorInfo, QuantParameters, RoundingMode, TensorType
@@ -108,12 +109,11 @@ def _logical_shape(src: NpuTensorInfo, dst: NpuTensorInfo) -> tuple[int, ...]:
                 inv = np.argsort(perm)
                 return tuple(info.shape[i] for i in inv)
             return info.shape
-    for info in (src, dst):  # both padded/permuted: the padded channels are part of the tensor
-        if info.memory_layout in CHANNEL_GROUP:
-            h, cg, w, n, k = info.shape
-            return (n, cg * k, h, w)
-        return tuple(info.shape[i] for i in np.argsort(info.memory_layout_order))
-    raise AssertionError("unreachable")
+    for info in (src, dst):
+        if info.memory_layout is MemoryLayout.GENERIC:
+            return tuple(info.shape[i] for i in np.argsort(info.memory_layout_order or range(len(info.shape))))
+    h, cg, w, n, k = src.shape  # both grouped: the padded channels are part of the tensor
+    return (n, cg * k, h, w)
 
 
 def _view_to_logical(a: np.ndarray, info: NpuTensorInfo, logical: tuple[int, ...]) -> np.ndarray:
@@ -147,13 +147,73 @@ def _logical_to_view(x: np.ndarray, info: NpuTensorInfo) -> np.ndarray:
     return x
 
 
+# -- native path ------------------------------------------------------------------------------------------
+_NATIVE_KINDS = frozenset({DataType.FLOAT32, DataType.FP16, DataType.BF16, DataType.INT8, DataType.UINT8})
+
+
+def _logical_strides(info: NpuTensorInfo, rank: int) -> list[int]:
+    """Element strides of the logical (CPU-order) axes of a non-grouped view."""
+    layout = info.memory_layout
+    if layout is MemoryLayout.GENERIC and info.memory_layout_order:
+        order: tuple[int, ...] = info.memory_layout_order
+    else:
+        perm = _PERMUTATION.get(layout)
+        order = perm if perm is not None and rank == 4 else tuple(range(rank))
+    strides = [0] * rank
+    for view_axis, logical_axis in enumerate(order):
+        strides[logical_axis] = info.strides[view_axis]
+    return strides
+
+
+def _grouped_strides(info: NpuTensorInfo) -> list[int]:
+    """Element strides of the split axes [N, C/k, k, H, W] of an HCWNCk view [H, C/k, W, N, k]."""
+    strides = [0] * 5
+    for view_axis, split_axis in enumerate(_HCWNC_PERMUTATION):
+        strides[split_axis] = info.strides[view_axis]
+    return strides
+
+
+def native_plan(s: NpuTensorInfo, d: NpuTensorInfo, logical: tuple[int, ...]
+                ) -> tuple[list[int], list[int], list[int], tuple[int, int, int, int, int] | None] | None:
+    """The iteration space of a conversion for the native kernels: (shape, src strides, dst strides, pad).
+
+    None where no native kernel applies (then the numpy path runs).
+    """
+    if s.data_type != d.data_type and not (s.data_type in _NATIVE_KINDS and d.data_type in _NATIVE_KINDS):
+        return None
+    sk, dk = CHANNEL_GROUP.get(s.memory_layout), CHANNEL_GROUP.get(d.memory_layout)
+    if sk is None and dk is None:
+        return list(logical), _logical_strides(s, len(logical)), _logical_strides(d, len(logical)), None
+    if sk is not None and dk is not None:
+        if sk != dk:
+            return None
+        h, cg, w, n, k = s.shape
+        return [n, cg, k, h, w], _grouped_strides(s), _grouped_strides(d), None
+    k = sk or dk
+    n, c, h, w = logical
+    grouped, plain = (s, d) if sk else (d, s)
+    ps = _logical_strides(plain, 4)
+    plain_split = [ps[0], ps[1] * k, ps[1], ps[2], ps[3]]
+    cg = -(-c // k)
+    shape = [n, cg, k, h, w]
+    pad = None if c == cg * k else (1, 2, c, k, int(dk is not None))
+    if sk:
+        return shape, _grouped_strides(grouped), plain_split, pad
+    return shape, plain_split, _grouped_strides(grouped), pad
+
+
 def convert(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = None) -> None:
     """Convert ``src`` into ``dst``: two views of the same logical tensor (layout, dtype, quantization).
 
-    ``quant`` gives the scale and zero point where one side is the quantized view of a float tensor.
+    ``quant`` gives the scale and zero point where one side is the quantized view of a float tensor
+    (for a decoder's uint8 frame into a float tensor, ``QuantParameters(scale=1/255, zero_point=0)``
+    computes ``(x - zero_point) * scale``). Runs in the native kernels (one pass, no temporaries, GIL
+    released); a numpy path covers what they do not (for example INT32 -> FLOAT32).
     """
     if not isinstance(src, NpuTensor) or not isinstance(dst, NpuTensor):
         raise ValueError("convert() takes two NpuTensors")
+    if quant is not None and not isinstance(quant, QuantParameters):
+        raise ValueError(f"convert(): quant must be QuantParameters or None, got {type(quant).__name__}")
     if not dst.writable:
         raise ValueError(f"convert(): destination {dst.info.name!r} is read-only")
     s, d = src.info, dst.info
@@ -165,6 +225,20 @@ def convert(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = N
     quantized = {DataType.INT8, DataType.UINT8}
     if (s.data_type in quantized) != (d.data_type in quantized) and quant is None:
         raise ValueError(f"convert(): {s.data_type.name} -> {d.data_type.name} needs QuantParameters")
+    plan = native_plan(s, d, logical)
+    if plan is not None:
+        shape, src_strides, dst_strides, pad = plan
+        q = quant or QuantParameters(1.0, 0)
+        _native.convert_strided(src.raw_bytes(), int(s.data_type), dst.raw_bytes(), int(d.data_type), shape,
+                                src_strides, dst_strides, q.scale, float(q.zero_point), int(q.rounding_mode), pad)
+        return
+    convert_reference(src, dst, quant=quant)
+
+
+def convert_reference(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = None) -> None:
+    """The numpy reference of ``convert`` (the tests check the native kernels against it, bit for bit)."""
+    s, d = src.info, dst.info
+    logical = _logical_shape(s, d)
     x = _view_to_logical(src.numpy(), s, logical)
     if s.data_type != d.data_type:
         x = _from_float32(_to_float32(x, s.data_type, quant), d.data_type, quant)

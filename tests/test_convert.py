@@ -1,0 +1,287 @@
+"""The native conversion kernels (npurt._native.convert_strided) against numpy, bit for bit, on every clone."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npurt import DataType, QuantParameters, RoundingMode, _native
+from npurt.formats import _from_float32, _to_float32
+
+D = DataType
+
+
+def _available_isas() -> list[str]:
+    isas = []
+    for name in ("avx512", "avx2", "portable"):
+        try:
+            _native.set_convert_isa(name)
+            isas.append(name)
+        except ValueError:
+            pass
+    _native.set_convert_isa("auto")
+    return isas
+
+
+ISAS = _available_isas()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest):
+    _native.set_convert_isa(request.param)
+    yield request.param
+    _native.set_convert_isa("auto")
+
+
+def flat(src: np.ndarray, src_type: DataType, dst_type: DataType, quant: QuantParameters | None = None
+         ) -> np.ndarray:
+    """Element-wise conversion of a contiguous 1-D array through the kernels."""
+    out = np.empty(src.size, dst_type.numpy)
+    q = quant or QuantParameters(1.0, 0)
+    _native.convert_strided(src, int(src_type), out, int(dst_type), [src.size], [1], [1], q.scale,
+                            float(q.zero_point), int(q.rounding_mode))
+    return out
+
+
+def permute(src: np.ndarray, src_type: DataType, dst_type: DataType, perm: tuple[int, ...],
+            quant: QuantParameters | None = None) -> np.ndarray:
+    """``src.transpose(perm)`` converted to ``dst_type``, through the kernels."""
+    out_shape = tuple(src.shape[p] for p in perm)
+    out = np.empty(out_shape, dst_type.numpy)
+    src_strides = [s // src.itemsize for s in src.strides]
+    dst_strides = [0] * src.ndim
+    for out_axis, p in enumerate(perm):
+        dst_strides[p] = out.strides[out_axis] // out.itemsize
+    q = quant or QuantParameters(1.0, 0)
+    _native.convert_strided(src, int(src_type), out, int(dst_type), list(src.shape), src_strides, dst_strides,
+                            q.scale, float(q.zero_point), int(q.rounding_mode))
+    return out
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+
+
+SPECIALS = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan, 65504.0, 65519.996, 65520.0, -65520.0,
+                     1e10, 6.1035156e-05, 6.097555e-05, 5.9604645e-08, 2.9802322e-08, 2.9802326e-08, 1e-45, -1e-45,
+                     1.17549435e-38, 3.4028235e38, 2049.0, 2051.0, 0.1, 1 / 3], np.float32)
+
+
+def _random_f32_bits(n: int, seed: int) -> np.ndarray:
+    """Random float32 bit patterns (all exponents, NaNs included), plus the special values."""
+    bits = np.random.default_rng(seed).integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    return np.concatenate([SPECIALS, bits.view(np.float32)])
+
+
+# ---------------------------------------------------------------- float16
+def test_fp16_to_fp32_all_patterns(isa: str) -> None:
+    halves = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    got, want = flat(halves, D.FP16, D.FLOAT32), halves.astype(np.float32)
+    nan = np.isnan(want)
+    assert same_bits(got[~nan], want[~nan])
+    assert np.isnan(got[nan]).all() and np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+    quiet = nan & ((halves.view(np.uint16) & 0x0200) != 0)  # quiet NaNs keep their payload bits
+    assert same_bits(got[quiet], want[quiet])
+
+
+def test_fp32_to_fp16_round_to_nearest_even(isa: str) -> None:
+    x = _random_f32_bits(200_000, seed=1)
+    x = np.concatenate([x, np.random.default_rng(2).uniform(-70000, 70000, 100_000).astype(np.float32),
+                        (np.random.default_rng(3).standard_normal(100_000) * 1e-5).astype(np.float32)])
+    with np.errstate(over="ignore"):
+        got, want = flat(x, D.FLOAT32, D.FP16), x.astype(np.float16)
+    nan = np.isnan(x)
+    assert same_bits(got[~nan], want[~nan])
+    assert np.isnan(got[nan]).all()
+    assert same_bits(got[np.isnan(x) & ((x.view(np.uint32) & 0x400000) != 0)],  # quiet NaN: payload kept
+                     want[np.isnan(x) & ((x.view(np.uint32) & 0x400000) != 0)])
+    assert np.isinf(flat(np.array([65520.0, -1e6], np.float32), D.FLOAT32, D.FP16)).all()  # overflow -> inf
+
+
+def test_fp16_round_trip_exact(isa: str) -> None:
+    halves = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    halves = halves[~np.isnan(halves)]
+    assert same_bits(flat(flat(halves, D.FP16, D.FLOAT32), D.FLOAT32, D.FP16), halves)
+
+
+# ---------------------------------------------------------------- bfloat16
+def test_fp32_to_bf16(isa: str) -> None:
+    x = _random_f32_bits(300_000, seed=4)
+    got = flat(x, D.FLOAT32, D.BF16)
+    assert same_bits(got, _from_float32(x, D.BF16, None))
+    assert np.isnan(_to_float32(got[np.isnan(x)], D.BF16, None)).all()  # NaN stays NaN, even 0x7f800001
+
+
+def test_bf16_to_fp32_all_patterns_and_round_trip(isa: str) -> None:
+    b = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    got = flat(b, D.BF16, D.FLOAT32)
+    assert same_bits(got, (b.astype(np.uint32) << 16).view(np.float32))
+    finite = ~np.isnan(got)
+    assert same_bits(flat(got[finite], D.FLOAT32, D.BF16), b[finite])
+
+
+def test_fp16_bf16_cross(isa: str) -> None:
+    halves = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    want = _from_float32(halves.astype(np.float32), D.BF16, None)
+    got = flat(halves, D.FP16, D.BF16)
+    nan = np.isnan(halves)
+    assert same_bits(got[~nan], want[~nan])
+
+
+# ---------------------------------------------------------------- quantization
+@pytest.mark.parametrize("dtype", [D.INT8, D.UINT8])
+@pytest.mark.parametrize("mode", [RoundingMode.ROUND_TO_NEAREST_EVEN, RoundingMode.ROUND_TOWARD_ZERO])
+def test_quantize(isa: str, dtype: DataType, mode: RoundingMode) -> None:
+    quant = QuantParameters(0.05, -7 if dtype is D.INT8 else 121, mode)
+    rng = np.random.default_rng(5)
+    ties = (np.arange(-300, 300, dtype=np.float32) + np.float32(0.5)) * np.float32(0.05)  # x / scale on .5
+    x = np.concatenate([rng.uniform(-20, 20, 50_000).astype(np.float32), ties,
+                        np.array([0.0, -0.0, 1e9, -1e9, np.inf, -np.inf, 6.35, -6.4, 0.025, -0.025], np.float32)])
+    got = flat(x, D.FLOAT32, dtype, quant)
+    assert same_bits(got, _from_float32(x, dtype, quant))
+    info = np.iinfo(dtype.numpy)
+    assert list(got[-8:-4]) == [info.max, info.min, info.max, info.min]  # +-1e9 and +-inf saturate
+    # NaN saturates to the lowest code, as ONNX Runtime's MLAS kernels do
+    assert flat(np.array([np.nan], np.float32), D.FLOAT32, dtype, quant)[0] == info.min
+
+
+@pytest.mark.parametrize("dtype", [D.INT8, D.UINT8])
+def test_dequantize_and_round_trip(isa: str, dtype: DataType) -> None:
+    quant = QuantParameters(0.0173, 5)
+    codes = np.arange(256, dtype=np.uint8).view(dtype.numpy)
+    got = flat(codes, dtype, D.FLOAT32, quant)
+    assert same_bits(got, _to_float32(codes, dtype, quant))
+    assert same_bits(flat(got, D.FLOAT32, dtype, quant), codes)  # dequantize then quantize is exact
+    for out in (D.FP16, D.BF16):
+        assert same_bits(flat(codes, dtype, out, quant), _from_float32(_to_float32(codes, dtype, quant), out, None))
+
+
+# ---------------------------------------------------------------- layouts
+@pytest.mark.parametrize("c", [1, 3, 5, 17])
+@pytest.mark.parametrize("w", [1, 7, 37, 130])
+def test_nchw_nhwc_both_ways_every_dtype_pair(isa: str, c: int, w: int) -> None:
+    rng = np.random.default_rng(c * 1000 + w)
+    x = (rng.standard_normal((2, c, 3, w)) * 4).astype(np.float32)
+    quant = QuantParameters(0.031, 9)
+    for dst_type in (D.FLOAT32, D.FP16, D.BF16, D.UINT8, D.INT8):
+        got = permute(x, D.FLOAT32, dst_type, (0, 2, 3, 1), quant)
+        assert same_bits(got, _from_float32(x, dst_type, quant).transpose(0, 2, 3, 1)), dst_type
+        back = permute(got, dst_type, D.FLOAT32, (0, 3, 1, 2), quant)
+        assert same_bits(back, _to_float32(got, dst_type, quant).transpose(0, 3, 1, 2)), dst_type
+
+
+def test_generic_permutations_nd(isa: str) -> None:
+    rng = np.random.default_rng(7)
+    for shape, perm in [((2, 3, 4, 5, 6), (4, 2, 0, 3, 1)), ((3, 1, 40, 33), (2, 0, 3, 1)),
+                        ((2, 2, 3, 2, 2, 5), (5, 3, 1, 4, 0, 2)), ((70, 90), (1, 0)), ((5,), (0,))]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        assert same_bits(permute(x, D.FLOAT32, D.FP16, perm), x.astype(np.float16).transpose(perm))
+        assert same_bits(permute(x, D.FLOAT32, D.FLOAT32, perm), x.transpose(perm))
+        i64 = rng.integers(-2**40, 2**40, shape)
+        assert same_bits(permute(i64, D.INT64, D.INT64, perm), i64.transpose(perm))
+
+
+def test_channel_padding_and_removal(isa: str) -> None:
+    """NCHW -> [N, C/k, k, H, W] grouping with zero padding (the HCWNCk core), and back."""
+    rng = np.random.default_rng(8)
+    for c, k in [(1, 4), (3, 4), (5, 4), (17, 16), (3, 8), (8, 4)]:
+        n, h, w = 2, 3, 37
+        x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+        cg = -(-c // k)
+        out = np.full((h, cg, w, n, k), 0xFFFF, np.uint16)  # HCWNCk bf16, garbage where padding goes
+        split = [n, cg, k, h, w]
+        sx = [c * h * w, k * h * w, h * w, w, 1]
+        so = [k, w * n * k, 1, cg * w * n * k, n * k]
+        pad = (1, 2, c, k, 1) if c % k else None
+        _native.convert_strided(x, int(D.FLOAT32), out, int(D.BF16), split, sx, so, pad=pad)
+        padded = np.concatenate([x, np.zeros((n, cg * k - c, h, w), np.float32)], axis=1)
+        want = _from_float32(padded, D.BF16, None).reshape(n, cg, k, h, w).transpose(3, 1, 4, 0, 2)
+        assert same_bits(out, want), (c, k)
+        back = np.full((n, c, h, w), np.nan, np.float32)
+        _native.convert_strided(out, int(D.BF16), back, int(D.FLOAT32), split, so, sx,
+                                pad=None if pad is None else (1, 2, c, k, 0))
+        assert same_bits(back, _to_float32(_from_float32(x, D.BF16, None), D.BF16, None))
+
+
+# ---------------------------------------------------------------- bad input is refused
+def test_refusals() -> None:
+    x = np.zeros((4, 8), np.float32)
+    out = np.zeros((4, 8), np.float16)
+    f32, f16 = int(D.FLOAT32), int(D.FP16)
+    ok = dict(shape=[4, 8], src_strides=[8, 1], dst_strides=[8, 1])
+    _native.convert_strided(x, f32, out, f16, **ok)
+    with pytest.raises(ValueError, match="destination buffer holds 62 bytes"):
+        _native.convert_strided(x, f32, out.reshape(-1).view(np.uint8)[:62], f16, **ok)
+    with pytest.raises(ValueError, match="source buffer holds"):
+        _native.convert_strided(x[:3], f32, out, f16, **ok)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _native.convert_strided(np.zeros((4, 16), np.float32)[:, ::2], f32, out, f16, **ok)
+    with pytest.raises(ValueError, match="expected FLOAT32"):
+        _native.convert_strided(x.astype(np.float64), f32, out, f16, **ok)
+    with pytest.raises(ValueError, match="expected FP16"):
+        _native.convert_strided(x, f32, out.view(np.int16), f16, **ok)
+    ro = out.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _native.convert_strided(x, f32, ro, f16, **ok)
+    with pytest.raises(ValueError, match="overlap"):
+        _native.convert_strided(x, f32, x, f32, [4, 8], [8, 1], [1, 4])
+    with pytest.raises(ValueError, match="no native conversion from INT32 to FLOAT32"):
+        _native.convert_strided(x.view(np.int32), int(D.INT32), out, f32, **ok)
+    with pytest.raises(ValueError, match="unknown data type"):
+        _native.convert_strided(x, 99, out, f16, **ok)
+    with pytest.raises(ValueError, match="negative"):
+        _native.convert_strided(x, f32, out, f16, [4, 8], [8, -1], [8, 1])
+    with pytest.raises(ValueError, match="stride 0"):
+        _native.convert_strided(x, f32, out, f16, [4, 8], [8, 1], [8, 0])
+    with pytest.raises(ValueError, match="axes"):
+        _native.convert_strided(x, f32, out, f16, [4, 8], [8], [8, 1])
+    with pytest.raises(ValueError, match="rounding"):
+        _native.convert_strided(x, f32, out.view(np.uint8), int(D.UINT8), [4, 8], [8, 1], [8, 1], 0.1, 0, 0)
+    with pytest.raises(ValueError, match="scale"):
+        _native.convert_strided(x, f32, out, f16, **ok, scale=0.0)
+    with pytest.raises(ValueError, match="pad"):
+        _native.convert_strided(x, f32, out, f16, **ok, pad=(0, 0, 3, 4, 1))
+    with pytest.raises(TypeError):
+        _native.convert_strided(object(), f32, out, f16, **ok)
+    with pytest.raises(ValueError, match="unknown instruction set"):
+        _native.set_convert_isa("sse9")
+
+
+def test_threads_share_the_kernels() -> None:
+    """Conversions on several threads at once (the GIL is released inside) give the same bits."""
+    x = np.random.default_rng(9).standard_normal((1, 3, 64, 200)).astype(np.float32)
+    want = x.transpose(0, 2, 3, 1).astype(np.float16)
+    errors: list[str] = []
+
+    def work() -> None:
+        for _ in range(20):
+            if not same_bits(permute(x, D.FLOAT32, D.FP16, (0, 2, 3, 1)), want):
+                errors.append("mismatch")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=5), data=st.data(),
+       types=st.sampled_from([(D.FLOAT32, D.FP16), (D.FLOAT32, D.BF16), (D.FP16, D.FLOAT32), (D.FLOAT32, D.UINT8),
+                              (D.INT8, D.FLOAT32), (D.FP16, D.FP16), (D.UINT8, D.BF16)]))
+def test_any_permutation_property(shape: list[int], data: st.DataObject, types: tuple[DataType, DataType]) -> None:
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    src_type, dst_type = types
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 50).astype(np.float32)
+    quant = QuantParameters(0.37, 3)
+    src = _from_float32(x, src_type, quant) if src_type is not D.FLOAT32 else x
+    want = _from_float32(_to_float32(src, src_type, quant), dst_type, quant) if src_type != dst_type else src
+    assert same_bits(permute(np.ascontiguousarray(src), src_type, dst_type, perm, quant), want.transpose(perm))
