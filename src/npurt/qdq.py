@@ -1,0 +1,214 @@
+"""QDQ boundaries: model inputs that feed only a QuantizeLinear, outputs that come only from a DequantizeLinear.
+
+At such a boundary the HW view of the tensor is the quantized int8/uint8 tensor itself: the runner
+reports its ``QuantParameters`` (``get_quant_parameters``), converts CPU tensors with them
+(``formats.convert(..., quant=...)``), and the engine compiles the model without the boundary node
+(``strip_boundaries``), so no float tensor crosses the boundary at all.
+
+A boundary needs a constant scalar scale (an initializer or a Constant node) and a constant scalar zero
+point of type int8 or uint8 (absent means uint8 0, as in ONNX); per-axis and blocked quantization are
+not boundaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from .types import DataType, QuantParameters, RoundingMode, TensorDirection
+
+_QUANT_TYPES = {TensorProto.INT8: DataType.INT8, TensorProto.UINT8: DataType.UINT8}
+
+
+@dataclass(frozen=True)
+class QdqBoundary:
+    """One model input or output whose HW view is the quantized tensor."""
+
+    name: str
+    direction: TensorDirection
+    quant: QuantParameters
+    data_type: DataType  # DataType.INT8 or DataType.UINT8
+    nodes: tuple[str, ...]  # first outputs of the nodes strip_boundaries removes (Q / DQ, Identity after a DQ)
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Values of the graph's initializers and Constant nodes, by tensor name."""
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            continue
+        for attr in node.attribute:
+            if attr.name == "value":
+                values[node.output[0]] = numpy_helper.to_array(attr.t)
+            elif attr.name == "value_float":
+                values[node.output[0]] = np.array(attr.f, np.float32)
+            elif attr.name == "value_int":
+                values[node.output[0]] = np.array(attr.i, np.int64)
+    return values
+
+
+def _node_params(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tuple[QuantParameters, DataType] | None:
+    """Scalar constant scale and zero point of a QuantizeLinear / DequantizeLinear node, or None."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    attrs = {a.name: a for a in node.attribute}
+    if "block_size" in attrs and attrs["block_size"].i != 0:
+        return None
+    scale = constants.get(node.input[1]) if len(node.input) > 1 else None
+    if scale is None or scale.size != 1 or scale.dtype != np.float32:
+        return None
+    zp_name = node.input[2] if len(node.input) > 2 else ""
+    if zp_name:
+        zp = constants.get(zp_name)
+        if zp is None or zp.size != 1 or zp.dtype not in (np.int8, np.uint8):
+            return None
+        data_type = DataType.INT8 if zp.dtype == np.int8 else DataType.UINT8
+        zero_point = int(zp.reshape(()))
+    else:
+        out_type = attrs["output_dtype"].i if "output_dtype" in attrs else TensorProto.UINT8
+        if node.op_type == "QuantizeLinear" and out_type not in _QUANT_TYPES:
+            return None
+        data_type = _QUANT_TYPES.get(out_type, DataType.UINT8)
+        zero_point = 0
+    value = float(scale.reshape(()))
+    if not (np.isfinite(value) and value > 0):
+        return None
+    return QuantParameters(value, zero_point, RoundingMode.ROUND_TO_NEAREST_EVEN), data_type
+
+
+def _node_id(node: onnx.NodeProto) -> str:
+    return node.output[0]  # tensor names are unique (SSA); node names need not be
+
+
+def find_boundaries(model: onnx.ModelProto) -> dict[str, QdqBoundary]:
+    """The model's QDQ boundaries, by input / output name."""
+    graph = model.graph
+    constants = _constants(graph)
+    initializers = {init.name for init in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name:
+                consumers.setdefault(name, []).append(node)
+        for name in node.output:
+            producer[name] = node
+    output_names = {o.name for o in graph.output}
+    found: dict[str, QdqBoundary] = {}
+    for inp in graph.input:
+        if inp.name in initializers or inp.name in output_names:
+            continue
+        users = consumers.get(inp.name, [])
+        if len(users) != 1 or users[0].op_type != "QuantizeLinear" or users[0].input[0] != inp.name:
+            continue
+        if users[0].output[0] in output_names:
+            continue
+        if inp.type.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        params = _node_params(users[0], constants)
+        if params is not None:
+            found[inp.name] = QdqBoundary(inp.name, TensorDirection.INPUT, params[0], params[1],
+                                          (_node_id(users[0]),))
+    input_names = {i.name for i in graph.input}
+    for out in graph.output:
+        if consumers.get(out.name):
+            continue
+        node = producer.get(out.name)
+        chain = []
+        # Exporters often end a graph with Identity nodes; DQ -> Identity -> output is still a boundary.
+        while node is not None and node.op_type == "Identity" and len(consumers.get(node.input[0], [])) == 1 \
+                and node.input[0] not in output_names:
+            chain.append(_node_id(node))
+            node = producer.get(node.input[0])
+        if node is None or node.op_type != "DequantizeLinear":
+            continue
+        if chain and len(consumers.get(node.output[0], [])) != 1:
+            continue
+        if node.input[0] in input_names or node.input[0] in constants or node.input[0] in output_names:
+            continue
+        if out.type.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        params = _node_params(node, constants)
+        if params is not None:
+            found[out.name] = QdqBoundary(out.name, TensorDirection.OUTPUT, params[0], params[1],
+                                          (_node_id(node), *chain))
+    return found
+
+
+def strip_boundaries(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose named inputs / outputs are the quantized tensors (boundary Q/DQ removed).
+
+    Names and shapes stay; the element type becomes int8 / uint8. Constants only the removed nodes used
+    are dropped too.
+    """
+    names = list(names)
+    boundaries = find_boundaries(model)
+    unknown = [n for n in names if n not in boundaries]
+    if unknown:
+        raise ValueError(f"strip_boundaries: {unknown} are not QDQ boundaries of the model "
+                         f"(its boundaries: {sorted(boundaries)})")
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    graph = stripped.graph
+    rename: dict[str, str] = {}  # tensor name -> the boundary name that replaces it
+    drop: set[int] = set()
+    for name in names:
+        b = boundaries[name]
+        for i, node in enumerate(graph.node):
+            if _node_id(node) not in b.nodes:
+                continue
+            drop.add(i)
+            if node.op_type == "QuantizeLinear":
+                rename[node.output[0]] = name  # the quantized tensor is now the graph input itself
+            elif node.op_type == "DequantizeLinear":
+                rename[node.input[0]] = name  # the quantized tensor is now the graph output itself
+        elem = TensorProto.INT8 if b.data_type is DataType.INT8 else TensorProto.UINT8
+        for value_info in (*graph.input, *graph.output):
+            if value_info.name == name:
+                value_info.type.tensor_type.elem_type = elem
+    kept = [node for i, node in enumerate(graph.node) if i not in drop]
+    for node in kept:
+        for i, n in enumerate(node.input):
+            if n in rename:
+                node.input[i] = rename[n]
+        for i, n in enumerate(node.output):
+            if n in rename:
+                node.output[i] = rename[n]
+    # Shape information recorded for the renamed tensors is stale (it names tensors that no longer exist).
+    stale = [vi for vi in graph.value_info if vi.name in rename or vi.name in names]
+    for vi in stale:
+        graph.value_info.remove(vi)
+    del graph.node[:]
+    graph.node.extend(kept)
+    _drop_unused_constants(graph)
+    return stripped
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of the graph or of its subgraphs (If / Loop / Scan bodies) reads."""
+    used = {o.name for o in graph.output}
+    for node in graph.node:
+        used.update(node.input)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                used |= _used_names(sub)
+    return used
+
+
+def _drop_unused_constants(graph: onnx.GraphProto) -> None:
+    used = _used_names(graph)
+    kept = [node for node in graph.node if node.op_type != "Constant" or node.output[0] in used]
+    if len(kept) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)
+    unused = [init for init in graph.initializer if init.name not in used]
+    for init in unused:
+        graph.initializer.remove(init)
+    inputs = {i.name for i in graph.input}
+    for init in unused:
+        if init.name in inputs:  # an initializer listed as an input (old IR): keep the pair consistent
+            graph.input.remove(next(i for i in graph.input if i.name == init.name))

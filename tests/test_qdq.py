@@ -1,0 +1,192 @@
+"""QDQ boundaries: detection and removal, on the PP-OCR classifier quantized here with ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from models import cache_dir, model_or_skip
+from npurt import DataType, MemoryLayout, NpuTensor, NpuTensorInfo, QuantParameters, TensorDirection, TensorType
+from npurt import convert as npu_convert
+from npurt.qdq import find_boundaries, strip_boundaries
+
+SHAPE = (1, 3, 48, 192)
+
+
+def _quantized_classifier() -> str:
+    """The classifier with a static [1,3,48,192] input, quantized (QDQ, uint8 activations); cached."""
+    target = cache_dir() / "ch_ppocr_mobile_v2.0_cls_48x192_qdq_u8.onnx"
+    if target.exists():
+        return str(target)
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = onnx.load(model_or_skip("ocr_cls"))
+    for value, dims in ((model.graph.input[0], SHAPE), (model.graph.output[0], (1, 2))):
+        for dim, size in zip(value.type.tensor_type.shape.dim, dims):
+            dim.Clear()
+            dim.dim_value = size
+    static = target.with_suffix(".static.onnx")
+    onnx.save(model, static)
+
+    class Frames(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.frames = iter([{"x": rng.random(SHAPE, np.float32) * 2 - 1} for _ in range(3)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.frames, None)
+
+    partial = target.with_suffix(".part")
+    quantize_static(str(static), str(partial), Frames(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    static.unlink()
+    partial.replace(target)  # atomic: parallel test processes never see half a model
+    return str(target)
+
+
+@pytest.fixture(scope="module")
+def qdq_model() -> onnx.ModelProto:
+    return onnx.load(_quantized_classifier())
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _tensor(arr: np.ndarray, dtype: DataType) -> NpuTensor:
+    info = NpuTensorInfo(name="t", data_type=dtype, shape=arr.shape, tensor_type=TensorType.CPU,
+                         memory_layout=MemoryLayout.NCHW if arr.ndim == 4 else MemoryLayout.UNKNOWN)
+    return NpuTensor(info, arr)
+
+
+def _requantize(x: np.ndarray, to: DataType, quant: QuantParameters) -> np.ndarray:
+    out = np.empty(x.shape, to.numpy)
+    npu_convert(_tensor(x, DataType.from_numpy(x.dtype)), _tensor(out, to), quant=quant)
+    return out
+
+
+def test_classifier_boundaries_found(qdq_model: onnx.ModelProto) -> None:
+    found = find_boundaries(qdq_model)
+    out_name = qdq_model.graph.output[0].name
+    assert set(found) == {"x", out_name}
+    x, y = found["x"], found[out_name]
+    assert x.direction is TensorDirection.INPUT and y.direction is TensorDirection.OUTPUT
+    assert x.data_type is DataType.UINT8 and y.data_type is DataType.UINT8
+    assert x.quant.scale > 0 and 0 <= x.quant.zero_point <= 255
+    # the values are the model's own constants
+    inits = {i.name: numpy_helper.to_array(i) for i in qdq_model.graph.initializer}
+    q_node = next(n for n in qdq_model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+    assert np.float32(x.quant.scale) == inits[q_node.input[1]]
+    assert x.quant.zero_point == int(inits[q_node.input[2]])
+
+
+def test_stripped_classifier_matches_qdq_model(qdq_model: onnx.ModelProto) -> None:
+    found = find_boundaries(qdq_model)
+    out_name = qdq_model.graph.output[0].name
+    stripped = strip_boundaries(qdq_model, ["x", out_name])
+    onnx.checker.check_model(stripped)
+    assert [i.name for i in stripped.graph.input] == ["x"]
+    assert [o.name for o in stripped.graph.output] == [out_name]
+    assert stripped.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8
+    assert stripped.graph.output[0].type.tensor_type.elem_type == TensorProto.UINT8
+    assert len(stripped.graph.node) < len(qdq_model.graph.node)
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "x" for n in stripped.graph.node)
+    assert len(qdq_model.graph.node) == len(onnx.load(_quantized_classifier()).graph.node)  # input not modified
+
+    rng = np.random.default_rng(1)
+    x = rng.random(SHAPE, np.float32) * 2.4 - 1.2  # a little outside the calibrated range: saturation too
+    reference = _session(qdq_model).run(None, {"x": x})[0]
+    xq = _requantize(x, DataType.UINT8, found["x"].quant)
+
+    # The kernel quantizes exactly like ONNX Runtime's QuantizeLinear.
+    q_only = helper.make_model(helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])], "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, SHAPE)],
+        [numpy_helper.from_array(np.array(found["x"].quant.scale, np.float32), "s"),
+         numpy_helper.from_array(np.array(found["x"].quant.zero_point, np.uint8), "z")]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    np.testing.assert_array_equal(xq, _session(q_only).run(None, {"x": x})[0])
+
+    yq = _session(stripped).run(None, {"x": xq})[0]
+    assert yq.dtype == np.uint8
+    y = _requantize(yq, DataType.FLOAT32, found[out_name].quant)
+    step = found[out_name].quant.scale
+    assert np.max(np.abs(y - reference)) <= step * 1.001, (y, reference)
+
+
+def _qdq_graph(scale: onnx.TensorProto | None = None, zp_type: int = TensorProto.INT8, extra_user: bool = False,
+               scale_node: bool = False, per_axis: bool = False) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Relu -> Q -> DQ -> y, with knobs that make the boundaries invalid."""
+    zp_np = np.int8 if zp_type == TensorProto.INT8 else np.uint8
+    inits = [numpy_helper.from_array(np.array(3, zp_np), "zp"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "s2")]
+    nodes = []
+    if scale_node:
+        nodes.append(helper.make_node("Constant", [], ["s"], value=numpy_helper.from_array(np.array(0.05, np.float32))))
+    elif per_axis:
+        inits.append(numpy_helper.from_array(np.array([0.05, 0.1], np.float32), "s"))
+    else:
+        inits.append(scale or numpy_helper.from_array(np.array(0.05, np.float32), "s"))
+    nodes += [
+        helper.make_node("QuantizeLinear", ["x", "s", "zp"] if not per_axis else ["x", "s"], ["xq"], axis=1),
+        helper.make_node("DequantizeLinear", ["xq", "s", "zp"] if not per_axis else ["xq", "s"], ["xd"], axis=1),
+        helper.make_node("Relu", ["xd"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "s2", "zp"], ["rq"]),
+        helper.make_node("DequantizeLinear", ["rq", "s2", "zp"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4])]
+    if extra_user:
+        nodes.append(helper.make_node("Neg", ["x"], ["nx"]))
+        outputs.append(helper.make_tensor_value_info("nx", TensorProto.FLOAT, [1, 2, 4]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+
+
+def test_small_graph_boundaries_and_strip() -> None:
+    model = _qdq_graph()
+    found = find_boundaries(model)
+    assert set(found) == {"x", "y"}
+    assert found["x"].quant == QuantParameters(np.float32(0.05).item(), 3) and found["x"].data_type is DataType.INT8
+    assert found["y"].quant == QuantParameters(np.float32(0.02).item(), 3)
+    stripped = strip_boundaries(model, ["x", "y"])
+    onnx.checker.check_model(stripped)
+    x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(1, 2, 4)
+    expected = _session(model).run(None, {"x": x})[0]
+    xq = np.clip(np.rint(x / np.float32(0.05)) + 3, -128, 127).astype(np.int8)
+    yq = _session(stripped).run(None, {"x": xq})[0]
+    assert yq.dtype == np.int8
+    np.testing.assert_array_equal((yq.astype(np.float32) - 3) * np.float32(0.02), expected)
+    # Only one side stripped: the other keeps its float type and its Q/DQ node.
+    only_in = strip_boundaries(model, ["x"])
+    assert only_in.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    np.testing.assert_array_equal(_session(only_in).run(None, {"x": xq})[0], expected)
+
+
+def test_constant_node_scale_and_uint8_zero_point() -> None:
+    found = find_boundaries(_qdq_graph(scale_node=True, zp_type=TensorProto.UINT8))
+    assert found["x"].quant.scale == np.float32(0.05).item() and found["x"].data_type is DataType.UINT8
+    stripped = strip_boundaries(_qdq_graph(scale_node=True), ["x"])
+    onnx.checker.check_model(stripped)
+    assert [n.op_type for n in stripped.graph.node][:2] == ["Constant", "DequantizeLinear"]  # DQ still reads s
+    stripped = strip_boundaries(_qdq_graph(), ["y"])
+    assert "s2" in {i.name for i in stripped.graph.initializer}  # the Q before the removed DQ still reads it
+
+
+def test_not_boundaries() -> None:
+    assert "x" not in find_boundaries(_qdq_graph(extra_user=True))  # x also feeds a Neg
+    assert "x" not in find_boundaries(_qdq_graph(per_axis=True))  # per-channel scale
+    model = _qdq_graph()
+    model.graph.initializer.remove(next(i for i in model.graph.initializer if i.name == "s"))
+    model.graph.input.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, []))
+    assert "x" not in find_boundaries(model)  # scale is a runtime input, not a constant
+    with pytest.raises(ValueError, match="not QDQ boundaries"):
+        strip_boundaries(_qdq_graph(extra_user=True), ["x"])
+    with pytest.raises(ValueError, match="nope"):
+        strip_boundaries(_qdq_graph(), ["nope"])
