@@ -178,6 +178,27 @@ class Buffer {
     bool readonly = false;
     std::vector<std::string> fallback_reasons;  // why each stronger provider was skipped
 
+    Buffer() = default;
+    Buffer(const Buffer &) = delete;
+    Buffer &operator=(const Buffer &) = delete;
+    ~Buffer() {
+        // Unmapping (and, for the last reference, freeing) a large buffer takes milliseconds: let other
+        // threads run meanwhile, unless the interpreter is shutting down.
+        if (mapping.length() >= (1u << 20) && PyGILState_Check() && !interpreter_finalizing()) {
+            py::gil_scoped_release release;
+            mapping.reset();
+            fd.reset();
+        }
+    }
+
+    static bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+        return Py_IsFinalizing();
+#else
+        return _Py_IsFinalizing();
+#endif
+    }
+
     py::buffer_info view() {
         return py::buffer_info(mapping.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(size)}, {static_cast<py::ssize_t>(1)}, readonly);

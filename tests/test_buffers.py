@@ -7,6 +7,7 @@ import errno
 import fcntl
 import os
 import socket
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -442,3 +443,28 @@ def test_runner_allocates_with_its_memory_options(axpy_model):
         with RunnerFactory.create_runner("AXPY", axpy_model(), {"memory_strict": True}) as r:
             with pytest.raises(NpuError, match="dma_heap:system"):
                 r.allocate_npu_tensor(r.get_tensors_info(TensorDirection.INPUT)[0])
+
+
+def test_large_buffers_come_and_go_from_many_threads():
+    # Large buffers unmap with the GIL released; threads allocating and dropping them must not trip over that.
+    before = open_fds()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for _ in range(25):
+                buf = Buffer.allocate(2 << 20, "memfd")
+                np.frombuffer(buf, np.uint8)[::PAGE_SIZE] = 1
+                t = NpuTensor(cpu_info(shape=(1 << 19,), dtype=DataType.UINT8), buf, MemoryType.XRT_BO)
+                assert int(t.numpy()[PAGE_SIZE]) == 1
+                del buf, t
+        except BaseException as e:  # a thread's exception would otherwise only be printed
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert open_fds() == before
