@@ -8,7 +8,7 @@ HW views (formats.hw_view, target "VAIML") are baked into the ONNX graph the ses
 input the session consumes the HW tensor (Cast -> Transpose -> Reshape -> Slice back to the model's
 tensor), at a HW output it produces it (Pad -> Reshape -> Transpose -> Cast). Port names stay the
 model's; the model's own tensors are renamed ``<name>__npurt_cpu``. Tensors are bound with IOBinding by
-address (zero copy); bindings are cached per thread and per set of buffer addresses, so a repeated
+address (zero copy); bindings are cached per thread and per set of tensors, so a repeated
 ``execute`` with the same tensors runs without rebinding.
 """
 
@@ -20,6 +20,7 @@ import logging
 import os
 import platform
 import threading
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -306,24 +307,31 @@ class _Engine:
         self.bindings_made = 0  # for tests and diagnostics: how often the cache missed
 
     def binding(self, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> Any:
-        """The calling thread's IOBinding for these buffers (cached by address: same memory, same binding)."""
-        key = tuple([t.get_virtual_address() for t in inputs] + [t.get_virtual_address() for t in outputs])
+        """The calling thread's IOBinding for these tensors, made once and reused while they live.
+
+        Keyed by the tensors' identity and checked through weak references (an NpuTensor's memory never
+        changes, so the same live objects mean the same buffers); the addresses are read only on a miss.
+        """
+        tensors = (*inputs, *outputs)
+        key = tuple(map(id, tensors))
         cache = getattr(self.local, "cache", None)
         if cache is None:
             cache = self.local.cache = {}
-        binding = cache.get(key)
-        if binding is not None:
-            return binding
+        entry = cache.get(key)
+        if entry is not None:
+            refs, binding = entry
+            if all(ref() is t for ref, t in zip(refs, tensors)):
+                return binding
         if self.c_session is None:
             raise NpuError("the runner is closed")
         binding = ort.capi._pybind_state.SessionIOBinding(self.c_session)
-        for (name, etype, shape), address in zip(self.in_binds, key):
-            binding.bind_input(name, self.cpu, etype, shape, address)
-        for (name, etype, shape), address in zip(self.out_binds, key[len(self.in_binds):]):
-            binding.bind_output(name, self.cpu, etype, shape, address)
+        for (name, etype, shape), t in zip(self.in_binds, inputs):
+            binding.bind_input(name, self.cpu, etype, shape, t.get_virtual_address())
+        for (name, etype, shape), t in zip(self.out_binds, outputs):
+            binding.bind_output(name, self.cpu, etype, shape, t.get_virtual_address())
         if len(cache) >= BINDINGS_PER_THREAD:
             cache.pop(next(iter(cache)))
-        cache[key] = binding
+        cache[key] = (tuple(weakref.ref(t) for t in tensors), binding)
         self.bindings_made += 1
         return binding
 
