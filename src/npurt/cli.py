@@ -590,9 +590,9 @@ def args_input_file(args: argparse.Namespace, name: str) -> str:
 # -------------------------------------------------------------------------------------------------- bench
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import __version__
-    from .bench import Budget, Progress, bench_raw_onnxruntime, bench_raw_openvino, bench_runner, ratios, raw_engine_of
+    from .bench import Budget, Progress, bench_runner
     from .models import default_model_path
-    from .types import TensorType
+    from .types import NpuFallbackWarning, TensorType
 
     embedded = args.model is None
     path = default_model_path() if embedded else Path(args.model)
@@ -635,40 +635,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "not_installed": {b: "not installed" for b in missing},
         "results": [],
     }
+    dynamic = any(p.needs_shape or p.shape[:1] == (None,) for p in model.inputs)
     for name in backends:
         cache = Path(args.cache_dir) / name.lower() if args.cache_dir else None
         try:
             with warnings.catch_warnings(record=True) as caught:
-                from .types import NpuFallbackWarning
-
                 warnings.simplefilter("always", NpuFallbackWarning)
-                result, feeds = bench_runner(name, path, options, budget, args.requests, seed=args.seed,
-                                             cache_dir=cache, tensor_type=tensor_type, progress=progress)
+                entry = bench_runner(name, path, options, budget, args.requests, seed=args.seed, cache_dir=cache,
+                                     tensor_type=tensor_type, raw="auto" if args.compare_raw else None,
+                                     raw_shapes=_static_input_shapes(model, shapes) if dynamic else None,
+                                     performance_hint=args.hint, progress=progress)
         except ValueError as e:
             raise CliError(one_line(e), EXIT_USAGE) from e
         except Exception as e:
-            if getattr(args, "debug", False):
+            if args.debug:
                 raise
             raise CliError(f"{name} on {path.name}: {one_line(e)}") from e
-        fallbacks = sorted({one_line(w.message) for w in caught if issubclass(w.category, NpuFallbackWarning)})
-        entry: dict[str, Any] = {"backend": name, "npurt": result, "fallbacks": fallbacks, "raw": None, "ratio": None}
-        if args.compare_raw:
-            attached = result["device_info"]["attached"]
-            engine = raw_engine_of(result)
-            dynamic = any(p.needs_shape or p.shape[:1] == (None,) for p in model.inputs)
-            if engine == "openvino":
-                raw = bench_raw_openvino(path, attached, feeds, budget, args.requests,
-                                         shapes=result["inputs"] if dynamic else None, performance_hint=args.hint,
-                                         cache_dir=Path(args.cache_dir) if args.cache_dir else None,
-                                         progress=progress)
-            elif engine == "onnxruntime":
-                raw = bench_raw_onnxruntime(path, attached, feeds, budget, args.requests, progress=progress)
-            else:
-                raw = None
-                entry["raw_missing"] = f"no raw engine known for {result['device_info']['engine']!r}"
-            if raw is not None:
-                entry["raw"] = raw
-                entry["ratio"] = ratios(result, raw)
+        entry = {"backend": name, **entry,
+                 "fallbacks": sorted({one_line(w.message) for w in caught
+                                      if issubclass(w.category, NpuFallbackWarning)})}
         report["results"].append(entry)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -684,6 +669,11 @@ def _get(res: dict[str, Any] | None, *keys: str) -> float | None:
             return None
         cur = cur[k]
     return cur
+
+
+def _static_input_shapes(model: ModelFile, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[int]]:
+    """Every input's static shape as npurt compiles it: --shape, else the model's with a dynamic batch dim as 1."""
+    return {p.name: list(shapes.get(p.name) or [1 if d is None else d for d in p.shape]) for p in model.inputs}
 
 
 def format_bench(report: dict[str, Any], embedded: bool) -> str:
