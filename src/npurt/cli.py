@@ -694,6 +694,8 @@ def format_bench(report: dict[str, Any], embedded: bool) -> str:
                    + (f" ({d['full_name']})" if d["full_name"] else "") + f", {r['tensor_type']} views")
         for f in entry["fallbacks"]:
             out.append(f"  fallback: {f}")
+        if r.get("raw_missing"):
+            out.append(f"  no raw comparison: {r['raw_missing']}")
         if raw is not None:
             out.append(f"  raw engine call: {raw['call']}"
                        + (f" {raw['config']}" if raw.get("config") else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,7 +67,10 @@ VITIS_AI_EP = "VitisAIExecutionProvider"
 def _first_line(e: BaseException) -> str:
     """An engine's exception text, reduced to its most specific line (OpenVINO prefixes a chain of locations)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith("Exception from")]
-    return lines[-1] if lines else type(e).__name__
+    if not lines:
+        return type(e).__name__
+    # "Cannot load library \"/long/site-packages/path/libX.so\": ..." -> the library's name is what matters
+    return re.sub(r'"?/(?:[^"\s/]+/)+([^"\s/]+)"?', r"\1", lines[-1])
 
 
 def discover_openvino() -> dict[str, Any]:
@@ -99,9 +103,7 @@ def discover_openvino() -> dict[str, Any]:
             state["loaded"] = True
             state["devices"] = [d for d in devices if d == plugin or d.startswith(plugin + ".")]
             if not state["devices"]:
-                state["why_not"] = (f"the {plugin} plugin loads but finds no {plugin} device"
-                                    + (" (no /dev/accel node: the intel_vpu driver is not loaded or there is no "
-                                       "Intel NPU)" if plugin == "NPU" else ""))
+                state["why_not"] = f"the {plugin} plugin loads but finds no {plugin} device"
         except Exception as e:  # noqa: BLE001
             state["why_not"] = f"the {plugin} plugin does not load: {_first_line(e)}"
         report["plugins"][plugin] = state
@@ -229,7 +231,14 @@ def discover() -> dict[str, Any]:
     memory = discover_memory(kernel)
     backends = discover_backends()
 
-    intel_npu = bool(openvino["plugins"].get("NPU", {}).get("devices"))
+    npu_plugin = openvino["plugins"].get("NPU", {})
+    intel_npu = bool(npu_plugin.get("devices"))
+    if npu_plugin.get("loaded") and not intel_npu:
+        intel_nodes = [n["path"] for n in kernel["accel_nodes"] if n["driver"] == "intel_vpu"]
+        npu_plugin["why_not"] += (
+            f" ({', '.join(intel_nodes)} is there: the Intel NPU user-mode driver (level-zero) may be missing)"
+            if intel_nodes else " (no /dev/accel node of the intel_vpu driver: the driver is not loaded or there is "
+                                "no Intel NPU)")
     amd_npu = onnxruntime["vitis_ai"] and (kernel["npu_drivers"]["amdxdna"]["loaded"]
                                           or any(n["driver"] == "amdxdna" for n in kernel["accel_nodes"]))
     needed: list[str] = []
