@@ -234,3 +234,19 @@ def test_dynamic_model_without_shape_names_the_flag(cls_model):
     for command in ("run", "bench"):
         proc = npurt(command, str(cls_model))
         assert_one_line_error(proc, "input 'x' has dynamic dims [?, 3, ?, ?]", "--shape x=1,3,D2,D3")
+
+
+@needs_backend
+def test_bench_text_with_cache_dir(tmp_path):
+    backend = REAL_BACKENDS[0]
+    proc = npurt("bench", "--niter", "5", "--warmup", "1", "--backend", backend.lower(), "--cache-dir",
+                 str(tmp_path / "cache"), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "" or "npurt bench:" not in proc.stderr  # --no-progress: no progress lines
+    text = proc.stdout
+    assert f"{backend}: " in text and "load from cache (ms)" in text
+    for row in ("load + compile (ms)", "first inference (ms)", "latency p50 (ms)", "latency p99 (ms)",
+                "throughput (inferences/s, 2 req)"):
+        assert row in text, text
+    assert "host copies per execute: 0" in text
+    assert any((tmp_path / "cache" / backend.lower()).iterdir())  # the runner filled its cache there
