@@ -195,6 +195,7 @@ def bad_files(tmp_path_factory) -> Path:
     np.save(d / "f64.npy", np.zeros((1, 3, 64, 64)))
     np.save(d / "small.npy", np.zeros((1, 3, 32, 32), np.float32))
     (d / "pickle.npy").write_text("not numpy")
+    (d / "page.xml").write_text("<html><body>not a model</body></html>")
     return d
 
 
@@ -202,6 +203,7 @@ ERROR_CASES = {
     "missing model": (["run", "{d}/missing.onnx"], ["model file not found"]),
     "text file": (["info", "{d}/text.onnx"], ["is not a model", "not an ONNX file"]),
     "empty file": (["bench", "{d}/empty.onnx"], ["is not a model"]),
+    "xml that is no IR": (["info", "{d}/page.xml"], ["is not an OpenVINO IR model", "<html>"]),
     "unknown backend": (["run", "--backend", "tpu"], ["unknown backend 'tpu'", "openvino"]),
     "unknown device": (["info", str(default_model_path()), "--device", "FPGA"], ["unknown device 'FPGA'"]),
     "bad shape syntax": (["run", "--shape", "image=1,3,x"], ["expected NAME=D1,D2,..."]),

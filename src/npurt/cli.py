@@ -158,7 +158,20 @@ def read_model_file(path: Path) -> ModelFile:
 
 
 def _read_openvino_ir(path: Path) -> ModelFile:
+    import xml.etree.ElementTree as ET
+
     import openvino as ov
+
+    # Checked here first: on a file that is no IR, OpenVINO tries every frontend and some print to stderr.
+    try:
+        root = next(ET.iterparse(path, events=("start",)))[1].tag
+    except (ET.ParseError, StopIteration) as e:
+        raise CliError(f"{path} is not a model: not an XML file ({one_line(e)}); npurt reads ONNX (.onnx) and "
+                       "OpenVINO IR (.xml) models") from None
+    if root != "net":
+        raise CliError(f"{path} is not an OpenVINO IR model: its root element is <{root}>, an IR's is <net>")
+    if not path.with_suffix(".bin").is_file():
+        raise CliError(f"OpenVINO IR {path} needs its weights file {path.with_suffix('.bin')}, which is missing")
 
     try:
         model = ov.Core().read_model(str(path))
@@ -262,6 +275,10 @@ def create_runner(backend: str, model: Path, options: dict[str, Any]) -> Loaded:
     """Create a runner; for AUTO try the backends one by one so every skipped one comes with its reason."""
     from .factory import RunnerFactory
     from .types import NpuFallbackWarning
+
+    if backend == "VAIML" and model.suffix.lower() == ".xml":
+        raise CliError(f"backend VAIML (ONNX Runtime) reads ONNX models only; {model} is an OpenVINO IR model "
+                       "(use --backend openvino)", EXIT_USAGE)
 
     order = auto_order() if backend == "AUTO" else [(backend, False)]
     names = [n for n, _ in order]
