@@ -280,9 +280,11 @@ class RawOpenVINOSubject(Subject):
             for n, a in req_arrays.items():
                 req.set_tensor(n, ov.Tensor(a, shared_memory=True))
         self._done = 0
+        lock = threading.Lock()
 
         def on_done(_request: Any, _userdata: Any) -> None:
-            self._done += 1  # callbacks hold the GIL
+            with lock:  # callbacks run on several OpenVINO threads; += is not atomic even under the GIL
+                self._done += 1
 
         self.queue.set_callback(on_done)
 
