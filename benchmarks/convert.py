@@ -3,7 +3,8 @@
 For each conversion the runners do between a CPU view and a HW view (and its reverse) it times:
 - numpy: ``formats.convert_reference``, the numpy expression of the same conversion;
 - native: ``npurt.convert`` (the kernels in cpp/convert.cpp);
-- copy: ``np.copyto`` of the source's bytes (memory speed on this machine, measured in the same run).
+- copy: ``np.copyto`` of the frame's bytes (the larger of the two sides: memory speed on this machine,
+  measured in the same run, taking turns with the kernel).
 
 Bandwidth counts bytes read plus bytes written; "% memcpy" compares the conversion's bandwidth with that of
 the copy. Targets (issue 6): native >= 10x numpy, >= 40% of memcpy bandwidth.
@@ -14,6 +15,7 @@ the copy. Targets (issue 6): native >= 10x numpy, >= 40% of memcpy bandwidth.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -54,15 +56,20 @@ def tensor(layout: MemoryLayout, dtype: DataType, fill: np.random.Generator | No
     return t
 
 
-def timed(fn: Callable[[], None], repeat: int) -> float:
-    """Median wall time in ms over ``repeat`` runs, after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+def timed(fns: list[Callable[[], None]], repeat: int) -> list[float]:
+    """Median wall time in ms of each function over ``repeat`` rounds, after one warm-up.
+
+    The functions take turns within each round, so that on a shared machine they see the same load.
+    """
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, acc in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return [statistics.median(acc) * 1e3 for acc in times]
 
 
 def main() -> None:
@@ -72,7 +79,8 @@ def main() -> None:
     args = ap.parse_args()
     _native.set_convert_isa(args.isa)
     rng = np.random.default_rng(0)
-    print(f"frame {N}x{C}x{H}x{W}, kernels: {_native.convert_isa()}, one thread, median of {args.repeat}")
+    print(f"frame {N}x{C}x{H}x{W}, kernels: {_native.convert_isa()}, one thread, median of {args.repeat}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     header = (f"{'conversion':28s} {'numpy ms':>9s} {'native ms':>9s} {'copy ms':>8s} {'vs numpy':>9s} "
               f"{'GB/s':>6s} {'copy GB/s':>9s} {'% memcpy':>8s}")
     print(header)
@@ -80,15 +88,15 @@ def main() -> None:
     worst_speedup, worst_bw = float("inf"), float("inf")
     for name, sl, sd, dl, dd, quant in CASES:
         src, dst, ref = tensor(sl, sd, rng), tensor(dl, dd), tensor(dl, dd)
-        raw_src = src.raw_bytes()
-        raw_copy = np.empty_like(raw_src)
-        t_numpy = timed(partial(formats.convert_reference, src, ref, quant=quant), max(3, args.repeat // 3))
-        t_native = timed(partial(formats.convert, src, dst, quant=quant), args.repeat)
-        t_copy = timed(partial(np.copyto, raw_copy, raw_src), args.repeat)
+        frame = max(src, dst, key=lambda t: t.nbytes).raw_bytes()  # copy the larger side: the frame's bytes
+        frame_copy = np.empty_like(frame)
+        (t_numpy,) = timed([partial(formats.convert_reference, src, ref, quant=quant)], max(3, args.repeat // 3))
+        t_native, t_copy = timed([partial(formats.convert, src, dst, quant=quant),
+                                  partial(np.copyto, frame_copy, frame)], args.repeat)
         if not np.array_equal(dst.raw_bytes(), ref.raw_bytes()):
             raise SystemExit(f"{name}: native result differs from numpy")
         moved = src.nbytes + dst.nbytes
-        bw, copy_bw = moved / t_native / 1e6, 2 * src.nbytes / t_copy / 1e6
+        bw, copy_bw = moved / t_native / 1e6, 2 * frame.nbytes / t_copy / 1e6
         worst_speedup, worst_bw = min(worst_speedup, t_numpy / t_native), min(worst_bw, bw / copy_bw)
         print(f"{name:28s} {t_numpy:9.2f} {t_native:9.2f} {t_copy:8.2f} {t_numpy / t_native:8.1f}x "
               f"{bw:6.1f} {copy_bw:9.1f} {100 * bw / copy_bw:7.0f}%")

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from models import cache_dir, model_or_skip
 from npurt import DataType, MemoryLayout, NpuTensor, NpuTensorInfo, QuantParameters, TensorDirection, TensorType
 from npurt import convert as npu_convert
-from npurt.qdq import find_boundaries, strip_boundaries
+from npurt.qdq import annotate_specs, find_boundaries, quantized_hw_ports, strip_boundaries
+from npurt.runner import Port, PortSpec
 
 SHAPE = (1, 3, 48, 192)
 
@@ -118,6 +119,7 @@ def test_stripped_classifier_matches_qdq_model(qdq_model: onnx.ModelProto) -> No
     y = _requantize(yq, DataType.FLOAT32, found[out_name].quant)
     step = found[out_name].quant.scale
     assert np.max(np.abs(y - reference)) <= step * 1.001, (y, reference)
+    np.testing.assert_array_equal(y, reference)  # in fact exact: same quantize, same integer graph
 
 
 def _qdq_graph(scale: onnx.TensorProto | None = None, zp_type: int = TensorProto.INT8, extra_user: bool = False,
@@ -190,3 +192,16 @@ def test_not_boundaries() -> None:
         strip_boundaries(_qdq_graph(extra_user=True), ["x"])
     with pytest.raises(ValueError, match="nope"):
         strip_boundaries(_qdq_graph(), ["nope"])
+
+
+def test_backend_helpers() -> None:
+    found = find_boundaries(_qdq_graph())
+    specs = [PortSpec("x", DataType.FLOAT32, (1, 2, 4)), PortSpec("other", DataType.FLOAT32, (3,))]
+    x, other = annotate_specs(specs, found)
+    assert (x.quant, x.quant_data_type) == (found["x"].quant, DataType.INT8)
+    assert other == specs[1]
+    cpu = NpuTensorInfo(name="x", data_type=DataType.FLOAT32, shape=(1, 2, 4), tensor_type=TensorType.CPU)
+    hw = cpu.replace(tensor_type=TensorType.HW, data_type=DataType.INT8)
+    ports = [Port(cpu, hw, TensorType.HW, x.quant), Port(cpu.replace(name="c"), hw.replace(name="c"), TensorType.CPU,
+                                                         x.quant), Port(cpu.replace(name="f"), hw, TensorType.HW)]
+    assert quantized_hw_ports(ports) == ["x"]

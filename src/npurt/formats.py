@@ -10,6 +10,7 @@ The view rules (DESIGN.md, "HW views"):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -217,22 +218,33 @@ def convert(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = N
     if not dst.writable:
         raise ValueError(f"convert(): destination {dst.info.name!r} is read-only")
     s, d = src.info, dst.info
+    quantized = {DataType.INT8, DataType.UINT8}
+    if (s.data_type in quantized) != (d.data_type in quantized) and quant is None:
+        raise ValueError(f"convert(): {s.data_type.name} -> {d.data_type.name} needs QuantParameters")
+    plan = _checked_plan(s, d)
+    if plan is not None:
+        shape, src_strides, dst_strides, pad = plan
+        q = quant or _NO_QUANT
+        _native.convert_strided(src.raw_bytes(), int(s.data_type), dst.raw_bytes(), int(d.data_type), shape,
+                                src_strides, dst_strides, q.scale, float(q.zero_point), int(q.rounding_mode), pad)
+        return
+    convert_reference(src, dst, quant=quant)
+
+
+_NO_QUANT = QuantParameters(1.0, 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_plan(s: NpuTensorInfo, d: NpuTensorInfo
+                  ) -> tuple[list[int], list[int], list[int], tuple[int, int, int, int, int] | None] | None:
+    """Check that ``s`` and ``d`` are views of one tensor; the native plan (cached: runners convert the same
+    pair of views on every call)."""
     logical = _logical_shape(s, d)
     if layout_shape(logical, s.memory_layout, s.memory_layout_order) != s.shape or \
             layout_shape(logical, d.memory_layout, d.memory_layout_order) != d.shape:
         raise ValueError(f"convert(): {s.name!r} {s.describe()} and {d.name!r} {d.describe()} are not views of "
                          "the same tensor")
-    quantized = {DataType.INT8, DataType.UINT8}
-    if (s.data_type in quantized) != (d.data_type in quantized) and quant is None:
-        raise ValueError(f"convert(): {s.data_type.name} -> {d.data_type.name} needs QuantParameters")
-    plan = native_plan(s, d, logical)
-    if plan is not None:
-        shape, src_strides, dst_strides, pad = plan
-        q = quant or QuantParameters(1.0, 0)
-        _native.convert_strided(src.raw_bytes(), int(s.data_type), dst.raw_bytes(), int(d.data_type), shape,
-                                src_strides, dst_strides, q.scale, float(q.zero_point), int(q.rounding_mode), pad)
-        return
-    convert_reference(src, dst, quant=quant)
+    return native_plan(s, d, logical)
 
 
 def convert_reference(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = None) -> None:

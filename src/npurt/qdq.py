@@ -12,16 +12,19 @@ not boundaries.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .types import DataType, QuantParameters, RoundingMode, TensorDirection
+from .types import DataType, QuantParameters, RoundingMode, TensorDirection, TensorType
 
 _QUANT_TYPES = {TensorProto.INT8: DataType.INT8, TensorProto.UINT8: DataType.UINT8}
+SpecT = TypeVar("SpecT")
 
 
 @dataclass(frozen=True)
@@ -212,3 +215,19 @@ def _drop_unused_constants(graph: onnx.GraphProto) -> None:
     for init in unused:
         if init.name in inputs:  # an initializer listed as an input (old IR): keep the pair consistent
             graph.input.remove(next(i for i in graph.input if i.name == init.name))
+
+
+# -- for backends ---------------------------------------------------------------------------------------
+def annotate_specs(specs: Sequence[SpecT], boundaries: Mapping[str, QdqBoundary]) -> list[SpecT]:
+    """``PortSpec`` s with ``quant`` and ``quant_data_type`` set where the tensor is a QDQ boundary (in _load)."""
+    out = []
+    for spec in specs:
+        b = boundaries.get(spec.name)  # type: ignore[attr-defined]
+        out.append(spec if b is None else dataclasses.replace(spec, quant=b.quant,  # type: ignore[type-var]
+                                                              quant_data_type=b.data_type))
+    return out
+
+
+def quantized_hw_ports(ports: Iterable[Any]) -> list[str]:
+    """Names of the ``Port`` s whose engine view is the quantized tensor: strip these before compiling."""
+    return [p.name for p in ports if p.view is TensorType.HW and p.quant is not None]
