@@ -82,6 +82,8 @@ def test_devices_json_reports_engines_kernel_and_verdict():
     heaps = sorted(os.listdir("/dev/dma_heap")) if os.path.isdir("/dev/dma_heap") else []
     assert [h["name"] for h in report["kernel"]["dma_heaps"]] == heaps
     assert report["memory"]["expected"].split(":")[0] in ("dma_heap", "udmabuf", "memfd", "host")
+    # what the device nodes predict is what an allocation really gets
+    assert report["memory"]["actual"] == report["memory"]["expected"], report["memory"]
     assert set(report["backends"]["installed"]) >= set(REAL_BACKENDS)
     if NO_NPU:
         assert report["npu_present"] is False

@@ -442,6 +442,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         out.append(f"Backend  {loaded.backend}")
         out += [f"         {n}" for n in loaded.notes]
         out.append("Device   " + "\n         ".join(describe_device(runner)))
+        out.append("Ports    take the HW view by default: a tensor in the port's view goes to the engine without a "
+                   "copy, one in the other view is converted (options input_tensor_type / output_tensor_type)")
         for direction, specs, label in ((TensorDirection.INPUT, runner.input_specs, "Inputs"),
                                         (TensorDirection.OUTPUT, runner.output_specs, "Outputs")):
             cpu = runner.get_tensors_info(direction, TensorType.CPU)
