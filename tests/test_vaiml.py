@@ -383,3 +383,14 @@ def test_closed_runner_fails_execution():
     r.close()
     assert r.execute([ins], [outs]) is StatusCode.FAILURE
     assert r._engines == []
+
+
+@pytest.mark.parametrize(("shape", "perm"), [
+    ((48, 1, 192, 1, 4), (3, 1, 4, 0, 2)), ((1, 1, 4, 48, 192), (3, 1, 4, 0, 2)), ((2, 3, 4, 5, 6), (3, 1, 4, 0, 2)),
+    ((1, 3, 5, 6), (0, 2, 3, 1)), ((2, 1, 3, 1), (3, 2, 1, 0))])
+def test_reduced_transpose_moves_the_same_data(shape, perm):
+    from npurt.backends.vaiml import _reduce_transpose
+    a = np.arange(int(np.prod(shape))).reshape(shape)
+    reduced, rperm = _reduce_transpose(shape, perm)
+    assert len(reduced) <= len(shape)
+    np.testing.assert_array_equal(a.reshape(reduced).transpose(rperm).ravel(), a.transpose(perm).ravel())
