@@ -3,8 +3,8 @@
 A small image classifier made by the project (no pretrained weights): input ``image`` float32 [1, 3, 64, 64]
 (NCHW, values in [0, 1]), three 3x3 stride-2 convolutions with ReLU (3 -> 16 -> 32 -> 64 channels, 64 -> 8
 pixels), global average pooling, a fully connected layer to 10 classes and a softmax: output ``scores``
-float32 [1, 10]. Weights come from a fixed-seed generator (He initialisation), so the same onnx and numpy give
-the same bytes. IR version 9 and opset 17, which both OpenVINO and ONNX Runtime 1.31 load.
+float32 [1, 10]. Weights come from a fixed-seed generator (He initialisation) whose stream numpy keeps stable, so
+any onnx and numpy build the same bytes. IR version 9 and opset 17, which both OpenVINO and ONNX Runtime 1.31 load.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ CHANNELS = (3, 16, 32, 64)
 
 
 def build() -> onnx.ModelProto:
-    rng = np.random.default_rng(SEED)
+    # RandomState, not default_rng: numpy guarantees the legacy generator's stream across versions (NEP 19), so
+    # any numpy rebuilds the same bytes.
+    rng = np.random.RandomState(SEED)
     initializers = []
     nodes = []
     x = INPUT_NAME
