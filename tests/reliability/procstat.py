@@ -11,7 +11,12 @@ def open_fds() -> int:
 
 
 def threads() -> int:
-    return threading.active_count()
+    """Threads other than a runner's pool workers, which start lazily up to the pool's bounded depth."""
+    return sum(1 for t in threading.enumerate() if not t.name.startswith("npurt-run"))
+
+
+def pool_workers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("npurt-run"))
 
 
 def rss_bytes() -> int:

@@ -11,7 +11,7 @@ import pytest
 from models import model_or_skip
 from npurt import MemoryType, NpuTensor, RunnerFactory, RunnerType, StatusCode, TensorDirection, TensorType
 
-from .procstat import open_fds, rss_bytes, threads
+from .procstat import open_fds, pool_workers, rss_bytes, threads
 
 CYCLES = 10_000
 RSS_MARGIN = 16 << 20  # native allocator and engine arenas settle within this after warm-up (seen: 1-2 MiB)
@@ -35,6 +35,7 @@ def test_execute_async_wait_cycles(backend):
         gc.collect()
         assert open_fds() == fds
         assert threads() == nthreads
+        assert pool_workers() <= r.max_concurrent_runs  # the pool is bounded, not leaking
         assert rss_bytes() - rss < RSS_MARGIN, f"RSS grew by {(rss_bytes() - rss) >> 10} KiB"
         assert r.stats["copies"] == 0
 

@@ -9,7 +9,7 @@ import pytest
 
 from npurt import NpuTensor, RunnerFactory, StatusCode, TensorType
 
-from .procstat import open_fds, rss_bytes, threads
+from .procstat import open_fds, pool_workers, rss_bytes, threads
 
 CPU = {"input_tensor_type": "CPU", "output_tensor_type": "CPU"}
 
@@ -81,5 +81,6 @@ def test_runner_cycles_leak_nothing(axpy_model):
             assert r.wait(job, 5000) is StatusCode.SUCCESS
         assert open_fds() == fds
         assert threads() == nthreads
+        assert pool_workers() <= r.max_concurrent_runs  # the pool is bounded, not leaking
         assert rss_bytes() - rss < 4 << 20  # 4 MiB margin for allocator noise
         assert len(r._jobs) == 0  # every collected job is forgotten
