@@ -127,6 +127,79 @@ void Cvt<LF16, SF32>::run(const uint16_t *__restrict s, float *__restrict d, int
 }
 #endif
 
+#if NPURT_AVX512
+// bfloat16: the same integer rounding as float_to_bf16, 16 lanes at a time.
+template <>
+void Cvt<LF32, SBF16>::run(const float *__restrict s, uint16_t *__restrict d, int64_t n, const Quant &) {
+    const __m512i c7fff = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(s + i);
+        const __m512i x = _mm512_castps_si512(v);
+        const __m512i hi = _mm512_srli_epi32(x, 16);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, c7fff), _mm512_and_si512(hi, one)), 16);
+        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_or_si512(hi, quiet));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; ++i) d[i] = float_to_bf16(s[i]);
+}
+
+// Quantize 16 lanes at a time: divide, round, add the zero point, saturate (MAXPS gives the second operand
+// for NaN, so NaN -> LO like the scalar code), narrow.
+template <class IntT, int LO, int HI, bool TOWARD_ZERO>
+static inline void quantize_avx512(const float *__restrict s, IntT *__restrict d, int64_t n, const Quant &q) {
+    const __m512 scale = _mm512_set1_ps(q.scale), zero = _mm512_set1_ps(q.zero);
+    const __m512 lo = _mm512_set1_ps(static_cast<float>(LO)), hi = _mm512_set1_ps(static_cast<float>(HI));
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 r = _mm512_div_ps(_mm512_loadu_ps(s + i), scale);
+        r = TOWARD_ZERO ? _mm512_roundscale_ps(r, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
+                        : _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(r, zero), lo), hi);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(d + i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+    }
+    for (; i < n; ++i) d[i] = SQ<IntT, LO, HI, TOWARD_ZERO>::store(s[i], q);
+}
+template <>
+void Cvt<LF32, SU8>::run(const float *__restrict s, uint8_t *__restrict d, int64_t n, const Quant &q) {
+    quantize_avx512<uint8_t, 0, 255, false>(s, d, n, q);
+}
+template <>
+void Cvt<LF32, SU8Z>::run(const float *__restrict s, uint8_t *__restrict d, int64_t n, const Quant &q) {
+    quantize_avx512<uint8_t, 0, 255, true>(s, d, n, q);
+}
+template <>
+void Cvt<LF32, SI8>::run(const float *__restrict s, int8_t *__restrict d, int64_t n, const Quant &q) {
+    quantize_avx512<int8_t, -128, 127, false>(s, d, n, q);
+}
+template <>
+void Cvt<LF32, SI8Z>::run(const float *__restrict s, int8_t *__restrict d, int64_t n, const Quant &q) {
+    quantize_avx512<int8_t, -128, 127, true>(s, d, n, q);
+}
+#elif NPURT_F16C
+template <>
+void Cvt<LF32, SBF16>::run(const float *__restrict s, uint16_t *__restrict d, int64_t n, const Quant &) {
+    const __m256i c7fff = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i out[2];
+        for (int h = 0; h < 2; ++h) {
+            const __m256 v = _mm256_loadu_ps(s + i + 8 * h);
+            const __m256i x = _mm256_castps_si256(v);
+            const __m256i hi = _mm256_srli_epi32(x, 16);
+            const __m256i r = _mm256_srli_epi32(
+                _mm256_add_epi32(_mm256_add_epi32(x, c7fff), _mm256_and_si256(hi, one)), 16);
+            const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            out[h] = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+        }
+        // values fit in 16 bits, so the saturating pack is exact; it interleaves 128-bit lanes: fix the order
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(out[0], out[1]), 0xD8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), packed);
+    }
+    for (; i < n; ++i) d[i] = float_to_bf16(s[i]);
+}
+#endif
+
 // Same dtype: a plain copy of elements of this size.
 template <class U>
 struct Raw {
