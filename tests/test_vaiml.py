@@ -394,3 +394,44 @@ def test_reduced_transpose_moves_the_same_data(shape, perm):
     reduced, rperm = _reduce_transpose(shape, perm)
     assert len(reduced) <= len(shape)
     np.testing.assert_array_equal(a.reshape(reduced).transpose(rperm).ravel(), a.transpose(perm).ravel())
+
+
+def _qdq_model(path) -> None:
+    """x (float) -> Q -> DQ -> Relu -> Q -> DQ -> y: both ends are QDQ boundaries (uint8, scale 0.05, zp 10)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(10, np.uint8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xf"]),
+             helper.make_node("Relu", ["xf"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"]),
+             helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9), str(path))
+
+
+def test_qdq_boundaries_are_the_quantized_tensors(tmp_path):
+    path = tmp_path / "qdq.onnx"
+    _qdq_model(path)
+    x = (np.random.default_rng(60).standard_normal((1, 3, 8, 8)) * 3).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=[CPU_EP]).run(None, {"x": x})[0]
+    with RunnerFactory.create_runner(RunnerType.VAIML, path, {"device": "CPU"}) as r:
+        q = r.get_quant_parameters("x")
+        assert (q.scale, q.zero_point) == (pytest.approx(0.05), 10)
+        hw_in = r.get_tensor_info_by_name("x", TensorType.HW)
+        assert hw_in.data_type is DataType.UINT8 and hw_in.shape == (1, 3, 8, 8)
+        session = r.session_for()  # the boundary Q / DQ are gone: the session takes and gives uint8
+        assert [i.type for i in session.get_inputs()] == ["tensor(uint8)"]
+        assert [o.type for o in session.get_outputs()] == ["tensor(uint8)"]
+        ins, outs = tensors(r, TensorType.HW)
+        convert(cpu_tensor(r, TensorDirection.INPUT, x), ins[0], quant=q)
+        execute(r, ins, outs)
+        assert r.stats["copies"] == 0
+        y = cpu_tensor(r, TensorDirection.OUTPUT)
+        convert(outs[0], y, quant=r.get_quant_parameters("y"))
+        np.testing.assert_allclose(y.numpy(), ref, atol=1e-6)
+        cpu_out = cpu_tensor(r, TensorDirection.OUTPUT)
+        execute(r, [cpu_tensor(r, TensorDirection.INPUT, x)], [cpu_out])
+        np.testing.assert_allclose(cpu_out.numpy(), ref, atol=1e-6)

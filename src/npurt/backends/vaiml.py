@@ -30,7 +30,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from .. import devices, formats
+from .. import devices, formats, qdq
 from ..runner import Compiled, Port, PortSpec, Runner
 from ..tensor import NpuTensor
 from ..types import (
@@ -320,12 +320,14 @@ def _reduce_transpose(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tu
 
 def _check_hw_port(port: Port) -> None:
     hw, cpu = port.hw, port.cpu
+    if port.quant is not None:
+        return  # a QDQ boundary: the engine takes the quantized tensor once the boundary node is stripped
     if hw.data_type != cpu.data_type:
         floats = (DataType.FLOAT32, DataType.FP16, DataType.BF16)
         if hw.data_type not in floats or cpu.data_type not in floats:
             raise NpuUnsupportedError(
                 f"tensor {port.name!r}: HW view {hw.data_type.name} of a {cpu.data_type.name} tensor is not "
-                "supported by the VAIML backend (quantized boundaries are not removed); use the CPU view")
+                "supported by the VAIML backend (only QDQ boundaries have a quantized HW view); use the CPU view")
 
 
 # ---------------------------------------------------------------------------------------- engine state
@@ -411,8 +413,10 @@ class VaimlRunner(Runner):
         self._edit_base: onnx.ModelProto | None = None  # the model at an opset that takes the HW edits
         self._edit_lock = threading.Lock()
         self._engines: list[_Engine] = []
-        ins = [_value_spec(v, "input") for v in _graph_inputs(self._model.graph)]
-        outs = [_value_spec(v, "output") for v in self._model.graph.output]
+        # At QDQ boundaries the HW view is the quantized tensor, and the boundary Q/DQ leaves the graph.
+        boundaries = qdq.find_boundaries(self._model)
+        ins = qdq.annotate_specs([_value_spec(v, "input") for v in _graph_inputs(self._model.graph)], boundaries)
+        outs = qdq.annotate_specs([_value_spec(v, "output") for v in self._model.graph.output], boundaries)
 
         engine_opts = dict(self.options.engine_options)
         self._vitis_options = {k: str(engine_opts.pop(k)) for k in VITISAI_OPTION_KEYS if k in engine_opts}
@@ -495,23 +499,27 @@ class VaimlRunner(Runner):
         ``InferenceSession.run`` on the original model runs (fixing the dims changes its kernel choices and
         the last bit of some results). The Vitis AI EP compiles for static shapes, so there they are fixed.
         """
-        needs_edit = any(p.view is TensorType.HW and p.hw != p.cpu.replace(tensor_type=TensorType.HW)
-                         for p in inputs + outputs)
+        quantized = qdq.quantized_hw_ports(inputs + outputs)
+        needs_edit = any(p.view is TensorType.HW and p.name not in quantized
+                         and p.hw != p.cpu.replace(tensor_type=TensorType.HW) for p in inputs + outputs)
         base = self._model
         if needs_edit and _opset(base) < MIN_OPSET_FOR_EDITS:
             base = self._converted_base()
-        model = onnx.ModelProto()
-        model.CopyFrom(base)
+        if quantized:
+            model = qdq.strip_boundaries(base, quantized)  # a copy
+        else:
+            model = onnx.ModelProto()
+            model.CopyFrom(base)
         if self.device_info.attached == "NPU":
             self._fix_inputs(model, inputs)
             for value, port in zip(model.graph.output, outputs):
                 _set_shape(value, port.cpu.shape)
         editor = _GraphEditor(model)
         for p in inputs:
-            if p.view is TensorType.HW:
+            if p.view is TensorType.HW and p.name not in quantized:
                 editor.input_to_hw(p)
         for p in outputs:
-            if p.view is TensorType.HW:
+            if p.view is TensorType.HW and p.name not in quantized:
                 editor.output_to_hw(p)
         editor.finish()
         return model
