@@ -25,11 +25,10 @@ import sys
 import tempfile
 import time
 from multiprocessing import shared_memory
-from pathlib import Path
 
 import numpy as np
 
-from npurt import DataType, NpuTensorInfo, TensorType, _native
+from npurt import DataType, NpuTensorInfo, TensorType
 from npurt.share import recv_tensors, send_tensors
 from npurt.tensor import allocate_tensor
 
@@ -133,12 +132,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     args = parser.parse_args()
-    # With an editable install, a child importing npurt may rebuild the extension and rewrite the .so this
-    # process has mapped: make the children load the same build as this process.
-    so = Path(_native.__file__)
-    if so.parents[1].name == "platlib" and so.parents[2].name == "install":
-        skip = [p for p in os.environ.get("SKBUILD_EDITABLE_SKIP", "").split(os.pathsep) if p]
-        os.environ["SKBUILD_EDITABLE_SKIP"] = os.pathsep.join([*skip, str(so.parents[3])])
     ctx = mp.get_context("spawn")
     scale = 0.25 if args.quick else 1.0
     rows = []
