@@ -1,5 +1,6 @@
 """npurt: one VART-ML style API for NPUs, over OpenVINO and ONNX Runtime (Vitis AI EP)."""
 
+from . import share
 from .factory import RunnerFactory
 from .formats import convert
 from .runner import Runner
@@ -27,5 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "DataType", "DeviceInfo", "JobHandle", "MemoryLayout", "MemoryType", "NpuError", "NpuFallbackWarning",
     "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "RoundingMode", "Runner",
-    "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "convert", "__version__",
+    "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "convert", "share", "__version__",
 ]

@@ -137,7 +137,11 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
                 raise ValueError(f"option 'engine_options' must be a dict with string keys, got {value!r}")
             kw[key] = dict(value)
         elif key == "memory_provider":
-            kw[key] = _choice(key, value, MEMORY_PROVIDERS, upper=False)
+            # "dma_heap:<heap>" names a heap other than "system" (CMA heap names vary by kernel)
+            if isinstance(value, str) and value.startswith("dma_heap:") and len(value) > len("dma_heap:"):
+                kw[key] = value
+            else:
+                kw[key] = _choice(key, value, MEMORY_PROVIDERS, upper=False)
         elif key == "memory_strict":
             if not isinstance(value, bool):
                 raise ValueError(f"option 'memory_strict': {value!r} is not a bool")

@@ -715,7 +715,7 @@ class Runner:
             free = compiled.staging.get(key)
             stage = free.pop() if free else None
         if stage is None:
-            stage = allocate_tensor(info, MemoryType.XRT_BO)
+            stage = allocate_tensor(info, MemoryType.XRT_BO, self.options.memory_provider)  # never strict
         borrowed.append((key, stage))
         return stage
 
