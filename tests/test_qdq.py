@@ -205,3 +205,72 @@ def test_backend_helpers() -> None:
     ports = [Port(cpu, hw, TensorType.HW, x.quant), Port(cpu.replace(name="c"), hw.replace(name="c"), TensorType.CPU,
                                                          x.quant), Port(cpu.replace(name="f"), hw, TensorType.HW)]
     assert quantized_hw_ports(ports) == ["x"]
+
+
+# -- the backends: a QDQ boundary's HW view is the quantized tensor ---------------------------------------
+def _small_qdq_model(path) -> str:
+    """x -> Q -> DQ -> Relu -> Q -> DQ -> y, uint8 at both boundaries (OpenVINO 2026.4's CPU plugin fails to
+    compile the quantized PP-OCR classifier itself: its low-precision AddTransformation throws on the
+    conv-bias Add, with or without npurt)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s_in"),
+             numpy_helper.from_array(np.array(128, np.uint8), "z_in"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "s_out"),
+             numpy_helper.from_array(np.array(0, np.uint8), "z_out")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_in", "z_in"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s_in", "z_in"], ["xd"]),
+             helper.make_node("Relu", ["xd"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s_out", "z_out"], ["rq"]),
+             helper.make_node("DequantizeLinear", ["rq", "s_out", "z_out"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), ir_version=9,
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
+def test_backend_quantized_boundaries(backend: str, tmp_path) -> None:
+    from npurt import RunnerFactory, StatusCode
+
+    path = _small_qdq_model(tmp_path / "qdq.onnx")
+    with RunnerFactory.create_runner(backend, path, {"device": "CPU"}) as r:
+        q_in, q_out = r.get_quant_parameters("x"), r.get_quant_parameters("y")
+        assert (q_in.scale, q_in.zero_point) == (np.float32(0.02), 128)
+        assert (q_out.scale, q_out.zero_point) == (np.float32(0.01), 0)
+        x_hw, y_hw = r.get_tensor_info_by_name("x"), r.get_tensor_info_by_name("y")
+        assert (x_hw.data_type, x_hw.shape) == (DataType.UINT8, (1, 3, 8, 8))
+        assert (y_hw.data_type, y_hw.shape) == (DataType.UINT8, (1, 3, 8, 8))
+        x, y = r.allocate_npu_tensor(x_hw), r.allocate_npu_tensor(y_hw)
+        x.numpy()[...] = np.arange(192, dtype=np.uint8).reshape(1, 3, 8, 8) + 30
+        assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS, r.last_error
+        assert r.stats["copies"] == 0  # the quantized tensors go to the engine as they are
+        expected = np.clip(np.rint(np.maximum((x.numpy().astype(np.float32) - 128) * np.float32(0.02), 0)
+                                   / np.float32(0.01)), 0, 255)
+        assert np.abs(y.numpy().astype(int) - expected.astype(int)).max() <= 1
+        # a float frame in the CPU view is quantized by the runner: one counted copy in, one out
+        frame = (x.numpy().astype(np.float32) - 128) * np.float32(0.02)
+        got = r.run({"x": frame})["y"]
+        np.testing.assert_allclose(got, np.maximum(frame, 0), atol=0.011)
+        assert r.stats["copies"] == 2
+
+
+def test_vaiml_backend_on_the_quantized_classifier() -> None:
+    """The real quantized PP-OCR classifier through VAIML: quantized HW views, result as ONNX Runtime's."""
+    from npurt import RunnerFactory, StatusCode
+
+    path = _quantized_classifier()
+    model = onnx.load(path)
+    found = find_boundaries(model)
+    out_name = model.graph.output[0].name
+    with RunnerFactory.create_runner("VAIML", path, {"device": "CPU"}) as r:
+        assert r.get_quant_parameters("x") == found["x"].quant
+        x_hw, y_hw = r.get_tensor_info_by_name("x"), r.get_tensor_info_by_name(out_name)
+        assert (x_hw.data_type, x_hw.shape) == (DataType.UINT8, SHAPE)
+        frame = np.random.default_rng(3).random(SHAPE, np.float32) * 2 - 1
+        x, y = r.allocate_npu_tensor(x_hw), r.allocate_npu_tensor(y_hw)
+        x.numpy()[...] = _requantize(frame, DataType.UINT8, found["x"].quant)
+        assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS, r.last_error
+        assert r.stats["copies"] == 0
+        (ref,) = _session(strip_boundaries(model, ["x", out_name])).run(None, {"x": x.numpy()})
+        np.testing.assert_array_equal(y.numpy(), ref)

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from queue import Empty, SimpleQueue
 from typing import Any
 
+import onnx
 import openvino as ov
 from openvino.preprocess import PrePostProcessor
 
-from .. import devices
+from .. import devices, qdq
 from ..runner import Compiled, Port, PortSpec, Runner
 from ..tensor import NpuTensor
 from ..types import (
@@ -239,6 +240,15 @@ class OpenVINORunner(Runner):
             raise NpuError(f"OpenVINO cannot read the model {self.model_path}: {e}") from None
         ins = [self._spec(p, f"input {i}") for i, p in enumerate(self._model.inputs)]
         outs = [self._spec(p, f"output {i}") for i, p in enumerate(self._model.outputs)]
+        # QDQ boundaries are read from the ONNX graph: their HW view is the quantized tensor, and HW ports
+        # get the boundary Quantize/DequantizeLinear removed from what OpenVINO compiles.
+        self._onnx: onnx.ModelProto | None = None
+        if self.model_path.suffix.lower() == ".onnx":
+            model = onnx.load(str(self.model_path), load_external_data=False)
+            boundaries = qdq.find_boundaries(model)
+            if boundaries:
+                self._onnx = onnx.load(str(self.model_path))
+                ins, outs = qdq.annotate_specs(ins, boundaries), qdq.annotate_specs(outs, boundaries)
         return ins, outs
 
     @staticmethod
@@ -256,7 +266,13 @@ class OpenVINORunner(Runner):
         return PortSpec(name=name, data_type=data_type_of(port.get_element_type(), f"tensor {name!r}"), shape=shape)
 
     def _compile(self, inputs: list[Port]) -> Compiled:
-        model = self._model.clone()
+        strip = qdq.quantized_hw_ports(inputs) + [
+            s.name for s in self._out_specs
+            if s.quant is not None and self.options.tensor_type(TensorDirection.OUTPUT, s.name) is TensorType.HW]
+        if strip and self._onnx is not None:
+            model = core().read_model(qdq.strip_boundaries(self._onnx, strip).SerializeToString())
+        else:
+            model = self._model.clone()
         signature = [list(p.cpu.shape) for p in inputs]
         if any(tuple(d.get_length() if d.is_static else -1 for d in p.get_partial_shape()) != tuple(port.cpu.shape)
                for p, port in zip(model.inputs, inputs)):
