@@ -409,7 +409,9 @@ class VaimlRunner(Runner):
         try:
             self._model = onnx.load(str(self.model_path))
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
-            raise ValueError(f"cannot read ONNX model {self.model_path}: {type(e).__name__}: {e}") from None
+            # the path exists (the Runner checked): a file that is not a model is the engine's refusal, not a bad
+            # argument, as with OpenVINO
+            raise NpuError(f"cannot read ONNX model {self.model_path}: {type(e).__name__}: {e}") from None
         self._edit_base: onnx.ModelProto | None = None  # the model at an opset that takes the HW edits
         self._edit_lock = threading.Lock()
         self._engines: list[_Engine] = []
