@@ -348,3 +348,9 @@ def test_hw_tensor_info_wrong_view_is_reported(axpy_model):
         assert r.execute([[x]], [[y]]) is StatusCode.INVALID_INPUT
         assert "HW shape [1, 3, 4, 4], expected [1, 4, 4, 3]" in r.last_error
         assert x_hw.shape == (1, 4, 4, 3)
+
+
+def test_run_keeps_scalar_inputs_scalar(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(shape=[]), {"input_tensor_type": "CPU",
+                                                                    "output_tensor_type": "CPU"}) as r:
+        assert r.run({"x": np.array(2.0, np.float32)})["y"] == 5.0

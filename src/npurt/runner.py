@@ -490,7 +490,7 @@ class Runner:
             if arr.dtype != port.cpu.numpy_dtype:
                 raise ValueError(f"input {port.name!r}: dtype {arr.dtype}, expected {port.cpu.numpy_dtype} "
                                  f"({port.cpu.data_type.name}); convert it explicitly")
-            arrays.append(np.ascontiguousarray(arr))
+            arrays.append(np.require(arr, requirements="C"))  # keeps 0-d inputs 0-d
         signature = tuple(a.shape for a in arrays)
         try:
             compiled = self._compiled_for(signature) if signature != self._default.signature else self._default
@@ -731,6 +731,9 @@ class Runner:
 
     # ---------------------------------------------------------------- internals: jobs
     def _pool(self) -> ThreadPoolExecutor:
+        executor = self._executor
+        if executor is not None and not self._closed:
+            return executor  # the common case, without the lock (a racing close() makes submit() fail cleanly)
         with self._lock:
             if self._closed:
                 raise _StatusError(StatusCode.FAILURE, f"{type(self).__name__} is closed")
