@@ -25,6 +25,7 @@ from npurt import (
     _native,
 )
 from npurt.tensor import PAGE_SIZE, allocate_tensor, import_dma_fd, sub_tensor
+from procstat import open_fds, rss_bytes, settled_fds
 
 Buffer = _native.Buffer
 HEAP = Path("/dev/dma_heap/system")
@@ -32,15 +33,6 @@ UDMABUF = Path("/dev/udmabuf")
 needs_heap = pytest.mark.skipif(not HEAP.exists(), reason="no /dev/dma_heap/system on this machine (no DMA-BUF heap)")
 needs_udmabuf = pytest.mark.skipif(not UDMABUF.exists(), reason="no /dev/udmabuf on this machine (udmabuf not loaded)")
 SEALED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE_SIZE
 
 
 def cpu_info(shape=(1, 3, 4, 4), dtype=DataType.FLOAT32, direction=TensorDirection.INPUT, name="x"):
@@ -467,4 +459,4 @@ def test_large_buffers_come_and_go_from_many_threads():
     for th in threads:
         th.join()
     assert errors == []
-    assert open_fds() == before
+    assert settled_fds(before) == before

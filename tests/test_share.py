@@ -29,17 +29,9 @@ from npurt import (
 )
 from npurt.share import HEADER, MAGIC, MAX_PAYLOAD, VERSION, recv_tensors, send_tensors
 from npurt.tensor import PAGE_SIZE, allocate_tensor, sub_tensor
+from procstat import open_fds, rss_bytes
 
 SEALED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE_SIZE
 
 
 def info(name="x", shape=(1, 3, 8, 8), dtype=DataType.FLOAT32, **kw) -> NpuTensorInfo:

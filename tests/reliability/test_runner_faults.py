@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from npurt import NpuTensor, RunnerFactory, StatusCode, TensorType
-
-from .procstat import open_fds, pool_workers, rss_bytes, threads
+from procstat import open_fds, pool_workers, rss_bytes, threads
 
 CPU = {"input_tensor_type": "CPU", "output_tensor_type": "CPU"}
 

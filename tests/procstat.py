@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import time
 
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def settled_fds(expected: int, seconds: float = 2.0) -> int:
+    """The open-fd count once it equals ``expected`` or ``seconds`` have passed: fds that other threads or
+    the garbage collector are closing at this moment are not leaks."""
+    deadline = time.monotonic() + seconds
+    while (n := open_fds()) != expected and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    return n
 
 
 def threads() -> int:
