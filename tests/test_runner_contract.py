@@ -354,3 +354,18 @@ def test_run_keeps_scalar_inputs_scalar(axpy_model):
     with RunnerFactory.create_runner("AXPY", axpy_model(shape=[]), {"input_tensor_type": "CPU",
                                                                     "output_tensor_type": "CPU"}) as r:
         assert r.run({"x": np.array(2.0, np.float32)})["y"] == 5.0
+
+
+def test_cached_plans_do_not_keep_frames_alive(runner):
+    import gc
+    import weakref
+
+    ins, outs = cpu_io(runner, 1.0)
+    assert runner.execute(ins, outs) is StatusCode.SUCCESS
+    assert runner.execute(ins, outs) is StatusCode.SUCCESS  # from the plan cache
+    frame = weakref.ref(ins[0][0])
+    del ins
+    gc.collect()
+    assert frame() is None  # a new frame per call must not pile up in the runner
+    ins2, _ = cpu_io(runner, 3.0)
+    assert runner.execute(ins2, outs) is StatusCode.SUCCESS and np.all(outs[0][0].numpy() == 7.0)

@@ -119,17 +119,37 @@ _NO_SYNC_PROVIDERS = frozenset({"user", "host", "memfd"})  # memory the CPU sees
 
 
 class _Slot:
-    """One validated batch slot: the compiled variant, tensors in port order, and what the run must do."""
+    """One validated batch slot: the compiled variant, tensors in port order, and what the run must do.
 
-    __slots__ = ("compiled", "ins", "outs", "convert_in", "convert_out", "direct")
+    The plan cache keeps tensor-free templates (``template()``) and binds each call's own tensors to them
+    (``bind()``), so a cached plan never keeps a user's frame alive.
+    """
 
-    def __init__(self, compiled: Compiled, ins: list[NpuTensor], outs: list[NpuTensor]) -> None:
-        self.compiled, self.ins, self.outs = compiled, ins, outs
+    __slots__ = ("compiled", "ins", "outs", "in_order", "out_order", "convert_in", "convert_out", "direct")
+
+    def __init__(self, compiled: Compiled, slot_in: Sequence[NpuTensor], slot_out: Sequence[NpuTensor],
+                 in_order: tuple[int, ...], out_order: tuple[int, ...]) -> None:
+        self.compiled, self.in_order, self.out_order = compiled, in_order, out_order
+        ins = self.ins = [slot_in[k] for k in in_order]
+        outs = self.outs = [slot_out[k] for k in out_order]
         self.convert_in = tuple(i for i, (t, p) in enumerate(zip(ins, compiled.inputs)) if not _zero_copy(t, p))
         self.convert_out = tuple(j for j, (t, p) in enumerate(zip(outs, compiled.outputs)) if not _zero_copy(t, p))
         # DMA-BUF memory needs CPU-access bracketing around the (CPU) engine's access; other memory does not.
         self.direct = not (self.convert_in or self.convert_out or
                            any(t.provider not in _NO_SYNC_PROVIDERS for t in (*ins, *outs)))
+
+    def _copy(self, ins: list[NpuTensor], outs: list[NpuTensor]) -> _Slot:
+        s = _Slot.__new__(_Slot)
+        s.compiled, s.in_order, s.out_order = self.compiled, self.in_order, self.out_order
+        s.convert_in, s.convert_out, s.direct = self.convert_in, self.convert_out, self.direct
+        s.ins, s.outs = ins, outs
+        return s
+
+    def template(self) -> _Slot:
+        return self._copy([], [])
+
+    def bind(self, slot_in: Sequence[NpuTensor], slot_out: Sequence[NpuTensor]) -> _Slot:
+        return self._copy([slot_in[k] for k in self.in_order], [slot_out[k] for k in self.out_order])
 
 
 class _StatusError(Exception):
@@ -560,7 +580,8 @@ class Runner:
         """Validate ``[batch][tensor]`` lists into a plan, reusing the plan of the same tensor objects.
 
         NpuTensors are immutable (info and memory), so a plan validated once for the same objects stays
-        valid; the cache holds them weakly, keyed by identity, and so costs nothing on the hot path.
+        valid; the cache is keyed by their identity and holds them only weakly (a dead tensor's id may be
+        reused: the weak references tell).
         """
         try:
             key = (tuple(tuple(map(id, s)) for s in inputs), tuple(tuple(map(id, s)) for s in outputs))
@@ -569,13 +590,13 @@ class Runner:
         flat = [t for s in inputs for t in s] + [t for s in outputs for t in s]
         hit = self._plans.get(key)
         if hit is not None and all(r() is t for r, t in zip(hit[0], flat)):
-            return hit[1]
+            return [slot.bind(si, so) for slot, si, so in zip(hit[1], inputs, outputs)]
         plan = self._validate(inputs, outputs)
         refs = tuple(weakref.ref(t) for t in flat)
         with self._lock:
             if len(self._plans) >= PLAN_CACHE_SIZE:
                 self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = (refs, plan)
+            self._plans[key] = (refs, [slot.template() for slot in plan])
         return plan
 
     def _validate(self, inputs: Any, outputs: Any) -> list[_Slot]:
@@ -594,40 +615,43 @@ class Runner:
                                f"{len(inputs)} input batch slots but {len(outputs)} output slots")
         plan = []
         for b, (slot_in, slot_out) in enumerate(zip(inputs, outputs)):
-            ins = self._match(slot_in, self._default.inputs, b, "input", StatusCode.INVALID_INPUT)
+            in_order = self._match(slot_in, self._default.inputs, b, "input", StatusCode.INVALID_INPUT)
+            ins = [slot_in[k] for k in in_order]
             compiled = self._default
             signature = tuple(self._cpu_shape(t, p) for t, p in zip(ins, self._default.inputs))
             if signature != self._default.signature:
                 compiled = self._compiled_for(signature)
-            outs = self._match(slot_out, compiled.outputs, b, "output", StatusCode.INVALID_OUTPUT)
+            out_order = self._match(slot_out, compiled.outputs, b, "output", StatusCode.INVALID_OUTPUT)
+            outs = [slot_out[k] for k in out_order]
             for tensors, ports, status in ((ins, compiled.inputs, StatusCode.INVALID_INPUT),
                                            (outs, compiled.outputs, StatusCode.INVALID_OUTPUT)):
                 for t, p in zip(tensors, ports):
                     self._check_view(t, p, b, status)
-            plan.append(_Slot(compiled, ins, outs))
+            plan.append(_Slot(compiled, slot_in, slot_out, in_order, out_order))
         return plan
 
     @staticmethod
-    def _match(tensors: Sequence[Any], ports: list[Port], b: int, what: str, status: StatusCode) -> list[NpuTensor]:
+    def _match(tensors: Sequence[Any], ports: list[Port], b: int, what: str, status: StatusCode) -> tuple[int, ...]:
+        """For each port, the index of its tensor in ``tensors`` (matched by name)."""
         if len(tensors) != len(ports):
             raise _StatusError(status, f"batch slot {b}: {len(tensors)} {what} tensors given, the model has "
                                        f"{len(ports)}: {[p.name for p in ports]}")
-        by_name: dict[str, NpuTensor] = {}
-        for t in tensors:
+        by_name: dict[str, int] = {}
+        for k, t in enumerate(tensors):
             if not isinstance(t, NpuTensor):
                 raise _StatusError(status, f"batch slot {b}: {what} {t!r} is not an NpuTensor")
             if t.info.name in by_name:
                 raise _StatusError(status, f"batch slot {b}: two {what} tensors are named {t.info.name!r}")
-            by_name[t.info.name] = t
-        ordered = []
+            by_name[t.info.name] = k
+        order = []
         for p in ports:
-            t = by_name.get(p.name)
-            if t is None:
+            k = by_name.get(p.name)
+            if k is None:
                 unknown = sorted(set(by_name) - {q.name for q in ports})
                 raise _StatusError(status, f"batch slot {b}: no {what} tensor for {p.name!r}; unknown names "
                                            f"{unknown}; the model's {what}s are {[q.name for q in ports]}")
-            ordered.append(t)
-        return ordered
+            order.append(k)
+        return tuple(order)
 
     @staticmethod
     def _cpu_shape(t: NpuTensor, port: Port) -> tuple[int, ...]:
