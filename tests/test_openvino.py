@@ -22,20 +22,13 @@ from npurt import (
     TensorType,
 )
 from npurt.backends.openvino import OpenVINORunner, core
-
-SHAPES = {"ocr_cls": (1, 3, 48, 192), "ocr_rec": (1, 3, 48, 320), "ocr_det": (1, 3, 160, 160)}
+from ocr import SHAPES, frame, ocr_runner
 
 
 def make(model: str, **options) -> OpenVINORunner:
-    opts = {"device": "CPU", "shapes": {"x": list(SHAPES[model])}}
-    opts.update(options)
-    runner = RunnerFactory.create_runner(RunnerType.OPENVINO, model_or_skip(model), opts)
+    runner = ocr_runner(RunnerType.OPENVINO, model, **options)
     assert isinstance(runner, OpenVINORunner)
     return runner
-
-
-def frame(shape, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).random(shape, dtype=np.float32)
 
 
 def to_hw(x: np.ndarray) -> np.ndarray:

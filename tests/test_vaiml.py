@@ -29,20 +29,13 @@ from npurt import (
     convert,
 )
 from npurt.backends.vaiml import CPU_EP, VITISAI_EP, VaimlRunner
-
-SHAPES = {"ocr_cls": (1, 3, 48, 192), "ocr_rec": (1, 3, 48, 320), "ocr_det": (1, 3, 160, 160)}
+from ocr import SHAPES, frame, ocr_runner
 
 
 def make(model: str, **options) -> VaimlRunner:
-    opts = {"device": "CPU", "shapes": {"x": list(SHAPES[model])}}
-    opts.update(options)
-    runner = RunnerFactory.create_runner(RunnerType.VAIML, model_or_skip(model), opts)
+    runner = ocr_runner(RunnerType.VAIML, model, **options)
     assert isinstance(runner, VaimlRunner)
     return runner
-
-
-def frame(shape, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).random(shape, dtype=np.float32)
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:

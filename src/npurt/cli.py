@@ -533,16 +533,23 @@ def summarize_output(name: str, arr: np.ndarray) -> str:
     return text
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from .bench import random_array, summarize_ms
+def model_and_shapes(args: argparse.Namespace) -> tuple[bool, Path, Any, dict[str, tuple[int, ...]]]:
+    """The model `run` and `bench` take (the embedded default when none is given) and its checked --shape flags."""
     from .models import default_model_path
-    from .types import TensorType
 
     embedded = args.model is None
     path = default_model_path() if embedded else Path(args.model)
     model = read_model_file(path)
     shapes = parse_shapes(args.shape)
     check_shapes(model, shapes)
+    return embedded, path, model, shapes
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .bench import random_array, summarize_ms
+    from .types import TensorType
+
+    embedded, path, model, shapes = model_and_shapes(args)
     given = parse_inputs(args.input, model)
     for name, arr in given.items():  # a dynamic input's shape can come from its file
         port = next(p for p in model.inputs if p.name == name)
@@ -610,14 +617,9 @@ def args_input_file(args: argparse.Namespace, name: str) -> str:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import __version__
     from .bench import Budget, Progress, bench_runner
-    from .models import default_model_path
     from .types import NpuFallbackWarning, TensorType
 
-    embedded = args.model is None
-    path = default_model_path() if embedded else Path(args.model)
-    model = read_model_file(path)
-    shapes = parse_shapes(args.shape)
-    check_shapes(model, shapes)
+    embedded, path, model, shapes = model_and_shapes(args)
     require_static(model, shapes)
     device = parse_device(args.device)
     if args.niter is not None and args.niter < 1:
