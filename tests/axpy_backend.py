@@ -1,6 +1,8 @@
 """A small real backend for testing the Runner contract without an engine: y = a * x + b in numpy.
 
-The "model" is a JSON file: {"a": 2.0, "b": 1.0, "shape": [null, 3, 4, 4], "delay_ms": 0, "target": ""}.
+The "model" is a JSON file: {"a": 2.0, "b": 1.0, "shape": [null, 3, 4, 4], "delay_ms": 0, "target": "",
+"engine_async": false}. With "engine_async" the "engine" also has requests of its own that run on their own
+thread (the ``_start`` / ``_await`` hooks), as OpenVINO's infer requests do.
 Like a real engine it consumes each port in the view chosen at creation (``target`` picks the HW view
 rules of formats.hw_view), so the runner's conversion paths run for real. Inputs that hold NaN make the
 "engine" fail (RUNTIME_ERROR), +inf is unsupported (UNSUPPORTED), and -inf runs out of memory.
@@ -65,6 +67,30 @@ class AxpyRunner(Runner):
         finally:
             with self._active_lock:
                 self.active -= 1
+
+    def _start(self, compiled: Compiled, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> Any:
+        if not self.model.get("engine_async"):
+            return None
+        request: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self._run(compiled, inputs, outputs)
+            except BaseException as e:  # noqa: BLE001 - handed to _await, as an engine's request keeps it
+                request["error"] = e
+
+        request["thread"] = threading.Thread(target=run, name="axpy-request")
+        request["thread"].start()
+        self.started = getattr(self, "started", 0) + 1
+        return request
+
+    def _await(self, handle: Any, timeout_s: float | None) -> bool:
+        handle["thread"].join(timeout_s)
+        if handle["thread"].is_alive():
+            return False
+        if "error" in handle:
+            raise handle["error"]
+        return True
 
     @staticmethod
     def _as_cpu(t: NpuTensor, port: Port) -> np.ndarray:

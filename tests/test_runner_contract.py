@@ -18,12 +18,14 @@ from npurt import (
     TensorDirection,
     TensorType,
 )
+from procstat import pool_workers
 
 
-@pytest.fixture
-def runner(axpy_model):
-    with RunnerFactory.create_runner("AXPY", axpy_model(), {"input_tensor_type": "CPU",
-                                                            "output_tensor_type": "CPU"}) as r:
+@pytest.fixture(params=[False, True], ids=["workers", "engine_async"])
+def runner(axpy_model, request):
+    """A runner whose async jobs run on the runner's workers, or on the engine's own requests."""
+    with RunnerFactory.create_runner("AXPY", axpy_model(engine_async=request.param),
+                                     {"input_tensor_type": "CPU", "output_tensor_type": "CPU"}) as r:
         yield r
 
 
@@ -179,8 +181,10 @@ def test_last_error_is_per_thread(runner):
 
 
 # -- async ---------------------------------------------------------------------------------------------------
-def test_async_wait_statuses(axpy_model):
-    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=300), {"input_tensor_type": "CPU",
+@pytest.mark.parametrize("engine_async", [False, True])
+def test_async_wait_statuses(axpy_model, engine_async):
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=300, engine_async=engine_async),
+                                     {"input_tensor_type": "CPU",
                                      "output_tensor_type": "CPU", "max_concurrent_runs": 1}) as r:
         ins, outs = cpu_io(r, 2.0)
         job = r.execute_async(ins, outs)
@@ -202,11 +206,18 @@ def test_async_wait_statuses(axpy_model):
         assert r.wait(job2) is StatusCode.SUCCESS
 
 
-def test_async_failure_status_and_message_reach_the_waiter(runner):
-    ins, outs = cpu_io(runner, np.nan)
+@pytest.mark.parametrize("value, status, message", [
+    (np.nan, StatusCode.RUNTIME_ERROR, "engine failure"),
+    (np.inf, StatusCode.UNSUPPORTED, "not supported"),
+    (-np.inf, StatusCode.OUT_OF_MEMORY, "out of memory"),
+])
+def test_async_failure_status_and_message_reach_the_waiter(runner, value, status, message):
+    ins, outs = cpu_io(runner, value)
     job = runner.execute_async(ins, outs)
-    assert runner.wait(job, 5000) is StatusCode.RUNTIME_ERROR
-    assert "engine failure" in runner.last_error
+    assert job.status is StatusCode.SUCCESS  # accepted; the engine's error is the job's status
+    assert runner.wait(job, 5000) is status
+    assert message in runner.last_error
+    assert runner.stats["jobs_failed"] == 1
     bad = runner.execute_async([[]], outs)
     assert bad.status is StatusCode.INVALID_INPUT and bad.job_id == 0
 
@@ -312,6 +323,53 @@ def test_close_ends_pending_jobs_and_refuses_new_work(axpy_model):
     with pytest.raises(NpuError, match="closed"):
         r.get_tensors_info(TensorDirection.INPUT)
     r.close()  # idempotent
+
+
+def test_engine_requests_run_jobs_without_callbacks(axpy_model):
+    """With a backend that has async requests of its own, jobs without a callback and without conversions
+    start on them (no runner thread); the rest go to the workers; ended jobs free their run unseen."""
+    workers_before = pool_workers()
+    r = RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=100, engine_async=True),
+                                    {"input_tensor_type": "CPU", "output_tensor_type": "CPU",
+                                     "max_concurrent_runs": 2})
+    ins, outs = cpu_io(r, 1.0)
+    ins2, outs2 = cpu_io(r, 2.0)
+    jobs = [r.execute_async(ins, outs), r.execute_async(ins2, outs2)]
+    assert [j.status for j in jobs] == [StatusCode.SUCCESS] * 2
+    assert r.started == 2 and pool_workers() == workers_before
+    assert r.execute_async(ins, outs).status is StatusCode.RESOURCE_UNAVAILABLE  # both still running
+    time.sleep(0.4)
+    # Nobody waited, yet both runs are free again: the runner asks the engine before saying "busy".
+    assert r.stats["jobs_completed"] == 2
+    third = r.execute_async(ins, outs)
+    assert third.status is StatusCode.SUCCESS and r.started == 3
+    assert [r.wait(j, 5000) for j in (*jobs, third)] == [StatusCode.SUCCESS] * 3
+    assert np.all(outs[0][0].numpy() == 3.0) and np.all(outs2[0][0].numpy() == 5.0)
+    assert r.wait(third, 0) is StatusCode.INVALID_JOB_ID  # collected
+
+    # A callback, or a tensor the runner must convert, sends the job to the workers.
+    seen = []
+    job = r.execute_async(ins, outs, seen.append)
+    assert r.wait(job, 5000) is StatusCode.SUCCESS and r.started == 3
+    x_hw = r.allocate_npu_tensor(r.get_tensor_info_by_name("x", TensorType.HW))
+    y_hw = r.allocate_npu_tensor(r.get_tensor_info_by_name("y", TensorType.HW))
+    assert r.wait(r.execute_async([[x_hw]], [[y_hw]]), 5000) is StatusCode.SUCCESS and r.started == 3
+
+    # Two threads waiting on one engine job: both see its status.
+    job = r.execute_async(ins, outs)
+    statuses = []
+    waiters = [threading.Thread(target=lambda: statuses.append(r.wait(job, 5000))) for _ in range(2)]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    assert StatusCode.SUCCESS in statuses and set(statuses) <= {StatusCode.SUCCESS, StatusCode.INVALID_JOB_ID}
+
+    # close() lets engine jobs in flight end, and they keep their status.
+    jobs = [r.execute_async(ins, outs), r.execute_async(ins2, outs2)]
+    r.close()
+    assert [r.wait(j, 0) for j in jobs] == [StatusCode.SUCCESS] * 2
+    assert r.stats["jobs_submitted"] == r.stats["jobs_completed"] == 8
 
 
 def test_threads_share_one_runner(runner):

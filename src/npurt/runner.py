@@ -11,19 +11,27 @@ A backend subclasses ``Runner`` and implements four hooks:
   Raise on failure. It may be called from many threads at once.
 - ``_close()``: release the engine.
 
+Two optional hooks let ``execute_async`` use the engine's own asynchronous requests instead of the
+runner's worker threads (for jobs without a callback whose tensors need no conversion):
+
+- ``_start(compiled, inputs, outputs)``: start one inference without blocking and return a handle, or
+  None when the engine cannot start one right now (the job then goes to the workers).
+- ``_await(handle, timeout_s)``: wait up to ``timeout_s`` (None: no limit) for a started inference; True
+  once it has ended (raise the engine's error if it failed), False while it runs.
+
 Everything else (option parsing, validation of ``[batch][tensor]`` lists, view conversion into staging
 buffers, the job table, callbacks, status codes, per-thread errors and stats) lives here.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import SimpleQueue
@@ -158,16 +166,49 @@ class _StatusError(Exception):
         self.status = status
 
 
+def _status_of(e: BaseException, b: int) -> tuple[StatusCode, str]:
+    """The status and message of an error raised while running batch slot ``b``."""
+    if isinstance(e, _StatusError):
+        return e.status, f"batch slot {b}: {e}"
+    if isinstance(e, NpuUnsupportedError):
+        return StatusCode.UNSUPPORTED, f"batch slot {b}: {e}"
+    if isinstance(e, MemoryError):
+        return StatusCode.OUT_OF_MEMORY, f"batch slot {b}: out of memory: {e}"
+    if isinstance(e, Exception):
+        return StatusCode.RUNTIME_ERROR, f"batch slot {b}: {type(e).__name__}: {e}"
+    return StatusCode.FAILURE, f"batch slot {b}: unexpected error: {e!r}"
+
+
 class _Job:
-    __slots__ = ("job_id", "callback", "callback_seq", "done", "status", "error")
+    """One execute_async job.
+
+    A job on the runner's workers holds ``pending`` from submission until it has its final status: a plain
+    lock is the cheapest thing a waiter can block on without the GIL (an Event is a Condition and two
+    locks in Python code, several microseconds per job). A job started on the engine's own request
+    (``handle`` set) has nobody to signal its end: a waiter asks the engine, holding ``pending`` meanwhile,
+    so that one thread at a time does."""
+
+    __slots__ = ("job_id", "callback", "callback_seq", "pending", "status", "error", "handle")
 
     def __init__(self, job_id: int, callback: Callable[[JobHandle], Any] | None, callback_seq: int) -> None:
         self.job_id = job_id
         self.callback = callback
         self.callback_seq = callback_seq
-        self.done = threading.Event()
+        self.pending = threading.Lock()
+        self.pending.acquire()
         self.status = StatusCode.JOB_PENDING
         self.error = ""
+        self.handle: Any = None  # what Runner._start returned, for a job started on the engine
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not StatusCode.JOB_PENDING
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block (GIL released) until a worker has finished the job, at most ``timeout_s``; whether it has."""
+        if self.pending.acquire(True, timeout_s):
+            self.pending.release()  # leave it free: any later wait returns at once
+        return self.status is not StatusCode.JOB_PENDING
 
 
 def _job_id_of(job: JobHandle | int) -> int | None:
@@ -202,18 +243,22 @@ class Runner:
         self._compile_lock = threading.Lock()
         self._default = self._get_compiled(self._default_signature())
         self._plans: dict[Any, tuple[tuple[weakref.ref[NpuTensor], ...], list[_Slot]]] = {}
-        # async machinery
+        # async machinery: jobs go through one queue to a few worker threads; _running counts the jobs
+        # submitted and not yet finished (at most max_concurrent_runs), under _lock.
         self._max_concurrent = self.options.max_concurrent_runs or self._default_max_concurrent_runs()
-        self._slots = threading.BoundedSemaphore(self._max_concurrent)
+        self._running = 0
+        self._queue: SimpleQueue[tuple[_Job, list[_Slot]] | None] = SimpleQueue()
+        self._workers: list[threading.Thread] = []
         self._jobs: dict[int, _Job] = {}
+        self._in_engine: dict[int, _Job] = {}  # jobs started with _start and not seen to end yet
         self._next_job_id = 1
         self._next_callback_seq = 0
         self._callback_due = 0
         self._callback_ready: dict[int, _Job] = {}
         self._callback_queue: SimpleQueue[_Job | None] = SimpleQueue()
         self._callback_thread: threading.Thread | None = None
-        self._executor: ThreadPoolExecutor | None = None
         self._closed = False
+        _open_runners.add(self)
 
     # ---------------------------------------------------------------- backend hooks
     def _load(self) -> tuple[list[PortSpec], list[PortSpec]]:
@@ -227,6 +272,12 @@ class Runner:
 
     def _close(self) -> None:
         pass
+
+    def _start(self, compiled: Compiled, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> Any:
+        return None  # no engine-side async: every job runs on the runner's workers
+
+    def _await(self, handle: Any, timeout_s: float | None) -> bool:
+        raise NotImplementedError
 
     def _default_max_concurrent_runs(self) -> int:
         return 2  # VART-ML's default
@@ -372,6 +423,7 @@ class Runner:
     @property
     def stats(self) -> dict[str, int]:
         """Totals since the runner was made: host-side copies of tensor data, executes and jobs."""
+        self._reap()
         with self._lock:
             return dict(self._stats)
 
@@ -440,22 +492,40 @@ class Runner:
             if callback is not None and not callable(callback):
                 raise _StatusError(StatusCode.INVALID_INPUT, f"callback {callback!r} is not callable")
             plan = self._plan(inputs, outputs)
-            pool = self._pool()
-            if not self._slots.acquire(blocking=False):
-                raise _StatusError(StatusCode.RESOURCE_UNAVAILABLE,
-                                   f"all {self._max_concurrent} concurrent runs are busy; wait for one and retry")
-            with self._lock:  # id, callback sequence and submission together, so callbacks keep their order
+            engine_side = callback is None and len(plan) == 1 and plan[0].direct
+            if self._in_engine and self._running >= self._max_concurrent:
+                self._reap()  # engine-started jobs end unseen: look before saying all runs are busy
+            with self._lock:  # id, callback sequence and start or queueing together, so callbacks keep order
+                if self._closed:
+                    raise _StatusError(StatusCode.FAILURE, f"{type(self).__name__} is closed")
+                if self._running >= self._max_concurrent:
+                    raise _StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self._max_concurrent} concurrent "
+                                                                        "runs are busy; wait for one and retry")
                 job = _Job(self._next_job_id, callback, self._next_callback_seq)
-                try:
-                    pool.submit(self._run_job, job, plan)
-                except RuntimeError:  # the executor was shut down by a concurrent close()
-                    self._slots.release()
-                    raise _StatusError(StatusCode.FAILURE, f"{type(self).__name__} is closed") from None
                 self._jobs[job.job_id] = job
                 self._next_job_id += 1
                 if callback is not None:
                     self._next_callback_seq += 1
+                self._running += 1
                 self._stats["jobs_submitted"] += 1
+                if engine_side:
+                    slot = plan[0]
+                    try:
+                        job.handle = self._start(slot.compiled, slot.ins, slot.outs)
+                    except BaseException as e:  # noqa: BLE001 - the engine's error is the job's status
+                        self._finish_locked(job, *_status_of(e, 0))
+                        if not isinstance(e, Exception):
+                            raise  # KeyboardInterrupt and the like: the job has ended, the caller is told
+                        engine_side = False
+                    else:
+                        engine_side = job.handle is not None
+                if engine_side:
+                    job.pending.release()  # free for whichever thread asks the engine first
+                    self._in_engine[job.job_id] = job
+                elif not job.finished:
+                    if not self._workers:
+                        self._start_workers()
+                    self._queue.put((job, plan))
         except _StatusError as e:
             self._fail(e.status, str(e))
             return JobHandle(e.status, 0)
@@ -475,20 +545,19 @@ class Runner:
                                        or timeout_ms < 0):
             return self._fail(StatusCode.INVALID_INPUT,
                               f"timeout_ms must be None (no limit) or a number >= 0, got {timeout_ms!r}")
-        with self._lock:
-            entry = self._jobs.get(job_id)
+        entry = self._jobs.get(job_id)  # a single dict operation: atomic, no lock needed
         if entry is None:
             return self._fail(StatusCode.INVALID_JOB_ID,
                               f"job {job_id} is unknown to this runner or was already collected")
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
-        # Wait in slices so that KeyboardInterrupt reaches the main thread promptly.
-        while not entry.done.is_set():
-            remaining = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
-            if remaining <= 0:
-                return self._fail(StatusCode.JOB_PENDING, f"job {job_id} is still running")
-            entry.done.wait(remaining)
+        if not entry.finished:
+            deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
+            # Wait in slices so that KeyboardInterrupt reaches the main thread promptly.
+            while not self._await_job(entry, 0.1 if deadline is None
+                                      else max(0.0, min(0.1, deadline - time.monotonic()))):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return self._fail(StatusCode.JOB_PENDING, f"job {job_id} is still running")
         if entry.callback is None:
-            with self._lock:
+            with self._lock:  # close() walks the job table under the lock
                 self._jobs.pop(job_id, None)
         return self._fail(entry.status, entry.error)
 
@@ -530,14 +599,23 @@ class Runner:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            pending = [j for j in self._jobs.values() if not j.done.is_set()]
-        for job in pending:  # queued, never started
-            self._finish_job(job, StatusCode.FAILURE, "the runner was closed before the job ran")
+            self._closed = True  # from here on nothing is queued
+            workers, self._workers = self._workers, []
+            # Each worker runs one job at a time, in submission order: of the unfinished jobs, the first
+            # len(workers) are running (or being picked up); the rest never started and end here.
+            unfinished = [j for j in self._jobs.values() if not j.finished and j.handle is None]
+            for job in unfinished[len(workers):]:
+                self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
+            in_engine = list(self._in_engine.values())
+        _open_runners.discard(self)
+        for job in in_engine:  # started on the engine: let them end
+            while not self._await_job(job, None):
+                pass
+        for _ in workers:
+            self._queue.put(None)  # behind every queued job
+        for worker in workers:
+            if worker is not threading.current_thread():
+                worker.join()
         if self._callback_thread is not None:
             self._callback_queue.put(None)
             if self._callback_thread is not threading.current_thread():
@@ -688,14 +766,8 @@ class Runner:
                     self._run(slot.compiled, slot.ins, slot.outs)
                 else:
                     self._execute_slot(slot)
-            except _StatusError as e:
-                return e.status, f"batch slot {b}: {e}"
-            except NpuUnsupportedError as e:
-                return StatusCode.UNSUPPORTED, f"batch slot {b}: {e}"
-            except MemoryError as e:
-                return StatusCode.OUT_OF_MEMORY, f"batch slot {b}: out of memory: {e}"
             except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
-                return StatusCode.RUNTIME_ERROR, f"batch slot {b}: {type(e).__name__}: {e}"
+                return _status_of(e, b)
         return StatusCode.SUCCESS, ""
 
     def _execute_slot(self, slot: _Slot) -> None:
@@ -754,49 +826,87 @@ class Runner:
         self._count_copy(dst.nbytes)
 
     # ---------------------------------------------------------------- internals: jobs
-    def _pool(self) -> ThreadPoolExecutor:
-        executor = self._executor
-        if executor is not None and not self._closed:
-            return executor  # the common case, without the lock (a racing close() makes submit() fail cleanly)
-        with self._lock:
-            if self._closed:
-                raise _StatusError(StatusCode.FAILURE, f"{type(self).__name__} is closed")
-            if self._executor is None:
-                depth = self.options.async_threadpool_depth or self._max_concurrent
-                self._executor = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="npurt-run")
-            return self._executor
-
-    def _run_job(self, job: _Job, plan: list[_Slot]) -> None:
+    def _await_job(self, job: _Job, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` (None: no limit) for a job to finish; whether it has."""
+        if job.handle is None:
+            return job.wait(-1 if timeout_s is None else timeout_s)
+        # An engine-started job: one thread at a time asks the engine (holding the job's pending lock).
+        if not job.pending.acquire(True, -1 if timeout_s is None else timeout_s):
+            return job.finished
         try:
-            status, message = self._execute_plan(plan)
-        except BaseException as e:  # noqa: BLE001 - a worker never dies
-            status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
+            if not job.finished:
+                try:
+                    ended = self._await(job.handle, timeout_s)
+                except Exception as e:  # noqa: BLE001 - the engine's error is the job's status
+                    self._finish_job(job, *_status_of(e, 0))
+                else:
+                    if ended:
+                        self._finish_job(job, StatusCode.SUCCESS, "")
         finally:
-            self._slots.release()
-        self._finish_job(job, status, message)
+            job.pending.release()
+        return job.finished
+
+    def _reap(self) -> None:
+        """Finish every engine-started job that has ended (without waiting; skips those being waited for)."""
+        with self._lock:
+            started = list(self._in_engine.values())
+        for job in started:
+            self._await_job(job, 0)
+
+    def _start_workers(self) -> None:
+        """Start the worker threads (under _lock, on the first job)."""
+        depth = self.options.async_threadpool_depth or self._max_concurrent
+        for k in range(depth):
+            worker = threading.Thread(target=self._work, name=f"npurt-run-{k}", daemon=True)
+            worker.start()
+            self._workers.append(worker)
+
+    def _work(self) -> None:
+        """A worker: run queued jobs until the sentinel; a worker never dies of a job."""
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            job, plan = item
+            if job.finished:  # ended by close() before it started
+                continue
+            try:
+                status, message = self._execute_plan(plan)
+            except BaseException as e:  # noqa: BLE001
+                status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
+            self._finish_job(job, status, message)
 
     def _finish_job(self, job: _Job, status: StatusCode, message: str) -> None:
         with self._lock:
-            if job.done.is_set():
-                return
-            job.status, job.error = status, message
-            self._stats["jobs_completed"] += 1
-            if status is not StatusCode.SUCCESS:
-                self._stats["jobs_failed"] += 1
-            job.done.set()
-            if job.callback is None:
-                return
-            if self.options.callback_order == "completion":
-                self._callback_queue.put(job)
-            else:
-                self._callback_ready[job.callback_seq] = job
-                while self._callback_due in self._callback_ready:
-                    self._callback_queue.put(self._callback_ready.pop(self._callback_due))
-                    self._callback_due += 1
-            if self._callback_thread is None:
-                self._callback_thread = threading.Thread(target=self._deliver_callbacks,
-                                                         name="npurt-callbacks", daemon=True)
-                self._callback_thread.start()
+            self._finish_locked(job, status, message)
+
+    def _finish_locked(self, job: _Job, status: StatusCode, message: str) -> None:
+        """Give a job its final status, free its run and queue its callback (under _lock)."""
+        if job.finished:
+            return
+        job.status, job.error = status, message
+        self._running -= 1
+        self._stats["jobs_completed"] += 1
+        if status is not StatusCode.SUCCESS:
+            self._stats["jobs_failed"] += 1
+        if job.handle is None:
+            job.pending.release()
+        else:
+            self._in_engine.pop(job.job_id, None)  # its waiter holds pending and lets go of it
+        if job.callback is None:
+            return
+        if self.options.callback_order == "completion":
+            self._callback_queue.put(job)
+        else:
+            self._callback_ready[job.callback_seq] = job
+            while self._callback_due in self._callback_ready:
+                self._callback_queue.put(self._callback_ready.pop(self._callback_due))
+                self._callback_due += 1
+        if self._callback_thread is None:
+            self._callback_thread = threading.Thread(target=self._deliver_callbacks,
+                                                     name="npurt-callbacks", daemon=True)
+            self._callback_thread.start()
 
     def _deliver_callbacks(self) -> None:
         while True:
@@ -810,3 +920,18 @@ class Runner:
             finally:
                 with self._lock:
                     self._jobs.pop(job.job_id, None)
+
+
+# Runners still open at interpreter exit are closed then, so that no worker thread is inside an engine
+# call while the interpreter tears down (the workers are daemon threads: an unclosed runner must not
+# keep the process alive).
+_open_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_runners() -> None:
+    for runner in list(_open_runners):
+        try:
+            runner.close()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            log.exception("closing %r at exit", runner)
