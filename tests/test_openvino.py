@@ -23,6 +23,7 @@ from npurt import (
 )
 from npurt.backends.openvino import OpenVINORunner, core
 from ocr import SHAPES, frame, ocr_runner
+from procstat import pool_workers
 
 
 def make(model: str, **options) -> OpenVINORunner:
@@ -222,6 +223,41 @@ def test_execute_async_callbacks(order):
         for x, (_, outs) in zip(xs, sets):
             np.testing.assert_array_equal(outs[0].numpy(), runner.run({"x": x})["save_infer_model/scale_0.tmp_1"])
         assert len(runner.infer_requests()) <= 2
+
+
+def test_execute_async_without_callback_runs_on_the_engines_requests():
+    """Jobs without a callback start on OpenVINO's own infer requests (start_async): no runner thread, the
+    same results, statuses from wait (polling included), and close() lets the ones in flight end."""
+    workers_before = pool_workers()
+    runner = make("ocr_rec", max_concurrent_runs=2)
+    xs = [frame(SHAPES["ocr_rec"], seed=30 + k) for k in range(6)]
+    sets = [tensors(runner, TensorType.HW, x) for x in xs]
+    expected = []
+    for ins, outs in sets:
+        execute(runner, ins, outs)
+        expected.append(outs[0].numpy().copy())
+        outs[0].numpy()[...] = 0
+    jobs = []
+    for ins, outs in sets:
+        while (job := runner.execute_async([ins], [outs])).status is StatusCode.RESOURCE_UNAVAILABLE:
+            assert runner.wait(jobs[0], 10000) is StatusCode.SUCCESS, runner.last_error  # the oldest
+            jobs.pop(0)
+        assert job.status is StatusCode.SUCCESS, runner.last_error
+        polled = runner.wait(job, 0)
+        assert polled in (StatusCode.JOB_PENDING, StatusCode.SUCCESS), runner.last_error
+        if polled is StatusCode.JOB_PENDING:  # a poll that finds the job done collects it
+            jobs.append(job)
+    for job in jobs:
+        assert runner.wait(job, 10000) is StatusCode.SUCCESS, runner.last_error
+    for (_, outs), want in zip(sets, expected):
+        np.testing.assert_array_equal(outs[0].numpy(), want)
+    assert pool_workers() == workers_before  # no runner thread ran them
+    assert len(runner.infer_requests()) <= 2 and runner.stats["copies"] == 0
+    in_flight = [runner.execute_async([ins], [outs]) for ins, outs in sets[:2]]
+    runner.close()
+    assert [runner.wait(j, 0) for j in in_flight] == [StatusCode.SUCCESS] * 2
+    stats = runner.stats
+    assert stats["jobs_submitted"] == stats["jobs_completed"] == 8 and stats["jobs_failed"] == 0
 
 
 def test_eight_threads_share_one_runner(cls_hw):

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -64,8 +65,9 @@ _core_lock = threading.Lock()
 # share_outputs=True, returns views instead of copies of the outputs. It releases the GIL while inferring.
 try:
     _infer_base = ov.InferRequest.__mro__[1].infer
+    _start_async_base = ov.InferRequest.__mro__[1].start_async  # the same for start_async(inputs, userdata)
 except (AttributeError, IndexError):  # pragma: no cover - a future binding without the split
-    _infer_base = None
+    _infer_base = _start_async_base = None
 
 
 def core() -> ov.Core:
@@ -157,6 +159,14 @@ class _Slot:
             self.keys[k] = key
         self.bound[k] = t
 
+    def bind_all(self, inputs: list[NpuTensor], outputs: list[NpuTensor], element_types: list[ov.Type]) -> None:
+        """Bind a run's tensors, inputs then outputs, where they differ from what is bound."""
+        bound, k = self.bound, 0
+        for t in (*inputs, *outputs):
+            if bound[k] is not t:
+                self.bind(k, t, element_types[k])
+            k += 1
+
 
 class OpenVINOEngine:
     """A compiled model for one input-shape signature and its pool of infer requests."""
@@ -182,8 +192,9 @@ class OpenVINOEngine:
         self.slots.append(slot)
         return slot
 
-    def acquire(self, limit: int) -> _Slot:
-        """A free request; a new one while fewer than ``limit`` exist; else wait for one to come back."""
+    def acquire(self, limit: int, block: bool = True) -> _Slot | None:
+        """A free request; a new one while fewer than ``limit`` exist; else wait for one to come back (or
+        None, if not ``block``)."""
         try:
             return self._free.get_nowait()
         except Empty:
@@ -191,6 +202,8 @@ class OpenVINOEngine:
         with self._lock:
             if len(self.slots) < limit:
                 return self._new_slot()
+        if not block:
+            return None
         return self._free.get()
 
     def release(self, slot: _Slot) -> None:
@@ -346,20 +359,44 @@ class OpenVINORunner(Runner):
         engine: OpenVINOEngine = compiled.engine
         slot = engine.acquire(self._max_concurrent)
         try:
-            bound, types = slot.bound, engine.element_types
-            for k, t in enumerate(inputs):
-                if bound[k] is not t:
-                    slot.bind(k, t, types[k])
-            n = engine.n_inputs
-            for k, t in enumerate(outputs, n):
-                if bound[k] is not t:
-                    slot.bind(k, t, types[k])
+            slot.bind_all(inputs, outputs, engine.element_types)
             if _infer_base is not None:
                 _infer_base(slot.request, {}, True, True)
             else:  # pragma: no cover
                 slot.request.infer()
         finally:
             engine.release(slot)
+
+    def _start(self, compiled: Compiled, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> Any:
+        """Start the inference on a free infer request of the engine's own (no runner thread involved)."""
+        engine: OpenVINOEngine = compiled.engine
+        if _start_async_base is None:  # pragma: no cover
+            return None
+        slot = engine.acquire(self._max_concurrent, block=False)
+        if slot is None:
+            return None
+        try:
+            slot.bind_all(inputs, outputs, engine.element_types)
+            _start_async_base(slot.request, {}, None)
+        except Exception:
+            engine.release(slot)  # it never started
+            raise
+        return engine, slot
+
+    def _await(self, handle: Any, timeout_s: float | None) -> bool:
+        engine, slot = handle
+        try:
+            if timeout_s is None:
+                slot.request.wait()  # raises the inference's error
+                ended = True
+            else:
+                ended = slot.request.wait_for(math.ceil(timeout_s * 1000))
+        except Exception:
+            engine.release(slot)  # the inference failed: the request is free again
+            raise
+        if ended:
+            engine.release(slot)
+        return ended
 
     def _close(self) -> None:
         for compiled in list(self._compiled.values()):
