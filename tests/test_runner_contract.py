@@ -29,6 +29,14 @@ def runner(axpy_model, request):
         yield r
 
 
+# Inputs that make the numpy test engine fail, the status each becomes, and a piece of its message.
+ENGINE_ERRORS = [
+    (np.nan, StatusCode.RUNTIME_ERROR, "engine failure"),
+    (np.inf, StatusCode.UNSUPPORTED, "not supported"),
+    (-np.inf, StatusCode.OUT_OF_MEMORY, "out of memory"),
+]
+
+
 def cpu_io(runner, value=1.0, batch=1):
     x_info = runner.get_tensor_info_by_name("x", TensorType.CPU)
     y_info = runner.get_tensor_info_by_name("y", TensorType.CPU)
@@ -157,11 +165,7 @@ def test_execute_invalid_input_and_output(runner):
         assert message in runner.last_error, (message, runner.last_error)
 
 
-@pytest.mark.parametrize("value, status, message", [
-    (np.nan, StatusCode.RUNTIME_ERROR, "engine failure"),
-    (np.inf, StatusCode.UNSUPPORTED, "not supported"),
-    (-np.inf, StatusCode.OUT_OF_MEMORY, "out of memory"),
-])
+@pytest.mark.parametrize("value, status, message", ENGINE_ERRORS)
 def test_engine_errors_become_status_codes(runner, value, status, message):
     ins, outs = cpu_io(runner, value)
     assert runner.execute(ins, outs) is status
@@ -206,11 +210,7 @@ def test_async_wait_statuses(axpy_model, engine_async):
         assert r.wait(job2) is StatusCode.SUCCESS
 
 
-@pytest.mark.parametrize("value, status, message", [
-    (np.nan, StatusCode.RUNTIME_ERROR, "engine failure"),
-    (np.inf, StatusCode.UNSUPPORTED, "not supported"),
-    (-np.inf, StatusCode.OUT_OF_MEMORY, "out of memory"),
-])
+@pytest.mark.parametrize("value, status, message", ENGINE_ERRORS)
 def test_async_failure_status_and_message_reach_the_waiter(runner, value, status, message):
     ins, outs = cpu_io(runner, value)
     job = runner.execute_async(ins, outs)
