@@ -9,8 +9,8 @@
 //
 // Every converter goes through float32: load(In) -> float -> store(Out). The scalar load/store functions
 // are branch-free so that gcc's vectoriser turns the contiguous runs into SIMD loops; float32 <-> float16
-// runs use F16C / AVX-512 conversions where the clone has them (both round to nearest even, like the
-// portable bit code).
+// runs use F16C where the clone has it (rounding to nearest even, like the portable bit code). The AVX-512
+// clone runs every kind 16 lanes at a time with intrinsics (VK below).
 
 // ---------------------------------------------------------------- scalar element conversions
 static inline uint32_t f_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
@@ -85,28 +85,122 @@ using SU8Z = SQ<uint8_t, 0, 255, true>;
 using SI8 = SQ<int8_t, -128, 127, false>;
 using SI8Z = SQ<int8_t, -128, 127, true>;
 
+#if NPURT_AVX512
+// ---------------------------------------------------------------- the element kinds, 16 lanes at a time
+// V16<T>::V holds 16 elements of T: __m512 (float), __m256i (16-bit), __m128i (8-bit).
+template <class T>
+struct V16;
+template <>
+struct V16<float> {
+    using V = __m512;
+    static V load(const float *p) { return _mm512_loadu_ps(p); }
+    static void store(float *p, V v) { _mm512_storeu_ps(p, v); }
+};
+template <>
+struct V16<uint16_t> {
+    using V = __m256i;
+    static V load(const uint16_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+    static void store(uint16_t *p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), v); }
+};
+template <class T8>
+struct V16Byte {
+    using V = __m128i;
+    static V load(const T8 *p) { return _mm_loadu_si128(reinterpret_cast<const __m128i *>(p)); }
+    static void store(T8 *p, V v) { _mm_storeu_si128(reinterpret_cast<__m128i *>(p), v); }
+};
+template <>
+struct V16<uint8_t> : V16Byte<uint8_t> {};
+template <>
+struct V16<int8_t> : V16Byte<int8_t> {};
+
+// VK<L>::load: 16 elements -> 16 floats; VK<S>::store: 16 floats -> 16 elements; bit for bit the scalar
+// functions above.
+template <class K>
+struct VK;
+template <>
+struct VK<LF32> { static __m512 load(__m512 v, const Quant &) { return v; } };
+template <>
+struct VK<LF16> { static __m512 load(__m256i v, const Quant &) { return _mm512_cvtph_ps(v); } };
+template <>
+struct VK<LBF16> {
+    static __m512 load(__m256i v, const Quant &) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+    }
+};
+template <>
+struct VK<LU8> {
+    static __m512 load(__m128i v, const Quant &q) {
+        const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+        return _mm512_mul_ps(_mm512_sub_ps(x, _mm512_set1_ps(q.zero)), _mm512_set1_ps(q.scale));
+    }
+};
+template <>
+struct VK<LI8> {
+    static __m512 load(__m128i v, const Quant &q) {
+        const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+        return _mm512_mul_ps(_mm512_sub_ps(x, _mm512_set1_ps(q.zero)), _mm512_set1_ps(q.scale));
+    }
+};
+template <>
+struct VK<SF32> { static __m512 store(__m512 v, const Quant &) { return v; } };
+template <>
+struct VK<SF16> {
+    static __m256i store(__m512 v, const Quant &) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT); }
+};
+// bfloat16: the same integer rounding as float_to_bf16.
+template <>
+struct VK<SBF16> {
+    static __m256i store(__m512 v, const Quant &) {
+        const __m512i x = _mm512_castps_si512(v);
+        const __m512i hi = _mm512_srli_epi32(x, 16);
+        const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), odd), 16);
+        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r,
+                                    _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+        return _mm512_cvtepi32_epi16(r);
+    }
+};
+// Quantize: divide, round, add the zero point, saturate (MAXPS gives the second operand for NaN, so
+// NaN -> LO like the scalar code), narrow.
+template <class IntT, int LO, int HI, bool TOWARD_ZERO>
+struct VK<SQ<IntT, LO, HI, TOWARD_ZERO>> {
+    static __m128i store(__m512 v, const Quant &q) {
+        __m512 r = _mm512_div_ps(v, _mm512_set1_ps(q.scale));
+        r = TOWARD_ZERO ? _mm512_roundscale_ps(r, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
+                        : _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm512_add_ps(r, _mm512_set1_ps(q.zero));
+        r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(static_cast<float>(LO))),
+                          _mm512_set1_ps(static_cast<float>(HI)));
+        return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r));
+    }
+};
+#endif
+
 // A converter: In -> Out, one element (cvt) or a contiguous run (run).
 template <class L, class S>
 struct Cvt {
     using In = typename L::T;
     using Out = typename S::T;
     static inline Out one(In v, const Quant &q) { return S::store(L::load(v, q), q); }
+#if NPURT_AVX512
+    static inline typename V16<Out>::V vec(typename V16<In>::V v, const Quant &q) {
+        return VK<S>::store(VK<L>::load(v, q), q);
+    }
+#endif
     static void run(const In *__restrict s, Out *__restrict d, int64_t n, const Quant &q) {
         const Quant qq = q;  // a local copy, so the compiler knows stores cannot alias it
-        for (int64_t i = 0; i < n; ++i) d[i] = S::store(L::load(s[i], qq), qq);
+        int64_t i = 0;
+#if NPURT_AVX512
+        for (; i + 16 <= n; i += 16) V16<Out>::store(d + i, vec(V16<In>::load(s + i), qq));
+#endif
+        for (; i < n; ++i) d[i] = S::store(L::load(s[i], qq), qq);
     }
 };
 
-#if NPURT_F16C
+#if NPURT_F16C && !NPURT_AVX512  // (the AVX-512 clone: VK above)
 template <>
 void Cvt<LF32, SF16>::run(const float *__restrict s, uint16_t *__restrict d, int64_t n, const Quant &) {
     int64_t i = 0;
-#if NPURT_AVX512
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(s + i);
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    }
-#endif
     for (; i + 8 <= n; i += 8) {
         __m256 v = _mm256_loadu_ps(s + i);
         _mm_storeu_si128(reinterpret_cast<__m128i *>(d + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -117,66 +211,11 @@ void Cvt<LF32, SF16>::run(const float *__restrict s, uint16_t *__restrict d, int
 template <>
 void Cvt<LF16, SF32>::run(const uint16_t *__restrict s, float *__restrict d, int64_t n, const Quant &) {
     int64_t i = 0;
-#if NPURT_AVX512
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + i))));
-#endif
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(s + i))));
     for (; i < n; ++i) d[i] = half_to_float(s[i]);
 }
-#endif
 
-#if NPURT_AVX512
-// bfloat16: the same integer rounding as float_to_bf16, 16 lanes at a time.
-template <>
-void Cvt<LF32, SBF16>::run(const float *__restrict s, uint16_t *__restrict d, int64_t n, const Quant &) {
-    const __m512i c7fff = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(s + i);
-        const __m512i x = _mm512_castps_si512(v);
-        const __m512i hi = _mm512_srli_epi32(x, 16);
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, c7fff), _mm512_and_si512(hi, one)), 16);
-        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_or_si512(hi, quiet));
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), _mm512_cvtepi32_epi16(r));
-    }
-    for (; i < n; ++i) d[i] = float_to_bf16(s[i]);
-}
-
-// Quantize 16 lanes at a time: divide, round, add the zero point, saturate (MAXPS gives the second operand
-// for NaN, so NaN -> LO like the scalar code), narrow.
-template <class IntT, int LO, int HI, bool TOWARD_ZERO>
-static inline void quantize_avx512(const float *__restrict s, IntT *__restrict d, int64_t n, const Quant &q) {
-    const __m512 scale = _mm512_set1_ps(q.scale), zero = _mm512_set1_ps(q.zero);
-    const __m512 lo = _mm512_set1_ps(static_cast<float>(LO)), hi = _mm512_set1_ps(static_cast<float>(HI));
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 r = _mm512_div_ps(_mm512_loadu_ps(s + i), scale);
-        r = TOWARD_ZERO ? _mm512_roundscale_ps(r, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
-                        : _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(r, zero), lo), hi);
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(d + i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
-    }
-    for (; i < n; ++i) d[i] = SQ<IntT, LO, HI, TOWARD_ZERO>::store(s[i], q);
-}
-template <>
-void Cvt<LF32, SU8>::run(const float *__restrict s, uint8_t *__restrict d, int64_t n, const Quant &q) {
-    quantize_avx512<uint8_t, 0, 255, false>(s, d, n, q);
-}
-template <>
-void Cvt<LF32, SU8Z>::run(const float *__restrict s, uint8_t *__restrict d, int64_t n, const Quant &q) {
-    quantize_avx512<uint8_t, 0, 255, true>(s, d, n, q);
-}
-template <>
-void Cvt<LF32, SI8>::run(const float *__restrict s, int8_t *__restrict d, int64_t n, const Quant &q) {
-    quantize_avx512<int8_t, -128, 127, false>(s, d, n, q);
-}
-template <>
-void Cvt<LF32, SI8Z>::run(const float *__restrict s, int8_t *__restrict d, int64_t n, const Quant &q) {
-    quantize_avx512<int8_t, -128, 127, true>(s, d, n, q);
-}
-#elif NPURT_F16C
 template <>
 void Cvt<LF32, SBF16>::run(const float *__restrict s, uint16_t *__restrict d, int64_t n, const Quant &) {
     const __m256i c7fff = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
