@@ -10,7 +10,8 @@
 // Every converter goes through float32: load(In) -> float -> store(Out). The scalar load/store functions
 // are branch-free so that gcc's vectoriser turns the contiguous runs into SIMD loops; float32 <-> float16
 // runs use F16C where the clone has it (rounding to nearest even, like the portable bit code). The AVX-512
-// clone runs every kind 16 lanes at a time with intrinsics (VK below).
+// clone runs every kind 16 lanes at a time with intrinsics (VK below), and converts the 3-channel frame
+// layouts (NHWC, HCWNC4) in registers, 16 pixels at a time, without a scratch pass.
 
 // ---------------------------------------------------------------- scalar element conversions
 static inline uint32_t f_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
@@ -274,8 +275,8 @@ static inline void interleave3(const T *__restrict r, const T *__restrict g, con
 static inline __m128i shuf3(__m128i a, __m128i b, __m128i c, __m128i ma, __m128i mb, __m128i mc) {
     return _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, ma), _mm_shuffle_epi8(b, mb)), _mm_shuffle_epi8(c, mc));
 }
-static inline void deinterleave3(const uint8_t *__restrict s, uint8_t *__restrict r, uint8_t *__restrict g,
-                                 uint8_t *__restrict b, int64_t n) {
+// 16 RGB pixels (48 bytes at s) -> 16 bytes of each channel.
+static inline void split3x16(const uint8_t *s, __m128i v[3]) {
     const __m128i ra = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m128i rb = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1);
     const __m128i rc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13);
@@ -285,23 +286,15 @@ static inline void deinterleave3(const uint8_t *__restrict s, uint8_t *__restric
     const __m128i ba = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m128i bb = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1);
     const __m128i bc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(s + 3 * i));
-        const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(s + 3 * i + 16));
-        const __m128i x2 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(s + 3 * i + 32));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(r + i), shuf3(x0, x1, x2, ra, rb, rc));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(g + i), shuf3(x0, x1, x2, ga, gb, gc));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(b + i), shuf3(x0, x1, x2, ba, bb, bc));
-    }
-    for (; i < n; ++i) {
-        r[i] = s[3 * i];
-        g[i] = s[3 * i + 1];
-        b[i] = s[3 * i + 2];
-    }
+    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(s));
+    const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(s + 16));
+    const __m128i x2 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(s + 32));
+    v[0] = shuf3(x0, x1, x2, ra, rb, rc);
+    v[1] = shuf3(x0, x1, x2, ga, gb, gc);
+    v[2] = shuf3(x0, x1, x2, ba, bb, bc);
 }
-static inline void interleave3(const uint8_t *__restrict r, const uint8_t *__restrict g,
-                               const uint8_t *__restrict b, uint8_t *__restrict d, int64_t n) {
+// 16 bytes of each channel -> 16 RGB pixels (48 bytes at d).
+static inline void merge3x16(const __m128i v[3], uint8_t *d) {
     // output byte j of each 16-byte block takes channel j % 3 of pixel j / 3 (+ 16 / 3 offsets per block)
     const __m128i a0 = _mm_setr_epi8(0, -1, -1, 1, -1, -1, 2, -1, -1, 3, -1, -1, 4, -1, -1, 5);
     const __m128i a1 = _mm_setr_epi8(-1, 0, -1, -1, 1, -1, -1, 2, -1, -1, 3, -1, -1, 4, -1, -1);
@@ -312,14 +305,34 @@ static inline void interleave3(const uint8_t *__restrict r, const uint8_t *__res
     const __m128i c0 = _mm_setr_epi8(-1, 11, -1, -1, 12, -1, -1, 13, -1, -1, 14, -1, -1, 15, -1, -1);
     const __m128i c1 = _mm_setr_epi8(-1, -1, 11, -1, -1, 12, -1, -1, 13, -1, -1, 14, -1, -1, 15, -1);
     const __m128i c2 = _mm_setr_epi8(10, -1, -1, 11, -1, -1, 12, -1, -1, 13, -1, -1, 14, -1, -1, 15);
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(d), shuf3(v[0], v[1], v[2], a0, a1, a2));
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(d + 16), shuf3(v[0], v[1], v[2], b0, b1, b2));
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(d + 32), shuf3(v[0], v[1], v[2], c0, c1, c2));
+}
+static inline void deinterleave3(const uint8_t *__restrict s, uint8_t *__restrict r, uint8_t *__restrict g,
+                                 uint8_t *__restrict b, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(r + i));
-        const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i *>(g + i));
-        const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + i));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(d + 3 * i), shuf3(x, y, z, a0, a1, a2));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(d + 3 * i + 16), shuf3(x, y, z, b0, b1, b2));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(d + 3 * i + 32), shuf3(x, y, z, c0, c1, c2));
+        __m128i v[3];
+        split3x16(s + 3 * i, v);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(r + i), v[0]);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(g + i), v[1]);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(b + i), v[2]);
+    }
+    for (; i < n; ++i) {
+        r[i] = s[3 * i];
+        g[i] = s[3 * i + 1];
+        b[i] = s[3 * i + 2];
+    }
+}
+static inline void interleave3(const uint8_t *__restrict r, const uint8_t *__restrict g,
+                               const uint8_t *__restrict b, uint8_t *__restrict d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m128i v[3] = {_mm_loadu_si128(reinterpret_cast<const __m128i *>(r + i)),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i *>(g + i)),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + i))};
+        merge3x16(v, d + 3 * i);
     }
     for (; i < n; ++i) {
         d[3 * i] = r[i];
@@ -377,6 +390,79 @@ static inline void deinterleave_of4(const uint16_t *__restrict s, uint16_t *__re
     }
 }
 
+#if NPURT_AVX512
+// ---------------------------------------------------------------- 16 pixels of 3 channels, in registers
+// The layouts converted on every frame hold 3 channels in groups of STEP elements: 3 (NHWC) or 4 (HCWNC4,
+// the fourth lane padding). split16: 16 groups -> one vector per channel; merge16: the reverse, zeroing a
+// fourth lane. 16-bit lanes go through VPERMT2W (a word gather from two registers, indices below).
+struct WordIx {
+    alignas(64) uint16_t v[3][32];
+};
+static constexpr WordIx split_ix(int step) {  // v[c]: word c + step * i of the 16 groups, i = 0..15
+    WordIx w{};
+    for (int c = 0; c < 3; ++c)
+        for (int i = 0; i < 32; ++i) w.v[c][i] = static_cast<uint16_t>((c + step * i) & 63);
+    return w;
+}
+static constexpr WordIx merge_ix(int step) {  // v[h]: output word j = 32 h + i is channel j % step of
+    WordIx w{};                                // pixel j / step, from the words {c0, c1 | c2}: 16 c + pixel
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 32; ++i) {
+            const int j = 32 * h + i, c = j % step;
+            w.v[h][i] = static_cast<uint16_t>(c < 3 ? (16 * c + j / step) & 63 : 0);
+        }
+    return w;
+}
+constexpr WordIx SPLIT3 = split_ix(3), SPLIT4 = split_ix(4), MERGE3 = merge_ix(3), MERGE4 = merge_ix(4);
+
+template <int STEP>
+static inline void split16(const uint16_t *s, __m256i v[3]) {
+    const __m512i a = _mm512_loadu_si512(s);
+    const __m512i b = STEP == 3 ? _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + 32)))
+                                : _mm512_loadu_si512(s + 32);  // (16 groups of 3: 48 words, read no further)
+    const WordIx &ix = STEP == 3 ? SPLIT3 : SPLIT4;
+    for (int c = 0; c < 3; ++c)
+        v[c] = _mm512_castsi512_si256(_mm512_permutex2var_epi16(a, _mm512_load_si512(ix.v[c]), b));
+}
+template <int STEP>
+static inline void merge16(const __m256i v[3], uint16_t *d) {
+    const __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
+    const __m512i b = _mm512_castsi256_si512(v[2]);
+    if (STEP == 3) {
+        _mm512_storeu_si512(d, _mm512_permutex2var_epi16(a, _mm512_load_si512(MERGE3.v[0]), b));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + 32),
+                            _mm512_castsi512_si256(_mm512_permutex2var_epi16(a, _mm512_load_si512(MERGE3.v[1]), b)));
+    } else {
+        const __mmask32 real = 0x77777777;  // lane 3 of each group of 4 is padding: zero
+        _mm512_storeu_si512(d, _mm512_maskz_permutex2var_epi16(real, a, _mm512_load_si512(MERGE4.v[0]), b));
+        _mm512_storeu_si512(d + 32, _mm512_maskz_permutex2var_epi16(real, a, _mm512_load_si512(MERGE4.v[1]), b));
+    }
+}
+template <int STEP>
+static inline void split16(const uint8_t *s, __m128i v[3]) {
+    static_assert(STEP == 3, "bytes: groups of 3 only");
+    split3x16(s, v);
+}
+template <int STEP>
+static inline void split16(const int8_t *s, __m128i v[3]) {
+    split16<STEP>(reinterpret_cast<const uint8_t *>(s), v);
+}
+template <int STEP>
+static inline void merge16(const __m128i v[3], uint8_t *d) {
+    static_assert(STEP == 3, "bytes: groups of 3 only");
+    merge3x16(v, d);
+}
+template <int STEP>
+static inline void merge16(const __m128i v[3], int8_t *d) {
+    merge16<STEP>(v, reinterpret_cast<uint8_t *>(d));
+}
+
+template <class C>
+struct IsCvt : std::false_type {};
+template <class L, class S>
+struct IsCvt<Cvt<L, S>> : std::true_type {};
+#endif
+
 // ---------------------------------------------------------------- the engine
 template <class C>
 struct Engine {
@@ -410,6 +496,13 @@ struct Engine {
     // rest zero padding), src contiguous along b (extent nb); src a-stride sa, dst b-stride db.
     static void interleave(const In *s, Out *d, int64_t na, int64_t va, int64_t nb, int64_t sa, int64_t db,
                            const Quant &q) {
+#if NPURT_AVX512
+        if constexpr (IsCvt<C>::value && sizeof(Out) <= 2) {
+            if (va == 3 && db == na && na == 3) return merge3_fused<3>(s, d, nb, sa, q);
+            if constexpr (sizeof(Out) == 2)
+                if (va == 3 && db == na && na == 4) return merge3_fused<4>(s, d, nb, sa, q);
+        }
+#endif
         alignas(64) Out t[16 * CHUNK];
         for (int64_t a = va; a < na; ++a) std::memset(t + a * CHUNK, 0, sizeof(Out) * CHUNK);
         for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
@@ -433,6 +526,13 @@ struct Engine {
     // dst(a, b) = cvt(src(a, b)); dst contiguous along a (extent na), src contiguous along b (nb real
     // elements; any padding after them is skipped); src a-stride sa, dst b-stride db.
     static void deinterleave(const In *s, Out *d, int64_t na, int64_t nb, int64_t sa, int64_t db, const Quant &q) {
+#if NPURT_AVX512
+        if constexpr (IsCvt<C>::value && sizeof(In) <= 2) {
+            if (nb == 3 && sa == 3) return split3_fused<3>(s, d, na, db, q);
+            if constexpr (sizeof(In) == 2)
+                if (nb == 3 && sa == 4) return split3_fused<4>(s, d, na, db, q);
+        }
+#endif
         alignas(64) In t[16 * CHUNK];
         for (int64_t a0 = 0; a0 < na; a0 += CHUNK) {
             const int64_t n = std::min(CHUNK, na - a0);
@@ -452,6 +552,37 @@ struct Engine {
             for (int64_t b = 0; b < nb; ++b) C::run(t + b * CHUNK, d + b * db + a0, n, q);
         }
     }
+
+#if NPURT_AVX512
+    // 3 channels in groups of STEP <-> 3 rows, 16 pixels at a time in registers, converted on the way: one
+    // pass over memory and no scratch (the layouts a runner converts on every frame).
+    template <int STEP>
+    static void merge3_fused(const In *s, Out *d, int64_t nb, int64_t sa, const Quant &q) {
+        const Quant qq = q;
+        int64_t b = 0;
+        for (; b + 16 <= nb; b += 16) {
+            typename V16<Out>::V v[3];
+            for (int c = 0; c < 3; ++c) v[c] = C::vec(V16<In>::load(s + c * sa + b), qq);
+            merge16<STEP>(v, d + b * STEP);
+        }
+        for (; b < nb; ++b) {
+            for (int c = 0; c < 3; ++c) d[b * STEP + c] = C::one(s[c * sa + b], qq);
+            if (STEP == 4) d[b * STEP + 3] = Out(0);
+        }
+    }
+    template <int STEP>
+    static void split3_fused(const In *s, Out *d, int64_t na, int64_t db, const Quant &q) {
+        const Quant qq = q;
+        int64_t a = 0;
+        for (; a + 16 <= na; a += 16) {
+            typename V16<In>::V v[3];
+            split16<STEP>(s + a * STEP, v);
+            for (int c = 0; c < 3; ++c) V16<Out>::store(d + c * db + a, C::vec(v[c], qq));
+        }
+        for (; a < na; ++a)
+            for (int c = 0; c < 3; ++c) d[c * db + a] = C::one(s[a * STEP + c], qq);
+    }
+#endif
 
     // Both extents large: square tiles through a scratch block, so reads and writes stay in cache lines.
     static void tiles(const In *s, Out *d, int64_t na, int64_t nb, int64_t sa, int64_t db, const Quant &q) {
