@@ -30,6 +30,12 @@ namespace {
 
 constexpr int MAX_AXES = 16;
 
+// Destinations of at least this many bytes are written with streaming (non-temporal) stores where a kernel
+// has them: a frame this large is evicted before anyone reads it, and streaming saves the read-for-ownership
+// of every destination line (glibc's memcpy streams above a similar threshold, 3/4 of a thread's L3 share).
+// A fixed size, not sysconf(_SC_LEVEL3_CACHE_SIZE): a VM may report the host's whole L3 there.
+constexpr int64_t STREAM_MIN_BYTES = int64_t(8) << 20;
+
 // Element kinds the converters know (anything else of equal type is a raw copy by element size).
 enum Kind { K_NONE = 0, K_F32, K_F16, K_BF16, K_U8, K_I8 };
 enum Mode { MODE_RUN, MODE_GROUPS, MODE_TRANSPOSE, MODE_STRIDED, MODE_ELEMENTWISE };
@@ -60,6 +66,7 @@ struct Plan {
     Kind in_kind = K_NONE, out_kind = K_NONE;
     bool toward_zero = false;
     int raw_size = 0;  // same dtype on both sides: copy elements of this many bytes
+    bool stream = false;  // destination large enough for streaming (non-temporal) stores
 };
 
 // ---- the kernels, once per instruction set ---------------------------------------------------------
@@ -295,6 +302,7 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
                               " needs " + std::to_string(dst_need));
     if (src.ptr < dst.ptr + dst_need && dst.ptr < src.ptr + src_need)
         throw py::value_error("convert: source and destination memory overlap");
+    p.stream = dst_need >= STREAM_MIN_BYTES;
 
     // ---- normalise: drop unit axes, order by destination stride, merge contiguous neighbours
     std::vector<Axis> kept;

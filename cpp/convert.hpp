@@ -96,18 +96,21 @@ struct V16<float> {
     using V = __m512;
     static V load(const float *p) { return _mm512_loadu_ps(p); }
     static void store(float *p, V v) { _mm512_storeu_ps(p, v); }
+    static void stream(float *p, V v) { _mm512_stream_ps(p, v); }  // p 64-byte aligned
 };
 template <>
 struct V16<uint16_t> {
     using V = __m256i;
     static V load(const uint16_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
     static void store(uint16_t *p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), v); }
+    static void stream(uint16_t *p, V v) { _mm256_stream_si256(reinterpret_cast<__m256i *>(p), v); }
 };
 template <class T8>
 struct V16Byte {
     using V = __m128i;
     static V load(const T8 *p) { return _mm_loadu_si128(reinterpret_cast<const __m128i *>(p)); }
     static void store(T8 *p, V v) { _mm_storeu_si128(reinterpret_cast<__m128i *>(p), v); }
+    static void stream(T8 *p, V v) { _mm_stream_si128(reinterpret_cast<__m128i *>(p), v); }
 };
 template <>
 struct V16<uint8_t> : V16Byte<uint8_t> {};
@@ -525,13 +528,16 @@ struct Engine {
 
     // dst(a, b) = cvt(src(a, b)); dst contiguous along a (extent na), src contiguous along b (nb real
     // elements; any padding after them is skipped); src a-stride sa, dst b-stride db.
-    static void deinterleave(const In *s, Out *d, int64_t na, int64_t nb, int64_t sa, int64_t db, const Quant &q) {
+    static void deinterleave(const In *s, Out *d, int64_t na, int64_t nb, int64_t sa, int64_t db, const Quant &q,
+                             bool stream) {
 #if NPURT_AVX512
         if constexpr (IsCvt<C>::value && sizeof(In) <= 2) {
-            if (nb == 3 && sa == 3) return split3_fused<3>(s, d, na, db, q);
+            if (nb == 3 && sa == 3) return split3_fused<3>(s, d, na, db, q, stream);
             if constexpr (sizeof(In) == 2)
-                if (nb == 3 && sa == 4) return split3_fused<4>(s, d, na, db, q);
+                if (nb == 3 && sa == 4) return split3_fused<4>(s, d, na, db, q, stream);
         }
+#else
+        (void)stream;
 #endif
         alignas(64) In t[16 * CHUNK];
         for (int64_t a0 = 0; a0 < na; a0 += CHUNK) {
@@ -570,17 +576,35 @@ struct Engine {
             if (STEP == 4) d[b * STEP + 3] = Out(0);
         }
     }
-    template <int STEP>
-    static void split3_fused(const In *s, Out *d, int64_t na, int64_t db, const Quant &q) {
-        const Quant qq = q;
-        int64_t a = 0;
+    template <int STEP, bool NT>
+    static int64_t split3_rows(const In *s, Out *d, int64_t a, int64_t na, int64_t db, const Quant &q) {
         for (; a + 16 <= na; a += 16) {
             typename V16<In>::V v[3];
             split16<STEP>(s + a * STEP, v);
-            for (int c = 0; c < 3; ++c) V16<Out>::store(d + c * db + a, C::vec(v[c], qq));
+            for (int c = 0; c < 3; ++c) {
+                if (NT) V16<Out>::stream(d + c * db + a, C::vec(v[c], q));
+                else V16<Out>::store(d + c * db + a, C::vec(v[c], q));
+            }
         }
-        for (; a < na; ++a)
-            for (int c = 0; c < 3; ++c) d[c * db + a] = C::one(s[a * STEP + c], qq);
+        return a;
+    }
+    template <int STEP>
+    static void split3_fused(const In *s, Out *d, int64_t na, int64_t db, const Quant &q, bool stream) {
+        // Streaming stores write aligned vectors: the first pixels go one by one up to an aligned address,
+        // when that aligns all three rows (otherwise ordinary stores).
+        constexpr uintptr_t VB = 16 * sizeof(Out);
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(d);
+        const bool nt = stream && addr % sizeof(Out) == 0 && (db * sizeof(Out)) % VB == 0;
+        const int64_t head = nt ? std::min<int64_t>(na, static_cast<int64_t>((VB - addr % VB) % VB / sizeof(Out))) : 0;
+        const Quant qq = q;
+        auto one_by_one = [&](int64_t a0, int64_t a1) {
+            for (int64_t a = a0; a < a1; ++a)
+                for (int c = 0; c < 3; ++c) d[c * db + a] = C::one(s[a * STEP + c], qq);
+        };
+        one_by_one(0, head);
+        const int64_t a = nt ? split3_rows<STEP, true>(s, d, head, na, db, qq) : split3_rows<STEP, false>(s, d, 0, na, db, qq);
+        if (nt) _mm_sfence();  // streaming stores are weakly ordered: make them visible before returning
+        one_by_one(a, na);
     }
 #endif
 
@@ -722,7 +746,7 @@ struct Engine {
                 const int64_t va = (valid >= 0 && p.pad_lane == A) ? valid : na;
                 const int64_t vb = (valid >= 0 && p.pad_lane == B) ? valid : nb;
                 if (na <= 16) interleave(s, d, p.dst_padded ? na : va, va, vb, p.ss[A], p.ds[B], p.q);
-                else if (vb <= 16) deinterleave(s, d, va, vb, p.ss[A], p.ds[B], p.q);
+                else if (vb <= 16) deinterleave(s, d, va, vb, p.ss[A], p.ds[B], p.q, p.stream);
                 else tiles(s, d, va, vb, p.ss[A], p.ds[B], p.q);
                 return;
             }

@@ -208,6 +208,57 @@ def test_channel_padding_and_removal(isa: str) -> None:
         assert same_bits(back, _to_float32(_from_float32(x, D.BF16, None), D.BF16, None))
 
 
+# ---------------------------------------------------------------- whole frames
+def _at(nbytes: int, offset: int) -> np.ndarray:
+    """``nbytes`` raw bytes starting ``offset`` bytes past a 64-byte boundary."""
+    buf = np.empty(nbytes + 128, np.uint8)
+    start = -buf.ctypes.data % 64 + offset
+    return buf[start:start + nbytes]
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+@pytest.mark.parametrize("h, w", [(720, 1280), (719, 1283)])
+def test_frames_past_the_streaming_threshold(isa: str, h: int, w: int) -> None:
+    """The runners' frame conversions (NCHW f32 <-> NHWC / HCWNC4) with destinations above the kernels'
+    streaming-store threshold (8 MiB), channel planes that are or are not a multiple of 64 bytes, and
+    destinations at any alignment: the same bits as numpy."""
+    rng = np.random.default_rng(h)
+    x = (rng.standard_normal((1, 3, h, w)) * 4).astype(np.float32)
+    hw = h * w
+    quant = QuantParameters(0.031, 9)
+    f32 = int(D.FLOAT32)
+    nchw = [3 * hw, hw, w, 1]  # strides of (n, c, h, w) in NCHW and in NHWC
+    nhwc = [3 * hw, 1, 3 * w, 3]
+    for dtype in (D.FP16, D.BF16, D.UINT8, D.INT8):
+        want = _from_float32(x, dtype, quant).transpose(0, 2, 3, 1)
+        back = _to_float32(want, dtype, quant).transpose(0, 3, 1, 2)
+        for offset in (0, 4, 2, 1):
+            out = _at(want.nbytes, offset)
+            _native.convert_strided(x, f32, out, int(dtype), [1, 3, h, w], nchw, nhwc, quant.scale,
+                                    float(quant.zero_point))
+            assert np.array_equal(out, _bytes(want)), (dtype, offset)
+            out = _at(x.nbytes, offset)
+            _native.convert_strided(np.ascontiguousarray(want), int(dtype), out, f32, [1, 3, h, w], nhwc, nchw,
+                                    quant.scale, float(quant.zero_point))
+            assert np.array_equal(out, _bytes(back)), (dtype, offset)
+    # HCWNC4 bf16: (n, group, lane, h, w) with lane 3 padding
+    split, sx, so = [1, 1, 4, h, w], [3 * hw, 4 * hw, hw, w, 1], [4, 4 * w, 1, 4 * w, 4]
+    padded = np.concatenate([x, np.zeros((1, 1, h, w), np.float32)], axis=1)
+    want = _from_float32(padded, D.BF16, None).reshape(1, 1, 4, h, w).transpose(3, 1, 4, 0, 2)
+    back = _to_float32(_from_float32(x, D.BF16, None), D.BF16, None)
+    for offset in (0, 4, 2, 1):
+        out = _at(want.nbytes, offset)
+        _native.convert_strided(x, f32, out, int(D.BF16), split, sx, so, pad=(1, 2, 3, 4, 1))
+        assert np.array_equal(out, _bytes(want)), offset
+        out = _at(x.nbytes, offset)
+        _native.convert_strided(np.ascontiguousarray(want), int(D.BF16), out, f32, split, so, sx,
+                                pad=(1, 2, 3, 4, 0))
+        assert np.array_equal(out, _bytes(back)), offset
+
+
 # ---------------------------------------------------------------- bad input is refused
 def test_refusals() -> None:
     x = np.zeros((4, 8), np.float32)
