@@ -565,16 +565,27 @@ struct Engine {
     template <int STEP>
     static void merge3_fused(const In *s, Out *d, int64_t nb, int64_t sa, const Quant &q) {
         const Quant qq = q;
-        int64_t b = 0;
+        auto one_by_one = [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) {
+                for (int c = 0; c < 3; ++c) d[b * STEP + c] = C::one(s[c * sa + b], qq);
+                if (STEP == 4) d[b * STEP + 3] = Out(0);
+            }
+        };
+        // Source vectors that straddle cache lines halve the speed (f32 -> HCWNC4 bf16: 0.9 -> 1.8 ms a
+        // frame): the first pixels go one by one up to an aligned source, when that aligns all three rows.
+        constexpr uintptr_t VB = 16 * sizeof(In);
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(s);
+        const int64_t head = addr % sizeof(In) == 0 && (sa * sizeof(In)) % VB == 0
+                                 ? std::min<int64_t>(nb, static_cast<int64_t>((VB - addr % VB) % VB / sizeof(In)))
+                                 : 0;
+        one_by_one(0, head);
+        int64_t b = head;
         for (; b + 16 <= nb; b += 16) {
             typename V16<Out>::V v[3];
             for (int c = 0; c < 3; ++c) v[c] = C::vec(V16<In>::load(s + c * sa + b), qq);
             merge16<STEP>(v, d + b * STEP);
         }
-        for (; b < nb; ++b) {
-            for (int c = 0; c < 3; ++c) d[b * STEP + c] = C::one(s[c * sa + b], qq);
-            if (STEP == 4) d[b * STEP + 3] = Out(0);
-        }
+        one_by_one(b, nb);
     }
     template <int STEP, bool NT>
     static int64_t split3_rows(const In *s, Out *d, int64_t a, int64_t na, int64_t db, const Quant &q) {
