@@ -286,6 +286,9 @@ def test_refusals() -> None:
         _native.convert_strided(x.view(np.int32), int(D.INT32), out, f32, **ok)
     with pytest.raises(ValueError, match="unknown data type"):
         _native.convert_strided(x, 99, out, f16, **ok)
+    with pytest.raises(ValueError, match=r"2\*\*63"):  # (2**62 - 1) * (2**62 + 1) must not wrap to a small size
+        _native.convert_strided(x.view(np.uint8), int(D.UINT32), out.view(np.uint8), int(D.UINT32), [1 << 62],
+                                [(1 << 62) + 1], [1 << 40])
     with pytest.raises(ValueError, match="negative"):
         _native.convert_strided(x, f32, out, f16, [4, 8], [8, -1], [8, 1])
     with pytest.raises(ValueError, match="stride 0"):
