@@ -384,13 +384,16 @@ static inline void deinterleave_of4(const T *__restrict s, T *__restrict t, int6
 template <int G>
 static inline void deinterleave_of4(const uint16_t *__restrict s, uint16_t *__restrict t, int64_t chunk, int64_t n) {
     const word64 *__restrict w = reinterpret_cast<const word64 *>(s);
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t i = 0;
+    for (; i + 1 < n; ++i) {  // the last group lane by lane: the buffer may end after its last real lane
         const uint64_t v = w[i];
         t[i] = static_cast<uint16_t>(v);
         if (G > 1) t[chunk + i] = static_cast<uint16_t>(v >> 16);
         if (G > 2) t[2 * chunk + i] = static_cast<uint16_t>(v >> 32);
         if (G > 3) t[3 * chunk + i] = static_cast<uint16_t>(v >> 48);
     }
+    for (; i < n; ++i)
+        for (int g = 0; g < G; ++g) t[g * chunk + i] = s[4 * i + g];
 }
 
 #if NPURT_AVX512
@@ -589,7 +592,10 @@ struct Engine {
     }
     template <int STEP, bool NT>
     static int64_t split3_rows(const In *s, Out *d, int64_t a, int64_t na, int64_t db, const Quant &q) {
-        for (; a + 16 <= na; a += 16) {
+        // Groups of 4 are read whole, padding lane included: the last group is left to the scalar tail, the
+        // source buffer may end after its last real lane.
+        const int64_t end = STEP == 4 ? na - 1 : na;
+        for (; a + 16 <= end; a += 16) {
             typename V16<In>::V v[3];
             split16<STEP>(s + a * STEP, v);
             for (int c = 0; c < 3; ++c) {

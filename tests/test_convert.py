@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import threading
 
 import numpy as np
@@ -257,6 +259,27 @@ def test_frames_past_the_streaming_threshold(isa: str, h: int, w: int) -> None:
         _native.convert_strided(np.ascontiguousarray(want), int(D.BF16), out, f32, split, so, sx,
                                 pad=(1, 2, 3, 4, 0))
         assert np.array_equal(out, _bytes(back)), offset
+
+
+@pytest.mark.parametrize("w", [300, 304])
+def test_padded_source_ending_at_an_unmapped_page(isa: str, w: int) -> None:
+    """A padded HCWNC4 source may end right after its last real lane (the size check counts real channels
+    only): the kernels must not read the padding lane past it. The buffer ends at a PROT_NONE page."""
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 3 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + 2 * page), page, 0) == 0  # PROT_NONE
+    # (1, 1, w, 4) bf16, lane 3 padding: 4 * (w - 1) + 3 real lanes
+    n = 4 * (w - 1) + 3
+    src = np.frombuffer(m, np.uint16, count=n, offset=2 * page - 2 * n)
+    src[...] = np.random.default_rng(11).integers(0, 1 << 16, n, dtype=np.uint16) & 0x3FFF  # finite bf16
+    out = np.empty((1, 3, 1, w), np.float32)
+    _native.convert_strided(src, int(D.BF16), out, int(D.FLOAT32), [1, 1, 4, 1, w], [4, 4 * w, 1, 4 * w, 4],
+                            [3 * w, 4 * w, w, w, 1], pad=(1, 2, 3, 4, 0))
+    lanes = np.concatenate([src, np.zeros(1, np.uint16)]).reshape(w, 4)[:, :3]
+    assert same_bits(out.reshape(3, w), _to_float32(lanes.T.copy(), D.BF16, None))
+    del src
+    m.close()
 
 
 # ---------------------------------------------------------------- bad input is refused
