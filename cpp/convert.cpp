@@ -20,7 +20,12 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
+// gcc 12 warns "__Y may be used uninitialized" inside its own AVX-512 intrinsics, once per use and clone
+// (the _mm512_undefined_* idiom, gcc bug 105593): silenced for the header's lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #define NPURT_X86 1
 #endif
 
