@@ -16,10 +16,16 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
+// gcc 12 warns "__Y may be used uninitialized" inside its own AVX-512 intrinsics, once per use and clone
+// (the _mm512_undefined_* idiom, gcc bug 105593): silenced for the header's lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #define NPURT_X86 1
 #endif
 
@@ -28,6 +34,12 @@ namespace py = pybind11;
 namespace {
 
 constexpr int MAX_AXES = 16;
+
+// Destinations of at least this many bytes are written with streaming (non-temporal) stores where a kernel
+// has them: a frame this large is evicted before anyone reads it, and streaming saves the read-for-ownership
+// of every destination line (glibc's memcpy streams above a similar threshold, 3/4 of a thread's L3 share).
+// A fixed size, not sysconf(_SC_LEVEL3_CACHE_SIZE): a VM may report the host's whole L3 there.
+constexpr int64_t STREAM_MIN_BYTES = int64_t(8) << 20;
 
 // Element kinds the converters know (anything else of equal type is a raw copy by element size).
 enum Kind { K_NONE = 0, K_F32, K_F16, K_BF16, K_U8, K_I8 };
@@ -59,6 +71,7 @@ struct Plan {
     Kind in_kind = K_NONE, out_kind = K_NONE;
     bool toward_zero = false;
     int raw_size = 0;  // same dtype on both sides: copy elements of this many bytes
+    bool stream = false;  // destination large enough for streaming (non-temporal) stores
 };
 
 // ---- the kernels, once per instruction set ---------------------------------------------------------
@@ -205,6 +218,15 @@ std::string list_str(const std::vector<int64_t> &v) {
     return s + "]";
 }
 
+// a * b + c, or a ValueError where int64 would overflow: hostile extents and strides must not wrap the
+// bounds checks around to a small size.
+int64_t mul_add(int64_t a, int64_t b, int64_t c) {
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r) || __builtin_add_overflow(r, c, &r))
+        throw py::value_error("convert: the shape and strides address more than 2**63 elements");
+    return r;
+}
+
 // Highest element offset touched, over the real elements only where padding is skipped.
 int64_t max_offset(const std::vector<Axis> &axes, const std::vector<int64_t> &strides, bool full, int64_t limit,
                    int64_t k) {
@@ -212,12 +234,16 @@ int64_t max_offset(const std::vector<Axis> &axes, const std::vector<int64_t> &st
     for (size_t i = 0; i < axes.size(); ++i) {
         if (!full && axes[i].tag == 1) { g_stride = strides[i]; continue; }
         if (!full && axes[i].tag == 2) { l_stride = strides[i]; continue; }
-        off += (axes[i].n - 1) * strides[i];
+        off = mul_add(axes[i].n - 1, strides[i], off);
     }
-    if (!full) {
-        int64_t best = 0;
-        for (int64_t c = 0; c < limit; ++c) best = std::max(best, (c / k) * g_stride + (c % k) * l_stride);
-        off += best;
+    if (!full && limit > 0) {
+        // Strides are not negative: the farthest real channel is the last one, or the last lane of the group
+        // before its group.
+        auto at = [&](int64_t c) { return mul_add(c / k, g_stride, mul_add(c % k, l_stride, 0)); };
+        int64_t best = at(limit - 1);
+        const int64_t prev = (limit - 1) / k * k - 1;
+        if (prev >= 0) best = std::max(best, at(prev));
+        off = mul_add(1, best, off);
     }
     return off;
 }
@@ -271,7 +297,9 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
         axes[t[1]].tag = 2;
         pad_limit = t[2];
         pad_k = t[3];
-        if (shape[t[1]] != pad_k || pad_limit > shape[t[0]] * pad_k)
+        int64_t lanes = 0;  // (an overflow: more lanes than any channel count)
+        const bool huge = __builtin_mul_overflow(shape[t[0]], pad_k, &lanes);
+        if (shape[t[1]] != pad_k || (!huge && pad_limit > lanes))
             throw py::value_error("convert: pad of " + std::to_string(pad_limit) + " channels in groups of " +
                                   std::to_string(pad_k) + " does not fit shape " + list_str(shape));
         dst_padded = t[4] != 0;
@@ -282,8 +310,9 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
     Block dst = take_block(dst_obj, dt, "destination", true);
     for (auto e : shape)
         if (e == 0) return;  // nothing to convert
-    const int64_t src_need = (max_offset(axes, src_strides, !padded, pad_limit, pad_k) + 1) * st.size;
-    const int64_t dst_need = (max_offset(axes, dst_strides, !padded || dst_padded, pad_limit, pad_k) + 1) * dt.size;
+    const int64_t src_need = mul_add(max_offset(axes, src_strides, !padded, pad_limit, pad_k), st.size, st.size);
+    const int64_t dst_need =
+        mul_add(max_offset(axes, dst_strides, !padded || dst_padded, pad_limit, pad_k), dt.size, dt.size);
     if (src.nbytes < src_need)
         throw py::value_error("convert: the source buffer holds " + std::to_string(src.nbytes) + " bytes, shape " +
                               list_str(shape) + " with strides " + list_str(src_strides) + " needs " +
@@ -294,6 +323,7 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
                               " needs " + std::to_string(dst_need));
     if (src.ptr < dst.ptr + dst_need && dst.ptr < src.ptr + src_need)
         throw py::value_error("convert: source and destination memory overlap");
+    p.stream = dst_need >= STREAM_MIN_BYTES;
 
     // ---- normalise: drop unit axes, order by destination stride, merge contiguous neighbours
     std::vector<Axis> kept;

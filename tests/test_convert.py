@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import threading
 
 import numpy as np
@@ -208,6 +210,78 @@ def test_channel_padding_and_removal(isa: str) -> None:
         assert same_bits(back, _to_float32(_from_float32(x, D.BF16, None), D.BF16, None))
 
 
+# ---------------------------------------------------------------- whole frames
+def _at(nbytes: int, offset: int) -> np.ndarray:
+    """``nbytes`` raw bytes starting ``offset`` bytes past a 64-byte boundary."""
+    buf = np.empty(nbytes + 128, np.uint8)
+    start = -buf.ctypes.data % 64 + offset
+    return buf[start:start + nbytes]
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+@pytest.mark.parametrize("h, w", [(720, 1280), (719, 1283)])
+def test_frames_past_the_streaming_threshold(isa: str, h: int, w: int) -> None:
+    """The runners' frame conversions (NCHW f32 <-> NHWC / HCWNC4) with destinations above the kernels'
+    streaming-store threshold (8 MiB), channel planes that are or are not a multiple of 64 bytes, and
+    destinations at any alignment: the same bits as numpy."""
+    rng = np.random.default_rng(h)
+    x = (rng.standard_normal((1, 3, h, w)) * 4).astype(np.float32)
+    hw = h * w
+    quant = QuantParameters(0.031, 9)
+    f32 = int(D.FLOAT32)
+    nchw = [3 * hw, hw, w, 1]  # strides of (n, c, h, w) in NCHW and in NHWC
+    nhwc = [3 * hw, 1, 3 * w, 3]
+    for dtype in (D.FP16, D.BF16, D.UINT8, D.INT8):
+        want = _from_float32(x, dtype, quant).transpose(0, 2, 3, 1)
+        back = _to_float32(want, dtype, quant).transpose(0, 3, 1, 2)
+        for offset in (0, 4, 2, 1):
+            out = _at(want.nbytes, offset)
+            _native.convert_strided(x, f32, out, int(dtype), [1, 3, h, w], nchw, nhwc, quant.scale,
+                                    float(quant.zero_point))
+            assert np.array_equal(out, _bytes(want)), (dtype, offset)
+            out = _at(x.nbytes, offset)
+            _native.convert_strided(np.ascontiguousarray(want), int(dtype), out, f32, [1, 3, h, w], nhwc, nchw,
+                                    quant.scale, float(quant.zero_point))
+            assert np.array_equal(out, _bytes(back)), (dtype, offset)
+    # HCWNC4 bf16: (n, group, lane, h, w) with lane 3 padding
+    split, sx, so = [1, 1, 4, h, w], [3 * hw, 4 * hw, hw, w, 1], [4, 4 * w, 1, 4 * w, 4]
+    padded = np.concatenate([x, np.zeros((1, 1, h, w), np.float32)], axis=1)
+    want = _from_float32(padded, D.BF16, None).reshape(1, 1, 4, h, w).transpose(3, 1, 4, 0, 2)
+    back = _to_float32(_from_float32(x, D.BF16, None), D.BF16, None)
+    for offset in (0, 4, 2, 1):
+        out = _at(want.nbytes, offset)
+        _native.convert_strided(x, f32, out, int(D.BF16), split, sx, so, pad=(1, 2, 3, 4, 1))
+        assert np.array_equal(out, _bytes(want)), offset
+        out = _at(x.nbytes, offset)
+        _native.convert_strided(np.ascontiguousarray(want), int(D.BF16), out, f32, split, so, sx,
+                                pad=(1, 2, 3, 4, 0))
+        assert np.array_equal(out, _bytes(back)), offset
+
+
+@pytest.mark.parametrize("w", [300, 304])
+def test_padded_source_ending_at_an_unmapped_page(isa: str, w: int) -> None:
+    """A padded HCWNC4 source may end right after its last real lane (the size check counts real channels
+    only): the kernels must not read the padding lane past it. The buffer ends at a PROT_NONE page."""
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 3 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + 2 * page), page, 0) == 0  # PROT_NONE
+    # (1, 1, w, 4) bf16, lane 3 padding: 4 * (w - 1) + 3 real lanes
+    n = 4 * (w - 1) + 3
+    src = np.frombuffer(m, np.uint16, count=n, offset=2 * page - 2 * n)
+    src[...] = np.random.default_rng(11).integers(0, 1 << 16, n, dtype=np.uint16) & 0x3FFF  # finite bf16
+    out = np.empty((1, 3, 1, w), np.float32)
+    _native.convert_strided(src, int(D.BF16), out, int(D.FLOAT32), [1, 1, 4, 1, w], [4, 4 * w, 1, 4 * w, 4],
+                            [3 * w, 4 * w, w, w, 1], pad=(1, 2, 3, 4, 0))
+    lanes = np.concatenate([src, np.zeros(1, np.uint16)]).reshape(w, 4)[:, :3]
+    assert same_bits(out.reshape(3, w), _to_float32(lanes.T.copy(), D.BF16, None))
+    del src
+    m.close()
+
+
 # ---------------------------------------------------------------- bad input is refused
 def test_refusals() -> None:
     x = np.zeros((4, 8), np.float32)
@@ -235,6 +309,9 @@ def test_refusals() -> None:
         _native.convert_strided(x.view(np.int32), int(D.INT32), out, f32, **ok)
     with pytest.raises(ValueError, match="unknown data type"):
         _native.convert_strided(x, 99, out, f16, **ok)
+    with pytest.raises(ValueError, match=r"2\*\*63"):  # (2**62 - 1) * (2**62 + 1) must not wrap to a small size
+        _native.convert_strided(x.view(np.uint8), int(D.UINT32), out.view(np.uint8), int(D.UINT32), [1 << 62],
+                                [(1 << 62) + 1], [1 << 40])
     with pytest.raises(ValueError, match="negative"):
         _native.convert_strided(x, f32, out, f16, [4, 8], [8, -1], [8, 1])
     with pytest.raises(ValueError, match="stride 0"):
