@@ -260,6 +260,24 @@ def test_execute_async_without_callback_runs_on_the_engines_requests():
     assert stats["jobs_submitted"] == stats["jobs_completed"] == 8 and stats["jobs_failed"] == 0
 
 
+def test_execute_while_async_jobs_hold_every_request_does_not_hang():
+    """Jobs started on the engine keep their infer request until the runner sees them end: an execute()
+    that finds every request held by such (ended, unwaited) jobs must get one back, not wait forever."""
+    with make("ocr_cls", max_concurrent_runs=2, input_tensor_type="CPU", output_tensor_type="CPU") as runner:
+        sets = [tensors(runner, TensorType.CPU, frame(SHAPES["ocr_cls"], seed=40 + k)) for k in range(3)]
+        jobs = [runner.execute_async([ins], [outs]) for ins, outs in sets[:2]]
+        assert [j.status for j in jobs] == [StatusCode.SUCCESS] * 2, runner.last_error
+        statuses = []
+        worker = threading.Thread(target=lambda: statuses.append(runner.execute([sets[2][0]], [sets[2][1]])),
+                                  daemon=True)
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "execute() waited forever for an infer request"
+        assert statuses == [StatusCode.SUCCESS], runner.last_error
+        assert [runner.wait(j, 10000) for j in jobs] == [StatusCode.SUCCESS] * 2
+        assert len(runner.infer_requests()) <= 2
+
+
 def test_eight_threads_share_one_runner(cls_hw):
     xs = [frame(SHAPES["ocr_cls"], seed=20 + k) for k in range(8)]
     expected = []

@@ -16,7 +16,7 @@ import glob
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from queue import Empty, SimpleQueue
 from typing import Any
 
@@ -192,9 +192,10 @@ class OpenVINOEngine:
         self.slots.append(slot)
         return slot
 
-    def acquire(self, limit: int, block: bool = True) -> _Slot | None:
+    def acquire(self, limit: int, block: bool = True, reap: Callable[[], None] | None = None) -> _Slot | None:
         """A free request; a new one while fewer than ``limit`` exist; else wait for one to come back (or
-        None, if not ``block``)."""
+        None, if not ``block``). While waiting, ``reap`` is called every few milliseconds: a request held
+        by an async job that has ended comes back only when the runner looks at that job."""
         try:
             return self._free.get_nowait()
         except Empty:
@@ -204,7 +205,11 @@ class OpenVINOEngine:
                 return self._new_slot()
         if not block:
             return None
-        return self._free.get()
+        while True:
+            try:
+                return self._free.get(timeout=None if reap is None else 0.002)
+            except Empty:
+                reap()  # type: ignore[misc]
 
     def release(self, slot: _Slot) -> None:
         self._free.put(slot)
@@ -357,7 +362,7 @@ class OpenVINORunner(Runner):
 
     def _run(self, compiled: Compiled, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> None:
         engine: OpenVINOEngine = compiled.engine
-        slot = engine.acquire(self._max_concurrent)
+        slot = engine.acquire(self._max_concurrent, reap=self._reap)
         try:
             slot.bind_all(inputs, outputs, engine.element_types)
             if _infer_base is not None:
