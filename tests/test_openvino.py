@@ -253,6 +253,12 @@ def test_execute_async_without_callback_runs_on_the_engines_requests():
         np.testing.assert_array_equal(outs[0].numpy(), want)
     assert pool_workers() == workers_before  # no runner thread ran them
     assert len(runner.infer_requests()) <= 2 and runner.stats["copies"] == 0
+    # execute() after execute_async also runs on OpenVINO's executor (mixing infer() and start_async() grows
+    # OpenVINO's memory under load): same results
+    ins, outs = sets[0]
+    outs[0].numpy()[...] = 0
+    execute(runner, ins, outs)
+    np.testing.assert_array_equal(outs[0].numpy(), expected[0])
     in_flight = [runner.execute_async([ins], [outs]) for ins, outs in sets[:2]]
     runner.close()
     assert [runner.wait(j, 0) for j in in_flight] == [StatusCode.SUCCESS] * 2

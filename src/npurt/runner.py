@@ -15,7 +15,9 @@ Two optional hooks let ``execute_async`` use the engine's own asynchronous reque
 runner's worker threads (for jobs without a callback whose tensors need no conversion):
 
 - ``_start(compiled, inputs, outputs)``: start one inference without blocking and return a handle, or
-  None when the engine cannot start one right now (the job then goes to the workers).
+  None when the engine cannot start one right now (the job then goes to the workers). It is called under
+  the runner's lock (so that job ids, starts and close() stay in order): it must not call back into the
+  runner.
 - ``_await(handle, timeout_s)``: wait up to ``timeout_s`` (None: no limit) for a started inference; True
   once it has ended (raise the engine's error if it failed), False while it runs.
 
