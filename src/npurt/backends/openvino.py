@@ -8,6 +8,8 @@
 - Each compiled model keeps a pool of ``InferRequest`` s. A tensor reaches the engine as an ``ov.Tensor``
   over its own memory, built and ``set_tensor``-ed once per (request, port, tensor) and reused, so a tensor
   in its port's view is never copied on the host.
+- ``execute_async`` jobs without a callback start on those requests with ``start_async`` (the runner's
+  ``_start`` / ``_await`` hooks), so no runner thread stands between the caller and OpenVINO's executor.
 """
 
 from __future__ import annotations
