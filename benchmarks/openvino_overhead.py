@@ -4,7 +4,7 @@ For the PP-OCR classifier (1x3x48x192), recogniser (1x3x48x320) and detector (1x
 
 - latency, CPU-configured ports: ``runner.execute`` on runner-allocated (XRT_BO) tensors in the CPU view,
   against ``InferRequest.infer({0: x}, share_inputs=True, share_outputs=True)`` on the runner's own compiled
-  model (same model, same compiled settings), with the two calls interleaved so that load from other
+  model (same model, same compiled settings), the calls taking turns in short blocks so that load from other
   processes hits both alike;
 - latency, HW-configured ports (NHWC FP16, converted inside the compiled model): the same, the raw call
   feeding NHWC FP16 arrays to the same HW compiled model;
@@ -19,16 +19,16 @@ Targets (issue 4): latency ratio <= 1.03 (and <= 20 us added on the classifier),
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from measure import alternating, interleaved, keep_in_flight, p50_us, paired_p50_us  # noqa: E402
 
 from models import fetch  # noqa: E402
 from npurt import RunnerFactory, StatusCode, TensorDirection, TensorType  # noqa: E402
@@ -54,7 +54,7 @@ def tensors(runner, view: TensorType, rng: np.random.Generator):
 
 def latency(runner, view: TensorType, iterations: int, rng: np.random.Generator
             ) -> tuple[float, float, float, float]:
-    """p50s (microseconds) of runner.execute and of the raw infer, interleaved; the p50 of their paired
+    """p50s (microseconds) of runner.execute and of the raw infer, taking turns; the p50 of their paired
     differences; and the p50 of runner.execute minus the engine floor (an infer request with the same tensors
     bound once, started with no Python data dispatch): what the runner itself adds per call."""
     ins, outs = tensors(runner, view, rng)
@@ -77,22 +77,8 @@ def latency(runner, view: TensorType, iterations: int, rng: np.random.Generator
     def run_floor() -> None:
         infer_base(floor_request, {}, True, True)
 
-    calls = (run_npurt, run_raw, run_floor)
-    for _ in range(max(10, iterations // 20)):
-        for f in calls:
-            f()
-    times: list[list[float]] = [[], [], []]
-    clock = time.perf_counter
-    for k in range(iterations):
-        for i in range(3):  # rotate the order, so no call always runs right after another
-            j = (i + k) % 3
-            t0 = clock()
-            calls[j]()
-            times[j].append(clock() - t0)
-    a, b, c = times
-    return (statistics.median(a) * 1e6, statistics.median(b) * 1e6,
-            statistics.median(x - y for x, y in zip(a, b)) * 1e6,
-            statistics.median(x - y for x, y in zip(a, c)) * 1e6)
+    a, b, c = interleaved([run_npurt, run_raw, run_floor], iterations)
+    return p50_us(a), p50_us(b), paired_p50_us(a, b), paired_p50_us(a, c)
 
 
 def throughput(runner, jobs: int, blocks: int, rng: np.random.Generator) -> tuple[float, float, float, int]:
@@ -107,23 +93,7 @@ def throughput(runner, jobs: int, blocks: int, rng: np.random.Generator) -> tupl
     x = {i: np.array(t.numpy()) for i, t in enumerate(sets[0][0])}
 
     def run_npurt(n: int) -> float:
-        t0 = time.perf_counter()
-        free = deque(sets)
-        running: deque = deque()
-        for _ in range(n):
-            if not free:
-                job, used = running.popleft()
-                if runner.wait(job) is not StatusCode.SUCCESS:
-                    raise RuntimeError(f"job: {runner.last_error}")
-                free.append(used)
-            ins, outs = free.popleft()
-            job = runner.execute_async([ins], [outs])
-            if job.status is not StatusCode.SUCCESS:
-                raise RuntimeError(f"execute_async: {job.status.name}: {runner.last_error}")
-            running.append((job, (ins, outs)))
-        for job, _ in running:
-            runner.wait(job)
-        return n / (time.perf_counter() - t0)
+        return keep_in_flight(runner, sets, n)
 
     def run_raw(n: int) -> float:
         t0 = time.perf_counter()
@@ -132,17 +102,8 @@ def throughput(runner, jobs: int, blocks: int, rng: np.random.Generator) -> tupl
         queue.wait_all()
         return n / (time.perf_counter() - t0)
 
-    run_npurt(max(4, jobs // 10))
-    run_raw(max(4, jobs // 10))
-    a, b = [], []
-    for k in range(blocks):
-        if k % 2 == 0:
-            a.append(run_npurt(jobs))
-            b.append(run_raw(jobs))
-        else:
-            b.append(run_raw(jobs))
-            a.append(run_npurt(jobs))
-    return statistics.median(a), statistics.median(b), statistics.median(x / y for x, y in zip(a, b)), depth
+    a, b, ratio = alternating(run_npurt, run_raw, jobs, blocks)
+    return a, b, ratio, depth
 
 
 def main() -> int:

@@ -21,11 +21,9 @@ where the time goes), throughput ratio >= 0.97.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -34,6 +32,8 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from measure import alternating, interleaved, keep_in_flight, p50_us  # noqa: E402
 
 from models import fetch  # noqa: E402
 from npurt import DataType, NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType, convert  # noqa: E402
@@ -55,30 +55,6 @@ def tensors(runner, view: TensorType, x: np.ndarray):
     cpu_info = runner.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)[0]
     convert(NpuTensor(cpu_info, x), ins[0])  # the same data in the view the port takes
     return ins, outs
-
-
-def interleaved(fns: list[Callable[[], None]], iterations: int, blocks: int = 10) -> list[float]:
-    """p50 (us) of each function, run in short blocks that take turns (in rotating order), so that outside
-    load hits all alike. Not call by call: after a run, ONNX Runtime's intra-op threads spin-wait for more
-    work, and the first call of another session right after competes with them for the cores (on this
-    2-core machine that made the detector look 35% faster through npurt than through InferenceSession.run,
-    while either alone runs in the same time). The first call of each block is not timed."""
-    for _ in range(max(5, iterations // 20)):
-        for f in fns:
-            f()
-    samples: list[list[float]] = [[] for _ in fns]
-    clock = time.perf_counter
-    n = len(fns)
-    per_block = max(1, -(-iterations // blocks))
-    for k in range(blocks):
-        for m in range(n):
-            i = (k + m) % n
-            fns[i]()
-            for _ in range(per_block):
-                t0 = clock()
-                fns[i]()
-                samples[i].append(clock() - t0)
-    return [statistics.median(s) * 1e6 for s in samples]
 
 
 def latency(runner, view: TensorType, raw: ort.InferenceSession, x: np.ndarray, iterations: int
@@ -105,7 +81,7 @@ def latency(runner, view: TensorType, raw: ort.InferenceSession, x: np.ndarray, 
     def run_graph() -> None:
         session.run_with_iobinding(binding)
 
-    return tuple(interleaved([run_npurt, run_raw, run_graph], iterations))  # type: ignore[return-value]
+    return tuple(p50_us(t) for t in interleaved([run_npurt, run_raw, run_graph], iterations))  # type: ignore
 
 
 def _etype(t) -> int:
@@ -119,9 +95,7 @@ def throughput(runner, raw: ort.InferenceSession, x: np.ndarray, jobs: int, bloc
                ) -> tuple[float, float, float, int]:
     """Inferences per second: execute_async vs a thread pool calling run, same concurrency, alternating blocks.
 
-    Returns the medians of both, and the median of the per-pair ratios (robust to load that drifts between
-    pairs of blocks, which the ratio of the two medians is not: on this shared 2-core VM a block can run 30%
-    slower than its neighbours).
+    Returns the medians of both, and the median of the per-pair ratios (measure.alternating).
     """
     depth = runner.max_concurrent_runs
     sets = [tensors(runner, TensorType.CPU, x) for _ in range(depth)]
@@ -129,23 +103,7 @@ def throughput(runner, raw: ort.InferenceSession, x: np.ndarray, jobs: int, bloc
     feeds = {"x": x}
 
     def run_npurt(n: int) -> float:
-        t0 = time.perf_counter()
-        free = deque(sets)
-        running: deque = deque()
-        for _ in range(n):
-            if not free:
-                job, used = running.popleft()
-                if runner.wait(job) is not StatusCode.SUCCESS:
-                    raise RuntimeError(f"job: {runner.last_error}")
-                free.append(used)
-            ins, outs = free.popleft()
-            job = runner.execute_async([ins], [outs])
-            if job.status is not StatusCode.SUCCESS:
-                raise RuntimeError(f"execute_async: {job.status.name}: {runner.last_error}")
-            running.append((job, (ins, outs)))
-        for job, _ in running:
-            runner.wait(job)
-        return n / (time.perf_counter() - t0)
+        return keep_in_flight(runner, sets, n)
 
     def run_raw(n: int) -> float:
         t0 = time.perf_counter()
@@ -159,18 +117,9 @@ def throughput(runner, raw: ort.InferenceSession, x: np.ndarray, jobs: int, bloc
             f.result()
         return n / (time.perf_counter() - t0)
 
-    run_npurt(max(4, jobs // 10))
-    run_raw(max(4, jobs // 10))
-    a, b = [], []
-    for k in range(blocks):
-        if k % 2 == 0:
-            a.append(run_npurt(jobs))
-            b.append(run_raw(jobs))
-        else:
-            b.append(run_raw(jobs))
-            a.append(run_npurt(jobs))
+    a, b, ratio = alternating(run_npurt, run_raw, jobs, blocks)
     pool.shutdown()
-    return statistics.median(a), statistics.median(b), statistics.median(p / q for p, q in zip(a, b)), depth
+    return a, b, ratio, depth
 
 
 def main() -> int:
