@@ -32,6 +32,7 @@ class AxpyRunner(Runner):
         self.target = self.model.get("target", "")
         self.active = 0
         self.peak_active = 0
+        self.started = 0  # requests started on the "engine" (engine_async)
         self._active_lock = threading.Lock()
         super().__init__(model_path, options)
 
@@ -81,7 +82,7 @@ class AxpyRunner(Runner):
 
         request["thread"] = threading.Thread(target=run, name="axpy-request")
         request["thread"].start()
-        self.started = getattr(self, "started", 0) + 1
+        self.started += 1
         return request
 
     def _await(self, handle: Any, timeout_s: float | None) -> bool:

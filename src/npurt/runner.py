@@ -210,7 +210,7 @@ class _Job:
         """Block (GIL released) until a worker has finished the job, at most ``timeout_s``; whether it has."""
         if self.pending.acquire(True, timeout_s):
             self.pending.release()  # leave it free: any later wait returns at once
-        return self.status is not StatusCode.JOB_PENDING
+        return self.finished
 
 
 def _job_id_of(job: JobHandle | int) -> int | None:
