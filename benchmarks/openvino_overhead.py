@@ -58,7 +58,7 @@ def latency(runner, view: TensorType, iterations: int, rng: np.random.Generator
     differences; and the p50 of runner.execute minus the engine floor (an infer request with the same tensors
     bound once, started with no Python data dispatch): what the runner itself adds per call."""
     ins, outs = tensors(runner, view, rng)
-    compiled = runner.compiled_model
+    compiled = runner.engine_for().compiled_model
     request = compiled.create_infer_request()
     raw_inputs = {i: np.array(t.numpy()) for i, t in enumerate(ins)}  # same data, plain numpy arrays
     floor_request = compiled.create_infer_request()
@@ -89,7 +89,7 @@ def throughput(runner, jobs: int, blocks: int, rng: np.random.Generator) -> tupl
     """
     depth = runner.max_concurrent_runs
     sets = [tensors(runner, TensorType.CPU, rng) for _ in range(depth)]
-    queue = ov.AsyncInferQueue(runner.compiled_model, depth)
+    queue = ov.AsyncInferQueue(runner.engine_for().compiled_model, depth)
     x = {i: np.array(t.numpy()) for i, t in enumerate(sets[0][0])}
 
     def run_npurt(n: int) -> float:

@@ -63,7 +63,7 @@ def latency(runner, view: TensorType, raw: ort.InferenceSession, x: np.ndarray, 
     session driven by a bare IOBinding (microseconds)."""
     ins, outs = tensors(runner, view, x)
     feeds = {"x": x}
-    session = runner.session_for()
+    session = runner.engine_for().session
     binding = session.io_binding()
     for t in ins:
         binding.bind_input(t.info.name, "cpu", 0, _etype(t), list(t.info.shape), t.get_virtual_address())

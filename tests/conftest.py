@@ -7,13 +7,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from axpy_backend import AxpyRunner, write_model  # noqa: E402
+from axpy_backend import AxpyBackend, write_model  # noqa: E402
 from npurt import RunnerFactory  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _axpy_registered():
-    RunnerFactory.register_backend("AXPY", AxpyRunner)
+    RunnerFactory.register_backend("AXPY", AxpyBackend)
     yield
     RunnerFactory.unregister_backend("AXPY")
 

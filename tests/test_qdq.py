@@ -234,7 +234,7 @@ def test_backend_quantized_boundaries(backend: str, tmp_path) -> None:
     from npurt import RunnerFactory, StatusCode
 
     path = _small_qdq_model(tmp_path / "qdq.onnx")
-    with RunnerFactory.create_runner(backend, path, {"device": "CPU"}) as r:
+    with RunnerFactory.create_runner(backend, path, {"device": "CPU", "hw_view": "npu"}) as r:
         q_in, q_out = r.get_quant_parameters("x"), r.get_quant_parameters("y")
         assert (q_in.scale, q_in.zero_point) == (np.float32(0.02), 128)
         assert (q_out.scale, q_out.zero_point) == (np.float32(0.01), 0)
@@ -263,7 +263,7 @@ def test_vaiml_backend_on_the_quantized_classifier() -> None:
     model = onnx.load(path)
     found = find_boundaries(model)
     out_name = model.graph.output[0].name
-    with RunnerFactory.create_runner("VAIML", path, {"device": "CPU"}) as r:
+    with RunnerFactory.create_runner("VAIML", path, {"device": "CPU", "hw_view": "npu"}) as r:
         assert r.get_quant_parameters("x") == found["x"].quant
         x_hw, y_hw = r.get_tensor_info_by_name("x"), r.get_tensor_info_by_name(out_name)
         assert (x_hw.data_type, x_hw.shape) == (DataType.UINT8, SHAPE)

@@ -58,7 +58,9 @@ def test_unknown_runner_type_lists_the_valid_ones(axpy_model):
     ({"callback_order": "random"}, "submission, completion"),
     ({"input_tensor_type": "GPU"}, "HW, CPU"),
     ({"input_tensor_type.nope": "CPU"}, "no input 'nope'"),
-    ({"shapes": {"x": [1, -3]}}, "positive integers"),
+    ({"shapes": {"x": [1, -3]}}, "integers >= 0"),
+    ({"hw_view": "gpu"}, "device, npu"),
+    ({"max_compiled_shapes": 0}, "positive integer"),
     ({"hw_format": {"x": {"memory_layout": "ZZZ"}}}, "not a MemoryLayout"),
 ])
 def test_bad_options_raise_value_error(axpy_model, options, match):
@@ -86,11 +88,17 @@ def test_queries(runner):
     assert runner.device_info.attached == "CPU"
 
 
-def test_hw_view_follows_the_target_not_the_device(axpy_model):
-    with RunnerFactory.create_runner("AXPY", axpy_model(target="VAIML")) as r:
-        hw = r.get_tensor_info_by_name("x")
-        assert hw.shape == (4, 1, 4, 1, 4) and hw.data_type is DataType.BF16
-        assert hw.memory_layout is MemoryLayout.HCWNC4
+def test_hw_view_is_the_attached_devices_unless_npu_views_are_asked_for(axpy_model):
+    with RunnerFactory.create_runner("AXPY", axpy_model(target="VAIML")) as r:  # on CPU: the model's own view
+        assert r.get_tensor_info_by_name("x") == r.get_tensor_info_by_name("x", TensorType.CPU).replace(
+            tensor_type=TensorType.HW)
+        assert r.device_info.hw_view == "device"
+    for options, model in (({"hw_view": "npu"}, {}), ({}, {"device": "NPU"})):
+        with RunnerFactory.create_runner("AXPY", axpy_model(target="VAIML", **model), options) as r:
+            hw = r.get_tensor_info_by_name("x")
+            assert hw.shape == (4, 1, 4, 1, 4) and hw.data_type is DataType.BF16
+            assert hw.memory_layout is MemoryLayout.HCWNC4
+            assert r.device_info.hw_view == "npu" and r.device_info.shape_mode == "static"
 
 
 # -- execute -----------------------------------------------------------------------------------------------
@@ -103,7 +111,7 @@ def test_execute_success_cpu_ports(runner):
 
 
 def test_hw_ports_zero_copy_and_cpu_tensors_converted_once_each(axpy_model):
-    with RunnerFactory.create_runner("AXPY", axpy_model(target="OPENVINO")) as r:
+    with RunnerFactory.create_runner("AXPY", axpy_model(target="OPENVINO"), {"hw_view": "npu"}) as r:
         x_hw, y_hw = r.get_tensor_info_by_name("x"), r.get_tensor_info_by_name("y")
         assert x_hw.memory_layout is MemoryLayout.NHWC and x_hw.data_type is DataType.FP16
         x, y = r.allocate_npu_tensor(x_hw), r.allocate_npu_tensor(y_hw)
@@ -148,7 +156,7 @@ def bad_input_cases(runner):
         ([[good_x, good_x]], [[good_y]], StatusCode.INVALID_INPUT, "2 input tensors given"),
         ([[]], [[good_y]], StatusCode.INVALID_INPUT, "0 input tensors"),
         ([[wrong_name]], [[good_y]], StatusCode.INVALID_INPUT, "unknown names ['q']"),
-        ([[wrong_shape]], [[good_y]], StatusCode.INVALID_INPUT, "differ from the model's static shapes"),
+        ([[wrong_shape]], [[good_y]], StatusCode.INVALID_INPUT, "does not fit input 'x' of shape [1, 3, 4, 4]"),
         ([[wrong_dtype]], [[good_y]], StatusCode.INVALID_INPUT, "data_type is INT32, expected FLOAT32"),
         ([["not a tensor"]], [[good_y]], StatusCode.INVALID_INPUT, "is not an NpuTensor"),
         ([], [], StatusCode.INVALID_INPUT, "0 batch slots"),
@@ -276,22 +284,62 @@ def test_raising_callback_is_logged_and_worker_lives(runner, caplog):
 
 
 # -- shapes ------------------------------------------------------------------------------------------------------
-def test_dynamic_dims_need_shapes(axpy_model):
+def test_dynamic_dims_run_any_size_on_a_dynamic_device(axpy_model):
     path = axpy_model(shape=[None, 3, None, 4])
-    with pytest.raises(ValueError, match=r"input 'x' has dynamic dim 2 .*shapes=\{'x'"):
-        RunnerFactory.create_runner("AXPY", path)
+    with RunnerFactory.create_runner("AXPY", path) as r:
+        assert r.device_info.shape_mode == "dynamic"
+        x_info = r.get_tensor_info_by_name("x", TensorType.CPU)
+        assert x_info.shape == (-1, 3, -1, 4) and not x_info.is_static and x_info.size_in_bytes == -1
+        with pytest.raises(ValueError, match=r"dynamic dims \(0, 2\).*replace\(shape="):
+            r.allocate_npu_tensor(x_info)
+        for n, h in ((1, 2), (3, 5), (2, 7)):
+            out = r.run({"x": np.full((n, 3, h, 4), 1.0, np.float32)})["y"]
+            assert out.shape == (n, 3, h, 4) and np.all(out == 3.0)
+        # execute(): the output tensor is large enough; result_info says what the run wrote
+        x = NpuTensor(x_info.replace(shape=(2, 3, 3, 4)), np.full((2, 3, 3, 4), 2.0, np.float32))
+        big = r.get_tensor_info_by_name("y", TensorType.CPU).replace(shape=(2, 3, 9, 4))
+        y = r.allocate_npu_tensor(big)
+        assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS
+        assert y.result_info.shape == (2, 3, 3, 4) and np.all(y.result() == 5.0) and y.info.shape == (2, 3, 9, 4)
+        small = NpuTensor(big.replace(shape=(1, 3, 1, 4)), np.zeros((1, 3, 1, 4), np.float32))
+        assert r.execute([[x]], [[small]]) is StatusCode.INVALID_OUTPUT
+        assert "[2, 3, 3, 4]" in r.last_error
+        assert r.stats["compiles"] == 1  # one engine for every shape
+        with pytest.raises(ValueError, match="does not fit"):
+            r.run({"x": np.ones((1, 5, 6, 4), np.float32)})
+
+
+def test_static_devices_compile_each_shape_once_in_a_bounded_lru(axpy_model):
+    path = axpy_model(shape=[None, 3, None, 4], dynamic=False)
     with pytest.raises(ValueError, match="does not fit input 'x'"):
         RunnerFactory.create_runner("AXPY", path, {"shapes": {"x": [1, 4, 8, 4]}})
-    with RunnerFactory.create_runner("AXPY", path, {"shapes": {"x": [1, 3, 8, 4]}, "input_tensor_type": "CPU",
-                                                     "output_tensor_type": "CPU"}) as r:
+    with RunnerFactory.create_runner("AXPY", path, {"max_compiled_shapes": 2}) as r:
+        assert r.device_info.shape_mode == "static" and r.stats["compiles"] == 0  # nothing pins a shape yet
+        assert r.get_tensor_info_by_name("x", TensorType.CPU).shape == (-1, 3, -1, 4)
+        for h in (1, 2, 1, 3, 1, 2):
+            assert r.run({"x": np.ones((1, 3, h, 4), np.float32)})["y"].shape == (1, 3, h, 4)
+        assert r.stats["compiles"] == 4  # 1, 2, 3 (drops 2: least recently used), 2 again
+    with RunnerFactory.create_runner("AXPY", path, {"shapes": [{"x": [1, 3, 8, 4]}, {"x": [2, 3, 8, 4]}],
+                                                     "input_tensor_type": "CPU", "output_tensor_type": "CPU"}) as r:
         assert r.get_tensor_info_by_name("y", TensorType.CPU).shape == (1, 3, 8, 4)
-        assert r.stats["compiles"] == 1
+        assert r.stats["compiles"] == 2  # both given signatures, ahead
+        r.run({"x": np.ones((2, 3, 8, 4), np.float32)})
+        assert r.stats["compiles"] == 2
         feeds = {"x": np.ones((1, 3, 6, 4), np.float32)}
         for _ in range(3):  # a new shape compiles once, then is reused
             assert r.run(feeds)["y"].shape == (1, 3, 6, 4)
-        assert r.stats["compiles"] == 2
+        assert r.stats["compiles"] == 3
         with pytest.raises(ValueError, match="does not fit"):
             r.run({"x": np.ones((1, 5, 6, 4), np.float32)})
+
+
+def test_pinned_shapes_on_a_dynamic_device_share_one_dynamic_engine_for_the_rest(axpy_model):
+    path = axpy_model(shape=[None, 3, None, 4])
+    with RunnerFactory.create_runner("AXPY", path, {"shapes": {"x": [1, 3, 8, 4]}}) as r:
+        assert r.stats["compiles"] == 1 and r.get_tensor_info_by_name("x").shape == (1, 3, 8, 4)
+        for h in (2, 3, 4):
+            r.run({"x": np.ones((1, 3, h, 4), np.float32)})
+        assert r.stats["compiles"] == 2  # the pinned shape's engine, and one dynamic engine for the others
 
 
 def test_run_convenience(runner):
@@ -313,6 +361,9 @@ def test_close_ends_pending_jobs_and_refuses_new_work(axpy_model):
     ins, outs = cpu_io(r)
     jobs = [r.execute_async(ins, outs) for _ in range(3)]
     assert all(j.status is StatusCode.SUCCESS for j in jobs)
+    deadline = time.monotonic() + 10
+    while r.backend.active == 0 and time.monotonic() < deadline:  # the first job is on the (one) worker
+        time.sleep(0.005)
     r.close()
     statuses = [r.wait(j, 1000) for j in jobs]
     assert statuses[0] is StatusCode.SUCCESS  # it was running
@@ -336,7 +387,7 @@ def test_engine_requests_run_jobs_without_callbacks(axpy_model):
     ins2, outs2 = cpu_io(r, 2.0)
     jobs = [r.execute_async(ins, outs), r.execute_async(ins2, outs2)]
     assert [j.status for j in jobs] == [StatusCode.SUCCESS] * 2
-    assert r.started == 2 and pool_workers() == workers_before
+    assert r.backend.started == 2 and pool_workers() == workers_before
     assert r.execute_async(ins, outs).status is StatusCode.RESOURCE_UNAVAILABLE  # both still running
     # Nobody waits, yet both jobs are seen to end (stats asks the engine) and their runs are free again.
     deadline = time.monotonic() + 10
@@ -344,18 +395,19 @@ def test_engine_requests_run_jobs_without_callbacks(axpy_model):
         time.sleep(0.01)
     assert r.stats["jobs_completed"] == 2
     third = r.execute_async(ins, outs)
-    assert third.status is StatusCode.SUCCESS and r.started == 3
+    assert third.status is StatusCode.SUCCESS and r.backend.started == 3
     assert [r.wait(j, 5000) for j in (*jobs, third)] == [StatusCode.SUCCESS] * 3
     assert np.all(outs[0][0].numpy() == 3.0) and np.all(outs2[0][0].numpy() == 5.0)
     assert r.wait(third, 0) is StatusCode.INVALID_JOB_ID  # collected
 
-    # A callback, or a tensor the runner must convert, sends the job to the workers.
+    # A job with a callback starts on the engine too; its callback runs on a runner thread.
     seen = []
     job = r.execute_async(ins, outs, seen.append)
-    assert r.wait(job, 5000) is StatusCode.SUCCESS and r.started == 3
-    x_hw = r.allocate_npu_tensor(r.get_tensor_info_by_name("x", TensorType.HW))
-    y_hw = r.allocate_npu_tensor(r.get_tensor_info_by_name("y", TensorType.HW))
-    assert r.wait(r.execute_async([[x_hw]], [[y_hw]]), 5000) is StatusCode.SUCCESS and r.started == 3
+    assert r.wait(job, 5000) is StatusCode.SUCCESS and r.backend.started == 4
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [JobHandle(StatusCode.SUCCESS, job.job_id)]
 
     # Two threads waiting on one engine job: both see its status.
     job = r.execute_async(ins, outs)
@@ -371,7 +423,7 @@ def test_engine_requests_run_jobs_without_callbacks(axpy_model):
     jobs = [r.execute_async(ins, outs), r.execute_async(ins2, outs2)]
     r.close()
     assert [r.wait(j, 0) for j in jobs] == [StatusCode.SUCCESS] * 2
-    assert r.stats["jobs_submitted"] == r.stats["jobs_completed"] == 8
+    assert r.stats["jobs_submitted"] == r.stats["jobs_completed"] == 7
 
 
 def test_threads_share_one_runner(runner):
@@ -399,7 +451,7 @@ def test_threads_share_one_runner(runner):
 
 
 def test_hw_tensor_info_wrong_view_is_reported(axpy_model):
-    with RunnerFactory.create_runner("AXPY", axpy_model(target="OPENVINO")) as r:
+    with RunnerFactory.create_runner("AXPY", axpy_model(target="OPENVINO"), {"hw_view": "npu"}) as r:
         x_hw = r.get_tensor_info_by_name("x")
         wrong = NpuTensorInfo(name="x", data_type=DataType.FP16, shape=(1, 3, 4, 4), tensor_type=TensorType.HW,
                               memory_layout=MemoryLayout.NCHW)

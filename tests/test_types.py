@@ -18,8 +18,8 @@ from npurt import (
 
 def test_enum_values_follow_vart_ml():
     assert [m.name for m in DataType] == ["UNKNOWN", "BOOLEAN", "INT8", "UINT8", "INT16", "UINT16", "BF16", "FP16",
-                                          "INT32", "UINT32", "FLOAT32", "INT64", "UINT64"]
-    assert [int(m) for m in DataType] == list(range(13))
+                                          "INT32", "UINT32", "FLOAT32", "INT64", "UINT64", "FLOAT64"]
+    assert [int(m) for m in DataType] == list(range(14))
     assert MemoryType.XRT_BO == 1 and MemoryType.USER_POINTER_NON_CMA == 4
     assert MemoryLayout.HCWNC4 == 12 and MemoryLayout.GENERIC == 17
     assert StatusCode.SUCCESS == 0 and StatusCode.UNSUPPORTED == 9

@@ -1,4 +1,4 @@
-"""RunnerFactory and the backend registry (entry-point group "npurt.backends")."""
+"""RunnerFactory and the backend registry (entry-point group "npurt.backends": name -> an ``engine.Backend``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .engine import Backend
 from .runner import Runner
 from .types import NpuError, RunnerType
 
@@ -18,7 +19,7 @@ AUTO_ORDER = ("OPENVINO", "VAIML")  # AUTO: the first whose NPU is present, else
 class _Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._classes: dict[str, type[Runner]] = {}
+        self._classes: dict[str, type[Backend]] = {}
         self._errors: dict[str, str] = {}
         self._scanned = False
 
@@ -34,15 +35,15 @@ class _Registry:
             except Exception as e:  # noqa: BLE001 - a broken backend must not hide the others
                 self._errors[name] = f"{type(e).__name__}: {e}"
                 continue
-            if not (isinstance(cls, type) and issubclass(cls, Runner)):
-                self._errors[name] = f"entry point {ep.value} is not a Runner subclass"
+            if not (isinstance(cls, type) and issubclass(cls, Backend)):
+                self._errors[name] = f"entry point {ep.value} is not an npurt.engine.Backend subclass"
                 continue
             self._classes[name] = cls
         self._scanned = True
 
-    def register(self, name: str, cls: type[Runner]) -> None:
-        if not (isinstance(cls, type) and issubclass(cls, Runner)):
-            raise ValueError(f"backend {name!r}: {cls!r} is not a Runner subclass")
+    def register(self, name: str, cls: type[Backend]) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            raise ValueError(f"backend {name!r}: {cls!r} is not an npurt.engine.Backend subclass")
         with self._lock:
             self._classes[name.upper()] = cls
             self._errors.pop(name.upper(), None)
@@ -51,7 +52,7 @@ class _Registry:
         with self._lock:
             self._classes.pop(name.upper(), None)
 
-    def classes(self) -> dict[str, type[Runner]]:
+    def classes(self) -> dict[str, type[Backend]]:
         with self._lock:
             self._scan()
             return dict(self._classes)
@@ -73,6 +74,20 @@ def _type_name(runner_type: RunnerType | str) -> str:
     raise ValueError(f"runner type {runner_type!r} is not a RunnerType or a backend name")
 
 
+def auto_order(classes: dict[str, type[Backend]] | None = None) -> list[tuple[str, bool]]:
+    """The backends RunnerType.AUTO tries, in order, each with whether it sees its NPU: those that see one first,
+    then the rest, each group in AUTO_ORDER (then by name)."""
+    classes = _registry.classes() if classes is None else classes
+    ordered = [n for n in AUTO_ORDER if n in classes] + sorted(n for n in classes if n not in AUTO_ORDER)
+    npu = {}
+    for n in ordered:
+        try:
+            npu[n] = bool(classes[n].npu_present())
+        except Exception:  # noqa: BLE001 - a backend that cannot tell sees no NPU
+            npu[n] = False
+    return [(n, True) for n in ordered if npu[n]] + [(n, False) for n in ordered if not npu[n]]
+
+
 class RunnerFactory:
     """Creates runners for the registered backends."""
 
@@ -91,20 +106,19 @@ class RunnerFactory:
             valid = sorted(set(classes) | {RunnerType.AUTO.name})
             raise ValueError(f"unknown runner type {name!r}; available: {', '.join(valid) or 'none'}"
                              + (f" (failed to load: {', '.join(sorted(errors))})" if errors else ""))
-        return cls(model_path, options)
+        return Runner(cls, model_path, options)
 
     @staticmethod
-    def _create_auto(classes: dict[str, type[Runner]], model_path: str | Path,
+    def _create_auto(classes: dict[str, type[Backend]], model_path: str | Path,
                      options: Mapping[str, Any] | None) -> Runner:
-        ordered = [n for n in AUTO_ORDER if n in classes] + sorted(n for n in classes if n not in AUTO_ORDER)
-        if not ordered:
+        order = auto_order(classes)
+        if not order:
             raise NpuError("no npurt backend is installed" + "".join(
                 f"; {n} failed to load: {e}" for n, e in _registry.errors().items()))
-        with_npu = [n for n in ordered if classes[n].npu_present()]
         failures = []
-        for name in with_npu + [n for n in ordered if n not in with_npu]:
+        for name, _ in order:
             try:
-                return classes[name](model_path, options)
+                return Runner(classes[name], model_path, options)
             except ValueError:
                 raise  # a bad argument is bad for every backend
             except Exception as e:  # noqa: BLE001 - try the next backend, report all at the end
@@ -112,7 +126,7 @@ class RunnerFactory:
         raise NpuError("no backend could run the model: " + "; ".join(failures))
 
     @staticmethod
-    def register_backend(name: str, cls: type[Runner]) -> None:
+    def register_backend(name: str, cls: type[Backend]) -> None:
         """Register a backend class under a name (in addition to the entry points)."""
         _registry.register(name, cls)
 
@@ -121,7 +135,7 @@ class RunnerFactory:
         _registry.unregister(name)
 
     @staticmethod
-    def available_backends() -> dict[str, type[Runner]]:
+    def available_backends() -> dict[str, type[Backend]]:
         return _registry.classes()
 
     @staticmethod

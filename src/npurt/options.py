@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,16 @@ LOG_LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
 PRECISIONS = ("f32", "f16", "bf16")
 MEMORY_PROVIDERS = ("auto", "dma_heap", "udmabuf", "memfd", "host")
+HW_VIEWS = ("device", "npu")
+DEFAULT_MAX_COMPILED_SHAPES = 16
+# The default of option num_threads where a caller gives none (a test suite caps every runner's threads with it).
+NUM_THREADS_ENV = "NPURT_NUM_THREADS"
 
 OPTION_KEYS = (
     "device", "fallback", "input_tensor_type", "output_tensor_type", "batch_size", "shapes",
     "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
     "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
-    "memory_strict",
+    "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads",
 )
 PER_TENSOR_PREFIXES = ("input_tensor_type.", "output_tensor_type.")
 
@@ -42,7 +47,8 @@ class RunnerOptions:
     output_tensor_type: TensorType = TensorType.HW
     tensor_types: Mapping[tuple[TensorDirection, str], TensorType] = field(default_factory=dict)
     batch_size: int = 1
-    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # the first signature of shape_sets
+    shape_sets: tuple[Mapping[str, tuple[int, ...]], ...] = ()  # every signature given, to compile ahead
     max_concurrent_runs: int | None = None  # None: the backend's choice (the engine's optimum, else 2)
     async_threadpool_depth: int | None = None  # None: max_concurrent_runs
     callback_order: str = "submission"
@@ -54,6 +60,10 @@ class RunnerOptions:
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     memory_provider: str = "auto"
     memory_strict: bool = False
+    hw_view: str = "device"
+    max_compiled_shapes: int = DEFAULT_MAX_COMPILED_SHAPES
+    static_shapes: bool | None = None  # None: as the device needs (the NPU compiles static shapes only)
+    num_threads: int | None = None  # None: the engine's choice for the hint and concurrency
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""
@@ -86,7 +96,7 @@ def _tensor_type(key: str, value: Any) -> TensorType:
 def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
     """Validate a user's option dict. Unknown keys and bad values raise ValueError naming the valid ones."""
     if options is None:
-        return RunnerOptions()
+        options = {}
     if not isinstance(options, Mapping):
         raise ValueError(f"options must be a dict, got {type(options).__name__}")
     kw: dict[str, Any] = {}
@@ -114,10 +124,18 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
             kw[key] = _choice(key, value, FALLBACKS, upper=False)
         elif key in ("input_tensor_type", "output_tensor_type"):
             kw[key] = _tensor_type(key, value)
-        elif key in ("batch_size", "max_concurrent_runs", "async_threadpool_depth"):
+        elif key in ("batch_size", "max_concurrent_runs", "async_threadpool_depth", "max_compiled_shapes",
+                     "num_threads"):
             kw[key] = _positive_int(key, value)
         elif key == "shapes":
-            kw[key] = _parse_shapes(value)
+            kw["shape_sets"] = _parse_shape_sets(value)
+            kw[key] = kw["shape_sets"][0]
+        elif key == "hw_view":
+            kw[key] = _choice(key, value, HW_VIEWS, upper=False)
+        elif key == "static_shapes":
+            if not isinstance(value, bool):
+                raise ValueError(f"option 'static_shapes': {value!r} is not a bool")
+            kw[key] = value
         elif key == "callback_order":
             kw[key] = _choice(key, value, CALLBACK_ORDERS, upper=False)
         elif key == "log_level":
@@ -146,7 +164,22 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
             if not isinstance(value, bool):
                 raise ValueError(f"option 'memory_strict': {value!r} is not a bool")
             kw[key] = value
+    if "num_threads" not in kw and os.environ.get(NUM_THREADS_ENV):
+        try:
+            kw["num_threads"] = _positive_int(NUM_THREADS_ENV, int(os.environ[NUM_THREADS_ENV]))
+        except ValueError:
+            raise ValueError(f"environment variable {NUM_THREADS_ENV}={os.environ[NUM_THREADS_ENV]!r} is not a "
+                             "positive integer") from None
     return RunnerOptions(tensor_types=tensor_types, **kw)
+
+
+def _parse_shape_sets(value: Any) -> tuple[dict[str, tuple[int, ...]], ...]:
+    """``shapes``: {input: shape}, or a list of such signatures (compiled ahead, the first is the default)."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        if not value:
+            raise ValueError("option 'shapes': an empty list; give {input name: shape} or a list of them")
+        return tuple(_parse_shapes(v) for v in value)
+    return (_parse_shapes(value),)
 
 
 def _parse_shapes(value: Any) -> dict[str, tuple[int, ...]]:
@@ -158,8 +191,9 @@ def _parse_shapes(value: Any) -> dict[str, tuple[int, ...]]:
             dims = tuple(shape)
         except TypeError:
             raise ValueError(f"option 'shapes': shape of {name!r} is not a sequence: {shape!r}") from None
-        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
-            raise ValueError(f"option 'shapes': shape of {name!r} must be positive integers, got {shape!r}")
+        # a 0 is a real (zero-size) dim; a scalar input has the empty shape
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise ValueError(f"option 'shapes': shape of {name!r} must be integers >= 0, got {shape!r}")
         shapes[str(name)] = dims
     return shapes
 

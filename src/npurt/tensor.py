@@ -41,7 +41,7 @@ class NpuTensor:
     """
 
     __slots__ = ("_info", "_memory_type", "_bytes", "_source", "_provider", "_owner", "_offset", "_parent",
-                 "_buffer", "_dmabuf", "__weakref__")
+                 "_buffer", "_dmabuf", "_result_shape", "__weakref__")
 
     def __init__(self, info: NpuTensorInfo, buffer: Any, memory_type: MemoryType = MemoryType.USER_POINTER_NON_CMA,
                  *, offset: int = 0) -> None:
@@ -52,6 +52,7 @@ class NpuTensor:
         except ValueError:
             raise ValueError(f"tensor {info.name!r}: {memory_type!r} is not a MemoryType") from None
         name = info.name
+        info.require_static("a tensor's memory needs a concrete shape")
         if info.tensor_type is TensorType.HW and memory_type is MemoryType.USER_POINTER_NON_CMA:
             raise ValueError(
                 f"tensor {name!r}: a HW tensor cannot use USER_POINTER_NON_CMA memory (the device cannot see it); "
@@ -66,6 +67,7 @@ class NpuTensor:
         self._parent: NpuTensor | None = None  # set for sub-tensors
         self._buffer: _native.Buffer | None = None  # the native memory, for sync and export
         self._dmabuf = False
+        self._result_shape: tuple[int, ...] | None = None
         if memory_type in (MemoryType.USER_POINTER_CMA, MemoryType.USER_POINTER_NON_CMA):
             self._init_user_pointer(buffer)
         elif memory_type in (MemoryType.XRT_BO, MemoryType.DMA_FD):
@@ -202,6 +204,30 @@ class NpuTensor:
             writeable=self.writable,
         )
 
+    @property
+    def result_info(self) -> NpuTensorInfo:
+        """What the last run wrote into this output tensor.
+
+        ``info`` itself, except where the port's shape is known only after the run (a dynamic output on a device
+        that runs dynamic shapes): then the shape the run produced, stored contiguously from the tensor's first
+        byte; the memory may be larger.
+        """
+        shape = self._result_shape
+        if shape is None or shape == self._info.shape:
+            return self._info
+        return self._info.replace(shape=shape, strides=(), size_in_bytes=-1)
+
+    def result(self) -> np.ndarray:
+        """A zero-copy array over what the last run wrote (``result_info``'s shape)."""
+        info = self.result_info
+        if info is self._info:
+            return self.numpy()
+        return self._bytes[: info.size_in_bytes].view(info.numpy_dtype).reshape(info.shape)
+
+    def set_result_shape(self, shape: tuple[int, ...] | None) -> None:
+        """For engines: the shape a run wrote (None: the tensor's own). Runs that write a tensor set it."""
+        self._result_shape = shape
+
     def raw_bytes(self) -> np.ndarray:
         """The tensor's bytes as a flat uint8 array (zero-copy)."""
         return self._bytes[: self._info.size_in_bytes]
@@ -279,6 +305,7 @@ def _owned(info: NpuTensorInfo, memory_type: MemoryType, data: np.ndarray, provi
     t._parent = None
     t._buffer = buffer
     t._dmabuf = buffer is not None and buffer.is_dmabuf
+    t._result_shape = None
     return t
 
 
@@ -291,7 +318,8 @@ def import_dma_fd(info: NpuTensorInfo, fd: int, offset: int = 0, *, allow_file: 
     """
     t = NpuTensor.__new__(NpuTensor)
     t._info, t._memory_type, t._offset = info, MemoryType.DMA_FD, offset
-    t._owner, t._parent, t._buffer, t._dmabuf = None, None, None, False
+    t._owner, t._parent, t._buffer, t._dmabuf, t._result_shape = None, None, None, False, None
+    info.require_static("a tensor's memory needs a concrete shape")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"tensor {info.name!r}: offset {offset!r} is not a byte offset >= 0")
     t._init_native(fd, allow_file)
@@ -310,6 +338,7 @@ def allocate_tensor(info: NpuTensorInfo, memory_type: MemoryType = MemoryType.XR
     step is not taken for them.
     """
     memory_type = MemoryType(memory_type)
+    info.require_static("memory is allocated for a concrete shape")
     if memory_type is MemoryType.UNKNOWN:
         raise ValueError(f"tensor {info.name!r}: cannot allocate memory of type UNKNOWN")
     if info.tensor_type is TensorType.HW and memory_type is MemoryType.USER_POINTER_NON_CMA:

@@ -82,6 +82,7 @@ class DataType(IntEnum):
     FLOAT32 = 10
     INT64 = 11
     UINT64 = 12
+    FLOAT64 = 13  # CPU views only: neither NPU takes doubles
 
     @property
     def itemsize(self) -> int:
@@ -118,6 +119,7 @@ _NUMPY_OF: dict[DataType, np.dtype] = {
     DataType.FLOAT32: np.dtype(np.float32),
     DataType.INT64: np.dtype(np.int64),
     DataType.UINT64: np.dtype(np.uint64),
+    DataType.FLOAT64: np.dtype(np.float64),
 }
 
 
@@ -158,6 +160,9 @@ def _enum(enum_cls: type[IntEnum], value: Any, what: str) -> Any:
     raise ValueError(f"{what}: {value!r} is not a {enum_cls.__name__} (valid: {valid})")
 
 
+DYNAMIC_DIM = -1  # a dim that the model leaves open, in NpuTensorInfo.shape
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides in elements."""
     strides = []
@@ -174,6 +179,11 @@ class NpuTensorInfo:
 
     ``strides`` (in elements), ``size`` (elements) and ``size_in_bytes`` are derived from ``shape`` and
     ``data_type`` unless given (padded rows, for example, give strides and a larger size_in_bytes).
+
+    A dim the model leaves open (a dynamic dim, on a device that runs dynamic shapes) is ``DYNAMIC_DIM`` (-1).
+    Such an info describes a port, not memory: its ``strides`` are empty, ``size`` and ``size_in_bytes`` are
+    -1, and ``is_static`` is False; allocate or wrap memory for it with a concrete shape,
+    ``info.replace(shape=(1, 3, 640, 640))``.
     """
 
     name: str
@@ -186,6 +196,8 @@ class NpuTensorInfo:
     strides: tuple[int, ...] = field(default=())
     size: int = -1
     size_in_bytes: int = -1
+    # Runners look plans up by the infos of the tensors they are given: hash once, not on every lookup.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -199,8 +211,9 @@ class NpuTensorInfo:
             shape = tuple(int(d) for d in self.shape)
         except (TypeError, ValueError):
             raise ValueError(f"tensor {self.name!r}: shape must be a sequence of ints, got {self.shape!r}") from None
-        if any(d < 0 for d in shape):
-            raise ValueError(f"tensor {self.name!r}: shape {shape} has a negative dimension")
+        if any(d < DYNAMIC_DIM for d in shape):
+            raise ValueError(f"tensor {self.name!r}: shape {shape} has a negative dimension "
+                             f"({DYNAMIC_DIM} marks a dynamic one)")
         setattr_(self, "shape", shape)
         order = tuple(int(d) for d in self.memory_layout_order)
         if order and sorted(order) != list(range(len(shape))):
@@ -210,6 +223,18 @@ class NpuTensorInfo:
         setattr_(self, "memory_layout_order", order)
         if self.data_type is DataType.UNKNOWN:
             raise ValueError(f"tensor {self.name!r}: data_type UNKNOWN has no size")
+        if DYNAMIC_DIM in shape:
+            if self.strides or self.size not in (-1,) or self.size_in_bytes not in (-1,):
+                raise ValueError(f"tensor {self.name!r}: shape {list(shape)} has dynamic dims; strides and sizes "
+                                 "belong to a concrete shape")
+            setattr_(self, "strides", ())
+        else:
+            self._derive_sizes(shape)
+        setattr_(self, "_hash", hash((self.name, self.data_type, shape, self.direction, self.tensor_type,
+                                      self.memory_layout, order, self.strides, self.size, self.size_in_bytes)))
+
+    def _derive_sizes(self, shape: tuple[int, ...]) -> None:
+        setattr_ = object.__setattr__
         strides = tuple(int(s) for s in self.strides) if self.strides else contiguous_strides(shape)
         if len(strides) != len(shape):
             raise ValueError(f"tensor {self.name!r}: {len(strides)} strides for a {len(shape)}-d shape {shape}")
@@ -229,6 +254,14 @@ class NpuTensorInfo:
                 f"tensor {self.name!r}: size_in_bytes {self.size_in_bytes} is smaller than the {need} bytes "
                 f"that shape {shape} with strides {strides} spans"
             )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def is_static(self) -> bool:
+        """Whether every dim is known (the info can describe memory)."""
+        return DYNAMIC_DIM not in self.shape
 
     @property
     def is_contiguous(self) -> bool:
@@ -254,11 +287,20 @@ class NpuTensorInfo:
         kw.update(changes)
         return NpuTensorInfo(**kw)
 
+    def require_static(self, what: str = "") -> None:
+        """Raise ValueError naming the dynamic dims, for operations that need a concrete shape."""
+        if not self.is_static:
+            dims = ", ".join(str(i) for i, d in enumerate(self.shape) if d == DYNAMIC_DIM)
+            raise ValueError(f"tensor {self.name!r}: shape {list(self.shape)} has dynamic dims ({dims}); "
+                             f"{what or 'this needs a concrete shape'}: use info.replace(shape=...) with the shape "
+                             "you will feed")
+
     def describe(self) -> str:
         layout = self.memory_layout.name
         if self.memory_layout is MemoryLayout.GENERIC and self.memory_layout_order:
             layout += str(list(self.memory_layout_order))
-        return f"{self.tensor_type.name} {list(self.shape)} {self.data_type.name} {layout}"
+        shape = "[" + ", ".join("?" if d == DYNAMIC_DIM else str(d) for d in self.shape) + "]"
+        return f"{self.tensor_type.name} {shape} {self.data_type.name} {layout}"
 
 
 @dataclass(frozen=True)
@@ -296,6 +338,10 @@ class DeviceInfo:
     skipped: tuple[tuple[str, str], ...] = ()  # (device, why it was not taken)
     full_name: str = ""
     placement: tuple[tuple[str, int], ...] = ()  # (engine provider, node count), where the engine says
+    hw_view: str = "device"  # whose view HW ports take: the attached device's, or the NPU's (option hw_view)
+    shape_mode: str = "static"  # "dynamic": one engine runs every input shape; "static": one engine per shape
+    engine_settings: tuple[tuple[str, str], ...] = ()  # what npurt set on the engine (threads, hint, streams)
+    load_steps: tuple[tuple[str, float], ...] = ()  # (step, milliseconds) of the load, e.g. compiled or from cache
 
     def summary(self) -> str:
         s = f"{self.engine} {self.engine_version} on {self.attached}"

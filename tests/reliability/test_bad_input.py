@@ -34,7 +34,7 @@ SHAPE = (1, 3, 48, 192)
 def runner(request):
     path = model_or_skip("ocr_cls")
     r = RunnerFactory.create_runner(request.param, path, {"shapes": {"x": list(SHAPE)}, "device": "CPU",
-                                                          "output_tensor_type": "CPU"})
+                                                          "output_tensor_type": "CPU", "hw_view": "npu"})
     yield r
     r.close()
 

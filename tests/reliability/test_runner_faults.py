@@ -99,9 +99,9 @@ def test_exit_with_a_runner_left_open_waits_for_its_jobs(axpy_model, engine_asyn
 import sys
 sys.path.insert(0, {str(tests)!r})
 import numpy as np
-from axpy_backend import AxpyRunner
+from axpy_backend import AxpyBackend
 from npurt import NpuTensor, RunnerFactory, TensorType
-RunnerFactory.register_backend("AXPY", AxpyRunner)
+RunnerFactory.register_backend("AXPY", AxpyBackend)
 r = RunnerFactory.create_runner("AXPY", {str(model)!r}, {{"input_tensor_type": "CPU", "output_tensor_type": "CPU"}})
 x = NpuTensor(r.get_tensor_info_by_name("x", TensorType.CPU), np.ones((1, 3, 4, 4), np.float32))
 y = np.lib.format.open_memmap({str(out)!r}, mode="w+", dtype=np.float32, shape=(1, 3, 4, 4))

@@ -1,33 +1,35 @@
-"""RunnerType.OPENVINO: the Runner contract over OpenVINO (NPU plugin, plus its CPU and GPU plugins).
+"""RunnerType.OPENVINO: OpenVINO's NPU plugin, and its CPU and GPU plugins, behind the engine interface.
 
-- One ``ov.Core`` per process, created on first use.
-- The model (ONNX, OpenVINO IR or anything ``read_model`` reads) is read once per runner; each input-shape
-  signature gets its own compiled model: the read model cloned, reshaped to the static shapes (the NPU
-  compiles only static shapes), with the CPU<->HW view conversion of the HW-configured ports baked in by
-  ``PrePostProcessor``.
-- Each compiled model keeps a pool of ``InferRequest`` s. A tensor reaches the engine as an ``ov.Tensor``
-  over its own memory, built and ``set_tensor``-ed once per (request, port, tensor) and reused, so a tensor
-  in its port's view is never copied on the host.
-- ``execute_async`` jobs without a callback start on those requests with ``start_async`` (the runner's
-  ``_start`` / ``_await`` hooks), so no runner thread stands between the caller and OpenVINO's executor.
+- One ``ov.Core`` per process. The model (ONNX, OpenVINO IR, anything ``read_model`` reads) is read once per
+  runner; each engine compiles it for its input ports: dims left open (CPU, GPU) or reshaped to static shapes (the
+  NPU), with the CPU<->HW view conversion of HW-view ports built in by ``PrePostProcessor``.
+- An engine keeps a pool of ``InferRequest`` s. A binding wraps each tensor's memory in an ``ov.Tensor`` once; a
+  request is pointed at it with ``set_tensor`` only when it held something else, so a tensor in its port's view is
+  never copied on the host. Outputs whose shape only the run tells are written into the bound memory (OpenVINO
+  reshapes a tensor within its capacity) and their shapes reported.
+- ``start`` runs a job on a request's own asynchronous execution. OpenVINO's Python callbacks are not called when an
+  inference fails, so each request has a thread that blocks in ``request.wait()`` (GIL released) and reports the
+  end, failures included: nothing polls.
 """
 
 from __future__ import annotations
 
 import glob
-import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from queue import Empty, SimpleQueue
 from typing import Any
 
+import numpy as np
 import onnx
 import openvino as ov
+from openvino import _pyopenvino
 from openvino.preprocess import PrePostProcessor
 
 from .. import devices, qdq
-from ..runner import Compiled, Port, PortSpec, Runner
+from ..engine import Backend, Done, Engine, OpenedModel, OutputTooSmallError, ResultShapes
+from ..ports import Port, PortFactory, PortSpec
 from ..tensor import NpuTensor
 from ..types import (
     DataType,
@@ -54,22 +56,20 @@ _OV_OF: dict[DataType, ov.Type] = {
     DataType.FLOAT32: ov.Type.f32,
     DataType.INT64: ov.Type.i64,
     DataType.UINT64: ov.Type.u64,
+    DataType.FLOAT64: ov.Type.f64,
 }
 _DATA_TYPE_OF: dict[str, DataType] = {t.get_type_name(): d for d, t in _OV_OF.items()}
 
 # Layout permutations (HW shape = CPU shape permuted) that PrePostProcessor can bake in, for 4-D tensors.
 _LAYOUT_NAMES = {MemoryLayout.NCHW: "NCHW", MemoryLayout.NHWC: "NHWC"}
 
+# The C++ methods under the Python wrappers: no Python data dispatch per call. infer(inputs, share_outputs,
+# decode_strings) releases the GIL while inferring.
+_infer = _pyopenvino.InferRequest.infer
+_start_async = _pyopenvino.InferRequest.start_async
+
 _core: ov.Core | None = None
 _core_lock = threading.Lock()
-
-# The C++ base of InferRequest.infer: with no inputs it skips the Python data dispatcher and, with
-# share_outputs=True, returns views instead of copies of the outputs. It releases the GIL while inferring.
-try:
-    _infer_base = ov.InferRequest.__mro__[1].infer
-    _start_async_base = ov.InferRequest.__mro__[1].start_async  # the same for start_async(inputs, userdata)
-except (AttributeError, IndexError):  # pragma: no cover - a future binding without the split
-    _infer_base = _start_async_base = None
 
 
 def core() -> ov.Core:
@@ -140,89 +140,223 @@ def _layout_pair(port: Port) -> tuple[str, str] | None:
         f"(PrePostProcessor does layout permutations and element types; CPU view {cpu.describe()})")
 
 
-class _Slot:
-    """One InferRequest with the tensors bound to it, per port (inputs then outputs)."""
-
-    __slots__ = ("request", "bound", "keys", "ports")
-
-    def __init__(self, request: ov.InferRequest, ports: list[Any]) -> None:
-        self.request = request
-        self.ports = ports  # ov.ConstOutput per port, inputs then outputs
-        self.bound: list[NpuTensor | None] = [None] * len(ports)  # the NpuTensor last bound per port
-        self.keys: list[tuple[int, int]] = [(0, 0)] * len(ports)  # (address, size) of that tensor's memory
-
-    def bind(self, k: int, t: NpuTensor, element_type: ov.Type) -> None:
-        """Point port k at t's memory: reuse the ov.Tensor when the memory is the same, else wrap it once."""
-        key = (t.get_virtual_address(), t.nbytes)
-        if key != self.keys[k]:
-            # Shares the memory (no copy): the flat bytes reinterpreted with the engine's shape and type.
-            wrapped = ov.Tensor(t.raw_bytes(), list(t.info.shape), element_type)
-            self.request.set_tensor(self.ports[k], wrapped)
-            self.keys[k] = key
-        self.bound[k] = t
-
-    def bind_all(self, inputs: list[NpuTensor], outputs: list[NpuTensor], element_types: list[ov.Type]) -> None:
-        """Bind a run's tensors, inputs then outputs, where they differ from what is bound."""
-        bound, k = self.bound, 0
-        for t in (*inputs, *outputs):
-            if bound[k] is not t:
-                self.bind(k, t, element_types[k])
-            k += 1
+def _partial_shape(shape: Sequence[int]) -> ov.PartialShape:
+    return ov.PartialShape([int(d) for d in shape])  # -1 (DYNAMIC_DIM) is OpenVINO's dynamic dim too
 
 
-class OpenVINOEngine:
-    """A compiled model for one input-shape signature and its pool of infer requests."""
+def _spec_shape(pshape: ov.PartialShape) -> tuple[int | None, ...]:
+    return tuple(d.get_length() if d.is_static else None for d in pshape)
 
-    def __init__(self, compiled_model: ov.CompiledModel, device: str, properties: dict[str, Any]) -> None:
+
+# ---------------------------------------------------------------------------------------------------- requests
+class _Request:
+    """One InferRequest, the ov.Tensors it holds per port, and (once async is used) the thread that reports the
+    end of its asynchronous runs."""
+
+    __slots__ = ("request", "held", "engine", "go", "done", "thread", "closing")
+
+    def __init__(self, engine: OpenVINOEngine) -> None:
+        self.engine = engine
+        self.request = engine.compiled_model.create_infer_request()
+        self.held: list[Any] = [None] * len(engine.ov_ports)  # the ov.Tensor each port points at
+        self.go = threading.Lock()  # released by start(): the reporting thread waits for the run
+        self.go.acquire()
+        self.done: Done | None = None
+        self.thread: threading.Thread | None = None
+        self.closing = False
+
+    def point(self, wrapped: Sequence[Any]) -> None:
+        """Point the request's ports at a binding's tensors, where it holds others."""
+        held, ports, request = self.held, self.engine.ov_ports, self.request
+        for k, t in enumerate(wrapped):
+            if held[k] is not t:
+                request.set_tensor(ports[k], t)
+                held[k] = t
+
+    def shapes(self) -> ResultShapes:
+        if not self.engine.dynamic_outputs:
+            return None
+        return [tuple(self.request.get_tensor(p).shape) if dyn else None
+                for p, dyn in zip(self.engine.ov_outputs, self.engine.dynamic_outputs)]
+
+    def start(self, done: Done) -> None:
+        self.done = done
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._report, name="npurt-ov-request", daemon=True)
+            self.thread.start()
+        _start_async(self.request, {}, None)
+        self.go.release()
+
+    def _report(self) -> None:
+        """Block in wait() (GIL released) for each started run; hand its end to the runner."""
+        while True:
+            self.go.acquire()
+            if self.closing:
+                return
+            error: BaseException | None = None
+            shapes: ResultShapes = None
+            try:
+                self.request.wait()
+                shapes = self.shapes()
+            except BaseException as e:  # noqa: BLE001 - the run's failure is the job's status
+                error = self.engine.translate(e)
+            done, self.done = self.done, None
+            self.engine.release(self)  # free before the job ends: its callback may start the next one
+            if done is not None:
+                done(error, shapes)
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.closing = True
+            try:
+                self.go.release()
+            except RuntimeError:  # a run was started and not yet picked up: the thread sees closing after it
+                pass
+
+
+class OpenVINOEngine(Engine):
+    """A compiled model and its pool of infer requests."""
+
+    def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], device: str,
+                 properties: dict[str, Any], limit: int) -> None:
         self.compiled_model = compiled_model
+        self.inputs, self.outputs = inputs, outputs
         self.device = device
         self.properties = properties
-        self.ports = list(compiled_model.inputs) + list(compiled_model.outputs)
-        self.element_types = [p.get_element_type() for p in self.ports]
-        self.n_inputs = len(compiled_model.inputs)
-        self.started_async = False  # whether execute_async has started a request on OpenVINO's executor
+        self.ov_inputs = list(compiled_model.inputs)
+        self.ov_outputs = list(compiled_model.outputs)
+        self.ov_ports = self.ov_inputs + self.ov_outputs
+        self.element_types = [p.get_element_type() for p in self.ov_ports]
+        self.dynamic_outputs = [not p.is_static for p in outputs] if any(not p.is_static for p in outputs) else []
+        # run_arrays' output tensors start empty where the run decides the shape (OpenVINO then sizes them)
+        self.output_shapes = [ov.Shape([0 if d < 0 else d for d in p.engine.shape]) if not p.is_static
+                              else ov.Shape(list(p.engine.shape)) for p in outputs]
+        self.started_async = False  # whether start() has used OpenVINO's asynchronous execution
         try:
             self.optimal_requests = max(1, int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         except RuntimeError:
             self.optimal_requests = 1
-        self.slots: list[_Slot] = []  # every request made, for inspection
-        self._free: SimpleQueue[_Slot] = SimpleQueue()
+        self.limit = max(1, limit)  # requests made at most (the runner's max_concurrent_runs, or more for threads)
+        self.made: list[_Request] = []
+        self._free: SimpleQueue[_Request] = SimpleQueue()
         self._lock = threading.Lock()
-        self._free.put(self._new_slot())  # one up front: the first run pays no request creation
+        self._closed = False
+        self._free.put(self._new())  # one up front: the first run pays no request creation
 
-    def _new_slot(self) -> _Slot:
-        slot = _Slot(self.compiled_model.create_infer_request(), self.ports)
-        self.slots.append(slot)
-        return slot
+    def _new(self) -> _Request:
+        request = _Request(self)
+        self.made.append(request)
+        return request
 
-    def acquire(self, limit: int, block: bool = True, reap: Callable[[], None] | None = None) -> _Slot | None:
-        """A free request; a new one while fewer than ``limit`` exist; else wait for one to come back (or
-        None, if not ``block``). While waiting, ``reap`` is called every few milliseconds: a request held
-        by an async job that has ended comes back only when the runner looks at that job."""
+    def acquire(self, block: bool = True) -> _Request | None:
+        """A free request; a new one while fewer than ``limit`` exist; else wait for one (None if not ``block``)."""
         try:
             return self._free.get_nowait()
         except Empty:
             pass
         with self._lock:
-            if len(self.slots) < limit:
-                return self._new_slot()
+            if len(self.made) < self.limit:
+                return self._new()
         if not block:
             return None
-        while True:
-            try:
-                return self._free.get(timeout=None if reap is None else 0.002)
-            except Empty:
-                reap()  # type: ignore[misc]
+        return self._free.get()  # requests of ended asynchronous runs come back by themselves
 
-    def release(self, slot: _Slot) -> None:
-        self._free.put(slot)
+    def release(self, request: _Request) -> None:
+        self._free.put(request)
 
     @property
     def requests(self) -> list[ov.InferRequest]:
-        return [s.request for s in self.slots]
+        return [r.request for r in self.made]
+
+    # -- the engine interface ------------------------------------------------------------------------------
+    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> list[ov.Tensor]:
+        # Shares the memory (no copy): the bytes reinterpreted with the engine's shape and element type.
+        return [ov.Tensor(t.raw_bytes(), list(t.info.shape), et)
+                for t, et in zip((*inputs, *outputs), self.element_types)]
+
+    def run(self, binding: list[ov.Tensor]) -> ResultShapes:
+        request = self.acquire()
+        assert request is not None
+        try:
+            request.point(binding)
+            if self.started_async:
+                # Once start() has used OpenVINO's asynchronous execution, run() goes there too: OpenVINO's CPU
+                # plugin, given both infer() on callers' threads and start_async() on one compiled model, grows its
+                # memory by ~50 MiB steps under CPU contention (seen with plain OpenVINO: +300 to +550 MiB over
+                # 20,000 mixed calls beside two busy loops; flat with either kind alone).
+                _start_async(request.request, {}, None)
+                request.request.wait()
+            else:
+                _infer(request.request, {}, True, True)
+            return request.shapes()
+        except Exception as e:
+            raise self.translate(e) from None
+        finally:
+            self.release(request)
+
+    def start(self, binding: list[ov.Tensor], done: Done) -> bool:
+        request = self.acquire(block=False)
+        if request is None:
+            return False
+        self.started_async = True
+        try:
+            request.point(binding)
+            request.start(done)
+        except Exception:
+            self.release(request)  # it never started
+            raise
+        return True
+
+    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        request = self.acquire()
+        assert request is not None
+        try:
+            r, held = request.request, request.held
+            k = 0
+            for port, a in zip(self.ov_inputs, arrays):
+                t = held[k] = ov.Tensor(a, shared_memory=True)
+                r.set_tensor(port, t)
+                k += 1
+            # Outputs in new tensors of OpenVINO's own per call: it sizes them to what the run produces (from an
+            # empty shape), and each result array keeps its tensor alive: nothing is copied.
+            outs = []
+            for port, shape, et in zip(self.ov_outputs, self.output_shapes, self.element_types[k:]):
+                t = held[k] = ov.Tensor(et, shape)
+                r.set_tensor(port, t)
+                outs.append(t)
+                k += 1
+            if self.started_async:
+                _start_async(r, {}, None)
+                r.wait()
+            else:
+                _infer(r, {}, True, True)
+            return [t.data for t in outs]
+        except Exception as e:
+            raise self.translate(e) from None
+        finally:
+            self.release(request)
+
+    def translate(self, e: BaseException) -> BaseException:
+        """OpenVINO's capacity error for a dynamic output as OutputTooSmallError; the rest as they are."""
+        text = str(e)
+        if "Could set new shape" in text and "m_capacity" in text:
+            shape = text.rsplit("Could set new shape:", 1)[-1].strip().splitlines()[0].strip("[] ")
+            try:
+                needed = tuple(int(d) for d in shape.split(","))
+            except ValueError:
+                needed = ()
+            name = next((p.name for p in self.outputs if not p.is_static), "?")
+            return OutputTooSmallError(name, needed) if needed else e
+        return e
 
     def close(self) -> None:
-        self.slots.clear()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for request in self.made:
+            request.stop()
+        self.made = []
         while True:
             try:
                 self._free.get_nowait()
@@ -230,14 +364,21 @@ class OpenVINOEngine:
                 break
 
 
-class OpenVINORunner(Runner):
+# ---------------------------------------------------------------------------------------------------- backend
+class OpenVINOBackend(Backend):
     """RunnerType.OPENVINO: a model on an OpenVINO device (NPU, GPU, CPU), HW views for the Intel NPU."""
 
-    runner_type = "OPENVINO"
+    name = "OPENVINO"
     target = "OPENVINO"
 
-    # ---------------------------------------------------------------- hooks
-    def _load(self) -> tuple[list[PortSpec], list[PortSpec]]:
+    @classmethod
+    def npu_present(cls) -> bool:
+        try:
+            return any(device_family(d) == "NPU" for d in core().available_devices)
+        except RuntimeError:
+            return False
+
+    def open(self) -> OpenedModel:
         ov_core = core()
         available = list(ov_core.available_devices)
         present = {device_family(d) for d in available}
@@ -246,31 +387,31 @@ class OpenVINORunner(Runner):
             unavailable["CPU"] = f"no 'CPU' in OpenVINO's available_devices {available}"
         selection = devices.select_device(self.options.device, {k: v for k, v in unavailable.items() if v},
                                           present, self.options.fallback, ENGINE)
-        self._ov_device = selection.attached
+        self.device = selection.attached
         try:
-            full_name = str(ov_core.get_property(self._ov_device, "FULL_DEVICE_NAME"))
+            full_name = str(ov_core.get_property(self.device, "FULL_DEVICE_NAME"))
         except RuntimeError:
             full_name = ""
-        self._device_info = DeviceInfo(
-            requested=selection.requested, attached=selection.attached, engine=ENGINE,
-            engine_version=ov.get_version(), fell_back=selection.fell_back, reason=selection.reason,
-            skipped=selection.skipped, full_name=full_name)
+        info = DeviceInfo(requested=selection.requested, attached=selection.attached, engine=ENGINE,
+                          engine_version=ov.get_version(), fell_back=selection.fell_back, reason=selection.reason,
+                          skipped=selection.skipped, full_name=full_name)
         try:
-            self._model = ov_core.read_model(str(self.model_path))
+            self.model = ov_core.read_model(str(self.model_path))
         except RuntimeError as e:
             raise NpuError(f"OpenVINO cannot read the model {self.model_path}: {e}") from None
-        ins = [self._spec(p, f"input {i}") for i, p in enumerate(self._model.inputs)]
-        outs = [self._spec(p, f"output {i}") for i, p in enumerate(self._model.outputs)]
-        # QDQ boundaries are read from the ONNX graph: their HW view is the quantized tensor, and HW ports
-        # get the boundary Quantize/DequantizeLinear removed from what OpenVINO compiles.
-        self._onnx: onnx.ModelProto | None = None
-        if self.model_path.suffix.lower() == ".onnx":
-            model = onnx.load(str(self.model_path), load_external_data=False)
-            boundaries = qdq.find_boundaries(model)
+        ins = [self._spec(p, f"input {i}") for i, p in enumerate(self.model.inputs)]
+        outs = [self._spec(p, f"output {i}") for i, p in enumerate(self.model.outputs)]
+        # QDQ boundaries are read from the ONNX graph where NPU views apply: their HW view is the quantized tensor,
+        # and HW ports get the boundary Quantize/DequantizeLinear removed from what OpenVINO compiles.
+        self.onnx_model: onnx.ModelProto | None = None
+        npu_views = self.options.hw_view == "npu" or self.device == "NPU"
+        if npu_views and self.model_path.suffix.lower() == ".onnx":
+            boundaries = qdq.find_boundaries(onnx.load(str(self.model_path), load_external_data=False))
             if boundaries:
-                self._onnx = onnx.load(str(self.model_path))
+                self.onnx_model = onnx.load(str(self.model_path))
                 ins, outs = qdq.annotate_specs(ins, boundaries), qdq.annotate_specs(outs, boundaries)
-        return ins, outs
+        self.out_specs = outs
+        return OpenedModel(info, ins, outs, dynamic_shapes=self.device in ("CPU", "GPU"))
 
     @staticmethod
     def _spec(port: Any, fallback_name: str) -> PortSpec:
@@ -283,58 +424,62 @@ class OpenVINORunner(Runner):
         pshape = port.get_partial_shape()
         if pshape.rank.is_dynamic:
             raise NpuUnsupportedError(f"tensor {name!r} has a dynamic rank; npurt needs a known rank")
-        shape = tuple(d.get_length() if d.is_static else None for d in pshape)
-        return PortSpec(name=name, data_type=data_type_of(port.get_element_type(), f"tensor {name!r}"), shape=shape)
+        return PortSpec(name=name, data_type=data_type_of(port.get_element_type(), f"tensor {name!r}"),
+                        shape=_spec_shape(pshape))
 
-    def _compile(self, inputs: list[Port]) -> Compiled:
+    def compile(self, inputs: list[Port], ports: PortFactory) -> Engine:
         strip = qdq.quantized_hw_ports(inputs) + [
-            s.name for s in self._out_specs
+            s.name for s in self.out_specs
             if s.quant is not None and self.options.tensor_type(TensorDirection.OUTPUT, s.name) is TensorType.HW]
-        if strip and self._onnx is not None:
-            model = core().read_model(qdq.strip_boundaries(self._onnx, strip).SerializeToString())
+        if strip and self.onnx_model is not None:
+            model = core().read_model(qdq.strip_boundaries(self.onnx_model, strip).SerializeToString())
         else:
-            model = self._model.clone()
-        signature = [list(p.cpu.shape) for p in inputs]
-        if any(tuple(d.get_length() if d.is_static else -1 for d in p.get_partial_shape()) != tuple(port.cpu.shape)
+            model = self.model.clone()
+        shapes = [list(p.cpu.shape) for p in inputs]
+        if any(tuple(-1 if d.is_dynamic else d.get_length() for d in p.get_partial_shape()) != tuple(port.cpu.shape)
                for p, port in zip(model.inputs, inputs)):
             try:
-                model.reshape({model.input(i): ov.PartialShape(list(port.cpu.shape)) for i, port in enumerate(inputs)})
+                model.reshape({model.input(i): _partial_shape(port.cpu.shape) for i, port in enumerate(inputs)})
             except RuntimeError as e:
-                raise NpuError(f"cannot reshape the model to input shapes {signature}: {e}") from None
+                raise NpuError(f"cannot reshape the model to input shapes {shapes}: {e}") from None
         outputs = []
-        for spec, out in zip(self._out_specs, model.outputs):
-            pshape = out.get_partial_shape()
-            if pshape.is_dynamic:
+        for spec, out in zip(self.out_specs, model.outputs):
+            shape = _spec_shape(out.get_partial_shape())
+            if None in shape and self.device == "NPU":
                 raise NpuUnsupportedError(
-                    f"output {spec.name!r} stays dynamic ({pshape}) for input shapes {signature}; the NPU "
-                    "needs static outputs (a data-dependent shape cannot be compiled for it)")
-            outputs.append(self.make_port(PortSpec(spec.name, spec.data_type, tuple(pshape.to_shape()),
-                                                   spec.quant, spec.quant_data_type), TensorDirection.OUTPUT))
+                    f"output {spec.name!r} stays dynamic ({out.get_partial_shape()}) for input shapes {shapes}; the "
+                    "NPU needs static outputs (a data-dependent shape cannot be compiled for it)")
+            outputs.append(ports.make(spec.with_shape(shape), TensorDirection.OUTPUT))
+        for port in outputs:
+            if port.view is TensorType.HW and port.converts and not port.is_static:
+                raise NpuUnsupportedError(f"output {port.name!r}: its shape is known only after a run, so its HW "
+                                          f"view {port.hw.describe()} cannot be built in; use the CPU view")
         model = self._bake_hw_views(model, inputs, outputs)
-        properties = self._properties()
+        properties = self.properties()
         try:
-            compiled_model = core().compile_model(model, self._ov_device, properties)
+            compiled_model = core().compile_model(model, self.device, properties)
         except RuntimeError as e:
-            raise NpuError(f"OpenVINO could not compile {self.model_path.name} for {self._ov_device} with input "
-                           f"shapes {signature} and properties {properties}: {e}") from None
-        for what, ports, ov_ports in (("input", inputs, compiled_model.inputs),
-                                      ("output", outputs, compiled_model.outputs)):
-            for port, ov_port in zip(ports, ov_ports):  # the engine must consume exactly the port's view
-                shape, et = tuple(ov_port.get_shape()), ov_port.get_element_type()
+            raise NpuError(f"OpenVINO could not compile {self.model_path.name} for {self.device} with input "
+                           f"shapes {shapes} and properties {properties}: {e}") from None
+        for what, ps, ov_ports in (("input", inputs, compiled_model.inputs),
+                                   ("output", outputs, compiled_model.outputs)):
+            for port, ov_port in zip(ps, ov_ports):  # the engine must consume exactly the port's view
+                shape = tuple(-1 if d.is_dynamic else d.get_length() for d in ov_port.get_partial_shape())
+                et = ov_port.get_element_type()
                 if shape != port.engine.shape or et != ov_type(port.engine.data_type):
                     raise NpuError(f"{what} {port.name!r}: the compiled model takes {list(shape)} "
                                    f"{et.get_type_name()}, expected the {port.view.name} view "
                                    f"{port.engine.describe()}")
-        return Compiled(inputs=inputs, outputs=outputs,
-                        engine=OpenVINOEngine(compiled_model, self._ov_device, properties))
+        limit = self.options.max_concurrent_runs or max(2, _optimal_requests(compiled_model))
+        return OpenVINOEngine(compiled_model, inputs, outputs, self.device, properties, limit)
 
     @staticmethod
     def _bake_hw_views(model: ov.Model, inputs: list[Port], outputs: list[Port]) -> ov.Model:
-        """Build the CPU<->HW conversion of HW-configured ports into the model (PrePostProcessor)."""
+        """Build the CPU<->HW conversion of HW-view ports into the model (PrePostProcessor)."""
         ppp: PrePostProcessor | None = None
-        for direction, ports in ((TensorDirection.INPUT, inputs), (TensorDirection.OUTPUT, outputs)):
-            for i, port in enumerate(ports):
-                if port.view is not TensorType.HW:
+        for direction, ps in ((TensorDirection.INPUT, inputs), (TensorDirection.OUTPUT, outputs)):
+            for i, port in enumerate(ps):
+                if port.view is not TensorType.HW or not port.converts:
                     continue
                 layouts = _layout_pair(port)
                 if layouts is None and port.hw.data_type is port.cpu.data_type:
@@ -348,110 +493,40 @@ class OpenVINORunner(Runner):
                     info.model().set_layout(ov.Layout(layouts[1]))
         return model if ppp is None else ppp.build()
 
-    def _properties(self) -> dict[str, Any]:
+    def properties(self) -> dict[str, Any]:
+        """The properties every engine is compiled with: npurt's choices, then engine_options untouched."""
         opts = self.options
         properties: dict[str, Any] = {}
         if opts.cache_dir is not None:
             properties["CACHE_DIR"] = str(opts.cache_dir)
         if opts.performance_hint is not None:
             properties["PERFORMANCE_HINT"] = opts.performance_hint
+            if opts.performance_hint == "THROUGHPUT" and opts.max_concurrent_runs:
+                properties["PERFORMANCE_HINT_NUM_REQUESTS"] = opts.max_concurrent_runs
+        if opts.num_threads is not None:
+            properties["INFERENCE_NUM_THREADS"] = opts.num_threads
         # The CPU plugin infers in bf16 on CPUs with AVX-512 BF16 / AMX unless told f32; f32 keeps results
         # equal to ONNX Runtime's. Other devices keep their own default (f16 on NPU and GPU).
-        precision = opts.inference_precision or ("f32" if self._ov_device == "CPU" else None)
+        precision = opts.inference_precision or ("f32" if self.device == "CPU" else None)
         if precision is not None:
             properties["INFERENCE_PRECISION_HINT"] = precision
         properties.update(opts.engine_options)  # passed through untouched: the engine validates them
         return properties
 
-    def _run(self, compiled: Compiled, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> None:
-        engine: OpenVINOEngine = compiled.engine
-        slot = engine.acquire(self._max_concurrent, reap=self._reap)
-        try:
-            slot.bind_all(inputs, outputs, engine.element_types)
-            if engine.started_async:
-                # Once execute_async has started requests on OpenVINO's executor, execute runs there too:
-                # OpenVINO's CPU plugin, given both infer() on callers' threads and start_async() on one
-                # compiled model, grows its memory by ~50 MiB steps under CPU contention (seen here with plain
-                # OpenVINO: +300 to +550 MiB over 20,000 mixed calls beside two busy loops; flat with either
-                # kind alone). Costs ~15 us per execute, only on runners that use both.
-                _start_async_base(slot.request, {}, None)  # type: ignore[misc]
-                slot.request.wait()
-            elif _infer_base is not None:
-                _infer_base(slot.request, {}, True, True)
-            else:  # pragma: no cover
-                slot.request.infer()
-        finally:
-            engine.release(slot)
+    def engine_settings(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self.properties().items() if k != "CACHE_DIR"}
 
-    def _start(self, compiled: Compiled, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> Any:
-        """Start the inference on a free infer request of the engine's own (no runner thread involved)."""
-        engine: OpenVINOEngine = compiled.engine
-        if _start_async_base is None:  # pragma: no cover
-            return None
-        slot = engine.acquire(self._max_concurrent, block=False)
-        if slot is None:
-            return None
-        engine.started_async = True
-        try:
-            slot.bind_all(inputs, outputs, engine.element_types)
-            _start_async_base(slot.request, {}, None)
-        except Exception:
-            engine.release(slot)  # it never started
-            raise
-        return engine, slot
-
-    def _await(self, handle: Any, timeout_s: float | None) -> bool:
-        engine, slot = handle
-        try:
-            if timeout_s is None:
-                slot.request.wait()  # raises the inference's error
-                ended = True
-            else:
-                ended = slot.request.wait_for(math.ceil(timeout_s * 1000))
-        except Exception:
-            engine.release(slot)  # the inference failed: the request is free again
-            raise
-        if ended:
-            engine.release(slot)
-        return ended
-
-    def _close(self) -> None:
-        for compiled in list(self._compiled.values()):
-            compiled.engine.close()
-        self._compiled = {}
-
-    def _default_max_concurrent_runs(self) -> int:
-        return self._default.engine.optimal_requests
-
-    @classmethod
-    def npu_present(cls) -> bool:
-        try:
-            return any(device_family(d) == "NPU" for d in core().available_devices)
-        except RuntimeError:
-            return False
-
-    # ---------------------------------------------------------------- OpenVINO specifics
-    @property
-    def compiled_model(self) -> ov.CompiledModel:
-        """The compiled model for the default input shapes (for comparisons against plain OpenVINO calls)."""
-        self._require_open()
-        return self._default.engine.compiled_model
-
-    @property
-    def compile_properties(self) -> dict[str, Any]:
-        """The properties the models were compiled with (npurt's choices plus engine_options)."""
-        self._require_open()
-        return dict(self._default.engine.properties)
-
-    def infer_requests(self, shapes: Sequence[Sequence[int]] | None = None) -> list[ov.InferRequest]:
-        """The infer requests made so far for input CPU shapes ``shapes`` (default: the default shapes)."""
-        self._require_open()
-        signature = self._default.signature if shapes is None else tuple(tuple(s) for s in shapes)
-        compiled = self._compiled.get(signature)
-        if compiled is None:
-            raise ValueError(f"no compiled model for input shapes {[list(s) for s in signature]}; compiled: "
-                             f"{[[list(s) for s in k] for k in self._compiled]}")
-        return compiled.engine.requests
+    def default_max_concurrent_runs(self, engine: Engine | None) -> int:
+        if isinstance(engine, OpenVINOEngine):
+            return engine.optimal_requests
+        return 2
 
 
-__all__ = ["OpenVINORunner", "OpenVINOEngine", "core", "npu_unavailable_reason", "ov_type", "data_type_of"]
+def _optimal_requests(compiled_model: ov.CompiledModel) -> int:
+    try:
+        return max(1, int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+    except RuntimeError:
+        return 1
+
+
+__all__ = ["OpenVINOBackend", "OpenVINOEngine", "core", "npu_unavailable_reason", "ov_type", "data_type_of"]

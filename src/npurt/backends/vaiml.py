@@ -1,47 +1,39 @@
-"""RunnerType.VAIML: ONNX Runtime with the Vitis AI execution provider, or ONNX Runtime's CPU provider.
+"""RunnerType.VAIML: ONNX Runtime with the Vitis AI execution provider (AMD NPUs), or its CPU provider.
 
-The Vitis AI provider ships only in the Ryzen AI SDK's onnxruntime build (not on PyPI). Where it is
-missing the runner falls back to the CPU provider as the ``fallback`` option allows, and says so. Which
-provider each node went to is read from the session (graph assignment info), not assumed.
+The Vitis AI provider ships only in the Ryzen AI SDK's onnxruntime build (not on PyPI). Where it is missing the
+runner falls back to the CPU provider as the ``fallback`` option allows, and says so. Which provider each node went
+to is read from the session (graph assignment info), not assumed.
 
-HW views (formats.hw_view, target "VAIML") are baked into the ONNX graph the session loads: at a HW
-input the session consumes the HW tensor (Cast -> Transpose -> Reshape -> Slice back to the model's
-tensor), at a HW output it produces it (Pad -> Reshape -> Transpose -> Cast). Port names stay the
-model's; the model's own tensors are renamed ``<name>__npurt_cpu``. Tensors are bound with IOBinding by
-address (zero copy); bindings are cached per thread and per set of tensors, so a repeated
-``execute`` with the same tensors runs without rebinding.
+On the CPU provider with the device's own views the session loads the model file as it is (the very graph that
+``InferenceSession(path)`` runs, so results are the engine's bit for bit), and the model's ports are the session's.
+Where the NPU's views apply (on the NPU, or with ``hw_view="npu"``) the views are built into the graph
+(``onnx_edit``) and, on the NPU, the shapes fixed. Tensors are bound by address with IOBinding (zero copy); outputs
+whose shape only the run tells are produced by ONNX Runtime and copied into the caller's tensor (counted).
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import logging
 import os
 import platform
 import threading
-import weakref
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
-from .. import devices, formats, qdq
-from ..runner import Compiled, Port, PortSpec, Runner
+from .. import devices, onnx_edit, qdq
+from ..engine import Backend, Engine, OpenedModel, OutputTooSmallError, ResultShapes
+from ..ports import Port, PortFactory, PortSpec
 from ..tensor import NpuTensor
-from ..types import (
-    DataType,
-    DeviceInfo,
-    MemoryLayout,
-    NpuError,
-    NpuUnsupportedError,
-    TensorDirection,
-    TensorType,
-)
+from ..types import DataType, DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection
 
 log = logging.getLogger("npurt")
 
@@ -56,26 +48,15 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-MIN_OPSET_FOR_EDITS = 13  # Cast to/from bfloat16 needs opset 13
-BINDINGS_PER_THREAD = 4  # cached IOBindings per thread and compiled variant (double/triple buffering)
-INTERNAL_SUFFIX = "__npurt_cpu"
 
-_ONNX_TO_DTYPE = {
-    TensorProto.FLOAT: DataType.FLOAT32,
-    TensorProto.FLOAT16: DataType.FP16,
-    TensorProto.BFLOAT16: DataType.BF16,
-    TensorProto.INT8: DataType.INT8,
-    TensorProto.UINT8: DataType.UINT8,
-    TensorProto.INT16: DataType.INT16,
-    TensorProto.UINT16: DataType.UINT16,
-    TensorProto.INT32: DataType.INT32,
-    TensorProto.UINT32: DataType.UINT32,
-    TensorProto.INT64: DataType.INT64,
-    TensorProto.UINT64: DataType.UINT64,
-    TensorProto.BOOL: DataType.BOOLEAN,
+# ONNX Runtime's type strings (NodeArg.type) for the element types npurt carries
+_ORT_TYPES = {
+    "tensor(float)": DataType.FLOAT32, "tensor(float16)": DataType.FP16, "tensor(bfloat16)": DataType.BF16,
+    "tensor(double)": DataType.FLOAT64, "tensor(int8)": DataType.INT8, "tensor(uint8)": DataType.UINT8,
+    "tensor(int16)": DataType.INT16, "tensor(uint16)": DataType.UINT16, "tensor(int32)": DataType.INT32,
+    "tensor(uint32)": DataType.UINT32, "tensor(int64)": DataType.INT64, "tensor(uint64)": DataType.UINT64,
+    "tensor(bool)": DataType.BOOLEAN,
 }
-_DTYPE_TO_ONNX = {v: k for k, v in _ONNX_TO_DTYPE.items()}
-_FLOAT_ONNX = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
 # ---------------------------------------------------------------------------------------- discovery
@@ -100,330 +81,151 @@ def npu_unavailable_reason() -> str:
             + ("; amdxdna driver loaded" if driver else "; amdxdna driver not loaded (/sys/module/amdxdna absent)"))
 
 
-# ---------------------------------------------------------------------------------------- model reading
-def _value_spec(value: onnx.ValueInfoProto, what: str) -> PortSpec:
-    tt = value.type.tensor_type
-    if not value.type.HasField("tensor_type"):
-        raise NpuUnsupportedError(f"{what} {value.name!r} is not a tensor ({value.type.WhichOneof('value')})")
-    dtype = _ONNX_TO_DTYPE.get(tt.elem_type)
+def _arg_spec(arg: Any, what: str) -> PortSpec:
+    """A session input or output (NodeArg) as a PortSpec; NpuUnsupportedError for what npurt cannot carry."""
+    dtype = _ORT_TYPES.get(arg.type)
     if dtype is None:
-        raise NpuUnsupportedError(f"{what} {value.name!r} has ONNX element type "
-                                  f"{TensorProto.DataType.Name(tt.elem_type)}, which npurt does not support")
-    if not tt.HasField("shape"):
-        raise NpuUnsupportedError(f"{what} {value.name!r} has no shape (unknown rank) in the model")
-    shape: list[int | None] = []
-    names: list[str | None] = []
-    for d in tt.shape.dim:
-        static = d.HasField("dim_value") and d.dim_value > 0
-        shape.append(int(d.dim_value) if static else None)
-        names.append(d.dim_param if d.HasField("dim_param") and d.dim_param else None)
-    return PortSpec(value.name, dtype, tuple(shape), dim_names=tuple(names))
+        kind = "a tensor of strings" if arg.type == "tensor(string)" else f"of type {arg.type}"
+        raise NpuUnsupportedError(f"{what} {arg.name!r} is {kind}, which npurt does not carry (it carries numeric "
+                                  "and boolean tensors; sequences, maps and optionals are out of scope)")
+    if arg.shape is None:
+        raise NpuUnsupportedError(f"{what} {arg.name!r} has no shape (unknown rank) in the model")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
+    names = tuple(d if isinstance(d, str) and d else None for d in arg.shape)
+    return PortSpec(arg.name, dtype, shape, dim_names=names)
 
 
-def _graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
-    initializers = {i.name for i in graph.initializer}
-    return [v for v in graph.input if v.name not in initializers]
+def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
+    """An output's dims as the session knows them (None where the run decides)."""
+    if arg.shape is None:
+        return spec.shape
+    return tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+def _static(shape: tuple[int | None, ...]) -> tuple[int, ...] | None:
+    return None if None in shape else shape  # type: ignore[return-value]
 
 
-def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...], elem_type: int | None = None) -> None:
-    tt = value.type.tensor_type
-    if elem_type is not None:
-        tt.elem_type = elem_type
-    tt.ClearField("shape")
-    tt.shape.SetInParent()  # a scalar still has a (rank-0) shape
-    for d in shape:
-        tt.shape.dim.add().dim_value = int(d)
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
-def _rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) -> None:
-    """Rename tensor ``old`` to ``new`` in node inputs (and outputs), also inside subgraphs that see it."""
-    for node in graph.node:
-        for i, n in enumerate(node.input):
-            if n == old:
-                node.input[i] = new
-        if outputs_too:
-            for i, n in enumerate(node.output):
-                if n == old:
-                    node.output[i] = new
-        for attr in node.attribute:
-            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-            for sub in subgraphs:
-                shadowed = {v.name for v in sub.input} | {i.name for i in sub.initializer}
-                if old not in shadowed:
-                    _rename_uses(sub, old, new, outputs_too=False)
-    for vi in graph.value_info:
-        if vi.name == old:
-            vi.name = new
+# ---------------------------------------------------------------------------------------- engine
+class _Binding:
+    """An IOBinding of a set of tensors (by address), and where outputs produced by ONNX Runtime must go."""
+
+    __slots__ = ("io", "lock", "copies", "inputs", "outputs")
+
+    def __init__(self, io: Any, copies: list[tuple[int, int, int]], inputs: list, outputs: list) -> None:
+        self.io = io
+        self.lock = threading.Lock()  # an IOBinding serves one run at a time
+        self.copies = copies  # (output index, address, capacity) of outputs whose shape the run decides
+        self.inputs, self.outputs = inputs, outputs  # (shape, address) per port, to bind again if busy
 
 
-class _GraphEditor:
-    """Adds the CPU<->HW conversions at a graph's ports, with unique names for the nodes it adds."""
+class OrtEngine(Engine):
+    """One ONNX Runtime session (shared by the variants it serves) and the ports of one variant."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.model = model
-        self.graph = model.graph
-        self.head: list[onnx.NodeProto] = []  # conversions of inputs: run first
-        self.tail: list[onnx.NodeProto] = []  # conversions of outputs: run last
-
-    def _const(self, port: str, values: list[int]) -> str:
-        name = f"{port}__npurt_const{len(self.graph.initializer)}"
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
-        return name
-
-    def _chain(self, port: str, src: str, dst: str, steps: list[tuple[str, dict[str, Any], list[str]]]
-               ) -> list[onnx.NodeProto]:
-        nodes = []
-        cur = src
-        for k, (op, attrs, extra) in enumerate(steps):
-            out = dst if k == len(steps) - 1 else f"{port}__npurt_{k}_{op.lower()}"
-            nodes.append(helper.make_node(op, [cur, *extra], [out], name=f"{port}__npurt_{op}_{k}", **attrs))
-            cur = out
-        return nodes
-
-    def _permute(self, name: str, shape: tuple[int, ...], perm: tuple[int, ...], result: tuple[int, ...]
-                 ) -> list[tuple[str, dict[str, Any], list[str]]]:
-        """Steps that permute a tensor of ``shape`` by ``perm`` and leave it shaped ``result``.
-
-        ONNX Runtime's Transpose is slow on 5-D tensors (10x slower than the equivalent 2-D transpose on a
-        640x640 HCWNC4 frame, measured here), so size-1 axes are dropped and axes that stay together merged.
-        """
-        reduced, rperm = _reduce_transpose(shape, perm)
-        steps: list[tuple[str, dict[str, Any], list[str]]] = []
-        if rperm != tuple(range(len(rperm))):
-            if tuple(reduced) != tuple(shape):
-                steps.append(("Reshape", {}, [self._const(name, list(reduced))]))
-            steps.append(("Transpose", {"perm": list(rperm)}, []))
-        steps.append(("Reshape", {}, [self._const(name, list(result))]))
-        return steps
-
-    def _steps_to_cpu(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
-        """Nodes that turn the HW tensor into the model's (CPU) tensor: move data in the HW type, cast last."""
-        hw, cpu, name = port.hw, port.cpu, port.name
-        steps: list[tuple[str, dict[str, Any], list[str]]] = []
-        layout = hw.memory_layout
-        if layout in formats.CHANNEL_GROUP:
-            n, c, h, w = cpu.shape
-            k = formats.CHANNEL_GROUP[layout]
-            padded = -(-c // k) * k
-            inverse = tuple(int(i) for i in np.argsort(formats._HCWNC_PERMUTATION))
-            steps += self._permute(name, hw.shape, inverse, (n, padded, h, w))
-            if padded != c:
-                steps.append(("Slice", {}, [self._const(name, [0]), self._const(name, [c]), self._const(name, [1])]))
-        else:
-            perm = _layout_perm(port)
-            if perm is not None:
-                inverse = tuple(int(i) for i in np.argsort(perm))
-                steps += self._permute(name, hw.shape, inverse, cpu.shape)
-        if hw.data_type != cpu.data_type:
-            steps.append(("Cast", {"to": _onnx_type(cpu.data_type, name)}, []))
-        return steps
-
-    def _steps_to_hw(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
-        """Nodes that turn the model's (CPU) tensor into the HW tensor: pad, cast, then move data in the HW type."""
-        hw, cpu, name = port.hw, port.cpu, port.name
-        steps: list[tuple[str, dict[str, Any], list[str]]] = []
-        layout = hw.memory_layout
-        moves: list[tuple[str, dict[str, Any], list[str]]] = []
-        if layout in formats.CHANNEL_GROUP:
-            n, c, h, w = cpu.shape
-            k = formats.CHANNEL_GROUP[layout]
-            groups = -(-c // k)
-            if groups * k != c:
-                steps.append(("Pad", {}, [self._const(name, [0, 0, 0, 0, 0, groups * k - c, 0, 0])]))
-            moves = self._permute(name, (n, groups, k, h, w), formats._HCWNC_PERMUTATION, hw.shape)
-        else:
-            perm = _layout_perm(port)
-            if perm is not None:
-                moves = self._permute(name, cpu.shape, perm, hw.shape)
-        if hw.data_type != cpu.data_type:
-            steps.append(("Cast", {"to": _onnx_type(hw.data_type, name)}, []))
-        return steps + moves
-
-    def input_to_hw(self, port: Port) -> None:
-        steps = self._steps_to_cpu(port)
-        if not steps:
-            return
-        internal = port.name + INTERNAL_SUFFIX
-        _rename_uses(self.graph, port.name, internal, outputs_too=False)
-        self.head += self._chain(port.name, port.name, internal, steps)
-        value = next(v for v in self.graph.input if v.name == port.name)
-        _set_shape(value, port.hw.shape, _onnx_type(port.hw.data_type, port.name))
-
-    def output_to_hw(self, port: Port) -> None:
-        steps = self._steps_to_hw(port)
-        if not steps:
-            return
-        if not any(port.name in node.output for node in self.graph.node):
-            raise NpuUnsupportedError(f"output {port.name!r} is not computed by a node (it is a graph input or a "
-                                      "constant); its HW view cannot be baked into the model: use the CPU view")
-        internal = port.name + INTERNAL_SUFFIX
-        _rename_uses(self.graph, port.name, internal, outputs_too=True)
-        self.tail += self._chain(port.name, internal, port.name, steps)
-        value = next(v for v in self.graph.output if v.name == port.name)
-        _set_shape(value, port.hw.shape, _onnx_type(port.hw.data_type, port.name))
-
-    def finish(self) -> bool:
-        if not (self.head or self.tail):
-            return False
-        nodes = [*self.head, *self.graph.node, *self.tail]
-        del self.graph.node[:]
-        self.graph.node.extend(nodes)
-        return True
-
-
-def _onnx_type(dtype: DataType, name: str) -> int:
-    t = _DTYPE_TO_ONNX.get(dtype)
-    if t is None:
-        raise NpuUnsupportedError(f"tensor {name!r}: no ONNX element type for {dtype.name}")
-    return t
-
-
-def _layout_perm(port: Port) -> tuple[int, ...] | None:
-    """The permutation from the CPU tensor's axes to the HW view's (None when they are the same)."""
-    hw, cpu = port.hw, port.cpu
-    if hw.memory_layout == cpu.memory_layout or hw.memory_layout is MemoryLayout.UNKNOWN:
-        return None
-    if hw.memory_layout is MemoryLayout.GENERIC and hw.memory_layout_order:
-        perm = tuple(hw.memory_layout_order)
-    elif hw.memory_layout is MemoryLayout.NHWC and cpu.memory_layout is MemoryLayout.NCHW:
-        perm = (0, 2, 3, 1)
-    elif hw.memory_layout is MemoryLayout.NCHW and cpu.memory_layout is MemoryLayout.NCHW:
-        perm = None
-    else:
-        raise NpuUnsupportedError(f"tensor {port.name!r}: cannot bake {cpu.memory_layout.name} -> "
-                                  f"{hw.memory_layout.name} into the ONNX graph")
-    return None if perm is None or perm == tuple(range(len(perm))) else perm
-
-
-def _reduce_transpose(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The smallest transpose equivalent to ``perm`` on ``shape``: size-1 axes dropped, and input axes that
-    stay adjacent and in order in the output merged. Returns (reduced input shape, reduced permutation)."""
-    keep = [a for a in range(len(shape)) if shape[a] != 1]
-    index = {a: i for i, a in enumerate(keep)}
-    order = [index[a] for a in perm if a in index]  # output order of the kept input axes
-    dims = [shape[a] for a in keep]
-    groups: list[list[int]] = []  # runs of input axes, in output order
-    for a in order:
-        if groups and groups[-1][-1] + 1 == a:
-            groups[-1].append(a)
-        else:
-            groups.append([a])
-    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
-    reduced = tuple(int(np.prod([dims[a] for a in groups[g]])) for g in by_input)
-    position = {g: i for i, g in enumerate(by_input)}
-    return reduced, tuple(position[g] for g in range(len(groups)))
-
-
-def _check_hw_port(port: Port) -> None:
-    hw, cpu = port.hw, port.cpu
-    if port.quant is not None:
-        return  # a QDQ boundary: the engine takes the quantized tensor once the boundary node is stripped
-    if hw.data_type != cpu.data_type:
-        floats = (DataType.FLOAT32, DataType.FP16, DataType.BF16)
-        if hw.data_type not in floats or cpu.data_type not in floats:
-            raise NpuUnsupportedError(
-                f"tensor {port.name!r}: HW view {hw.data_type.name} of a {cpu.data_type.name} tensor is not "
-                "supported by the VAIML backend (only QDQ boundaries have a quantized HW view); use the CPU view")
-
-
-# ---------------------------------------------------------------------------------------- engine state
-class _Engine:
-    """One ONNX Runtime session for one input-shape signature, and its per-thread IOBinding cache."""
-
-    def __init__(self, session: ort.InferenceSession, inputs: list[Port], outputs: list[Port]) -> None:
+    def __init__(self, session: ort.InferenceSession, inputs: list[Port], outputs: list[Port], count_copy: Any
+                 ) -> None:
         self.session = session
-        self.c_session = session._sess  # the pybind object: run_with_iobinding without the wrapper's checks
-        self.cpu = ort.OrtDevice.make("cpu", 0)._get_c_device()
-        self.in_binds = [(p.name, _onnx_type(p.engine.data_type, p.name), list(p.engine.shape)) for p in inputs]
-        self.out_binds = [(p.name, _onnx_type(p.engine.data_type, p.name), list(p.engine.shape)) for p in outputs]
-        self.local = threading.local()
-        self.bindings_made = 0  # for tests and diagnostics: how often the cache missed
+        self.inputs, self.outputs = inputs, outputs
+        self.count_copy = count_copy
+        self.cpu = ort.OrtDevice.make("cpu", 0)
+        self.in_types = [(p.name, onnx_edit.onnx_type(p.engine.data_type, p.name)) for p in inputs]
+        self.out_types = [(p.name, onnx_edit.onnx_type(p.engine.data_type, p.name)) for p in outputs]
+        self.out_names = [p.name for p in outputs]
+        self.bindings_made = 0  # for tests and diagnostics
 
-    def binding(self, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> Any:
-        """The calling thread's IOBinding for these tensors, made once and reused while they live.
-
-        Keyed by the tensors' identity and checked through weak references (an NpuTensor's memory never
-        changes, so the same live objects mean the same buffers); the addresses are read only on a miss.
-        """
-        tensors = (*inputs, *outputs)
-        key = tuple(map(id, tensors))
-        cache = getattr(self.local, "cache", None)
-        if cache is None:
-            cache = self.local.cache = {}
-        entry = cache.get(key)
-        if entry is not None:
-            refs, binding = entry
-            if all(ref() is t for ref, t in zip(refs, tensors)):
-                return binding
-        if self.c_session is None:
-            raise NpuError("the runner is closed")
-        binding = ort.capi._pybind_state.SessionIOBinding(self.c_session)
-        for (name, etype, shape), t in zip(self.in_binds, inputs):
-            binding.bind_input(name, self.cpu, etype, shape, t.get_virtual_address())
-        for (name, etype, shape), t in zip(self.out_binds, outputs):
-            binding.bind_output(name, self.cpu, etype, shape, t.get_virtual_address())
-        if len(cache) >= BINDINGS_PER_THREAD:
-            cache.pop(next(iter(cache)))
-        cache[key] = (tuple(weakref.ref(t) for t in tensors), binding)
+    def _io(self, inputs: Sequence[tuple[tuple[int, ...], int]], outputs: Sequence[tuple[tuple[int, ...], int]]
+            ) -> tuple[Any, list[tuple[int, int, int]]]:
+        io = self.session.io_binding()
+        c_io, device = io._iobinding, self.cpu._get_c_device()  # the C++ binding: no per-call Python checks
+        for (name, etype), (shape, address) in zip(self.in_types, inputs):
+            c_io.bind_input(name, device, etype, list(shape), address)
+        copies = []
+        for j, ((name, etype), port, (shape, address)) in enumerate(zip(self.out_types, self.outputs, outputs)):
+            if port.is_static:
+                c_io.bind_output(name, device, etype, list(shape), address)
+            else:  # the run decides the shape: ONNX Runtime allocates, and the result is copied out
+                io.bind_output(name, "cpu")
+                copies.append((j, address, int(np.prod(shape)) * np.dtype(port.engine.numpy_dtype).itemsize))
         self.bindings_made += 1
-        return binding
+        return io, copies
+
+    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> _Binding:
+        ins = [(t.info.shape, t.get_virtual_address()) for t in inputs]
+        outs = [(t.info.shape, t.get_virtual_address()) for t in outputs]
+        io, copies = self._io(ins, outs)
+        return _Binding(io, copies, ins, outs)
+
+    def run(self, binding: _Binding) -> ResultShapes:
+        session = self.session
+        if session is None:
+            raise NpuError("the runner is closed")
+        if binding.lock.acquire(False):
+            io, copies = binding.io, binding.copies
+            try:
+                return self._run(session, io, copies)
+            finally:
+                binding.lock.release()
+        io, copies = self._io(binding.inputs, binding.outputs)  # the same tensors on two threads at once
+        return self._run(session, io, copies)
+
+    def _run(self, session: ort.InferenceSession, io: Any, copies: list[tuple[int, int, int]]) -> ResultShapes:
+        session._sess.run_with_iobinding(io._iobinding, None)  # releases the GIL
+        if not copies:
+            return None
+        values = io.get_outputs()
+        shapes: list[tuple[int, ...] | None] = [None] * len(self.outputs)
+        for j, address, capacity in copies:
+            value = values[j]
+            shape = tuple(value.shape())
+            nbytes = int(np.prod(shape)) * np.dtype(self.outputs[j].engine.numpy_dtype).itemsize
+            if nbytes > capacity:
+                raise OutputTooSmallError(self.outputs[j].name, shape, nbytes, capacity)
+            if nbytes:
+                ctypes.memmove(address, value.data_ptr(), nbytes)
+                self.count_copy(nbytes)
+            shapes[j] = shape
+        return shapes
+
+    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        session = self.session
+        if session is None:
+            raise NpuError("the runner is closed")
+        return session.run(self.out_names, {name: a for (name, _), a in zip(self.in_types, arrays)})
 
     def close(self) -> None:
-        self.c_session = None
         self.session = None  # type: ignore[assignment]
-        self.local = threading.local()
 
 
-def _cpu_fingerprint() -> str:
-    """What an optimized model may depend on: ORT's ALL level adds CPU-specific (NCHWc) kernels."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "model name")):
-                    flags += line
-                if line.startswith("flags"):
-                    break
-    except OSError:
-        pass
-    return f"{platform.machine()}|{flags}"
+# ---------------------------------------------------------------------------------------- backend
+class VaimlBackend(Backend):
+    """ONNX Runtime with the Vitis AI EP (NPU) or the CPU provider."""
 
-
-# ---------------------------------------------------------------------------------------- the runner
-class VaimlRunner(Runner):
-    """ONNX Runtime with the Vitis AI EP (NPU) or the CPU provider; HW views baked into the graph."""
-
-    runner_type = "VAIML"
+    name = "VAIML"
     target = "VAIML"
+
+    def __init__(self, model_path: Path, options: Any) -> None:
+        super().__init__(model_path, options)
+        self._sessions: dict[bytes | str, ort.InferenceSession] = {}  # by model (file or edited bytes' digest)
+        self._lock = threading.Lock()
+        self._model: onnx.ModelProto | None = None
+        self.placement: tuple[tuple[str, int], ...] = ()
+        self.npu_took_nothing: str | None = None  # why the Vitis AI EP ran nothing, where it did not
 
     @classmethod
     def npu_present(cls) -> bool:
         return VITISAI_EP in ort.get_available_providers()
 
-    # -- load ---------------------------------------------------------------------------------------
-    def _load(self) -> tuple[list[PortSpec], list[PortSpec]]:
-        try:
-            self._model = onnx.load(str(self.model_path))
-        except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
-            # the path exists (the Runner checked): a file that is not a model is the engine's refusal, not a bad
-            # argument, as with OpenVINO
-            raise NpuError(f"cannot read ONNX model {self.model_path}: {type(e).__name__}: {e}") from None
-        self._edit_base: onnx.ModelProto | None = None  # the model at an opset that takes the HW edits
-        self._edit_lock = threading.Lock()
-        self._engines: list[_Engine] = []
-        # At QDQ boundaries the HW view is the quantized tensor, and the boundary Q/DQ leaves the graph.
-        boundaries = qdq.find_boundaries(self._model)
-        ins = qdq.annotate_specs([_value_spec(v, "input") for v in _graph_inputs(self._model.graph)], boundaries)
-        outs = qdq.annotate_specs([_value_spec(v, "output") for v in self._model.graph.output], boundaries)
-
+    def open(self) -> OpenedModel:
         engine_opts = dict(self.options.engine_options)
         self._vitis_options = {k: str(engine_opts.pop(k)) for k in VITISAI_OPTION_KEYS if k in engine_opts}
         self._session_options = engine_opts
-
         npu_reason = npu_unavailable_reason()
         present = {"CPU"} if npu_reason else {"NPU", "CPU"}
         unavailable = {"GPU": "the VAIML backend runs on the Vitis AI NPU or ONNX Runtime's CPU provider; "
@@ -431,120 +233,89 @@ class VaimlRunner(Runner):
         if npu_reason:
             unavailable["NPU"] = npu_reason
         sel = devices.select_device(self.options.device, unavailable, present, self.options.fallback, BACKEND_NAME)
-        self._providers: list[Any] = [CPU_EP]
-        if sel.attached == "NPU":
-            self._providers = [(VITISAI_EP, self._vitis_options), CPU_EP]
+        self.on_npu = sel.attached == "NPU"
+        self.npu_views = self.on_npu or self.options.hw_view == "npu"
         if self.options.inference_precision not in (None, "f32"):
             log.warning("VAIML: inference_precision=%s is ignored (the Vitis AI EP's compiler picks the NPU's "
                         "precision; the CPU provider computes in the model's types)", self.options.inference_precision)
-        self._device_info = DeviceInfo(
-            requested=self.options.device, attached=sel.attached, engine="ONNX Runtime", engine_version=ort.__version__,
-            fell_back=sel.fell_back, reason=sel.reason, skipped=sel.skipped,
-            full_name=VITISAI_EP if sel.attached == "NPU" else CPU_EP)
-        return ins, outs
+        if self.model_path.suffix.lower() == ".xml":
+            raise NpuError(f"{BACKEND_NAME} reads ONNX models; {self.model_path.name} is an OpenVINO IR model")
+        if self.npu_views:
+            # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
+            self._model = self._read_model()
+            boundaries = qdq.find_boundaries(self._model)
+            ins = qdq.annotate_specs([onnx_edit.value_spec(v, "input") for v in
+                                      onnx_edit.graph_inputs(self._model.graph)], boundaries)
+            outs = qdq.annotate_specs([onnx_edit.value_spec(v, "output") for v in self._model.graph.output],
+                                      boundaries)
+        else:
+            # The model as it is: the session's ports are the model's own.
+            session = self._session(str(self.model_path), str(self.model_path))
+            ins = [_arg_spec(a, "input") for a in session.get_inputs()]
+            outs = [_arg_spec(a, "output") for a in session.get_outputs()]
+        self._out_specs = outs
+        info = DeviceInfo(requested=self.options.device, attached=sel.attached, engine="ONNX Runtime",
+                          engine_version=ort.__version__, fell_back=sel.fell_back, reason=sel.reason,
+                          skipped=sel.skipped, full_name=VITISAI_EP if self.on_npu else CPU_EP)
+        return OpenedModel(info, ins, outs, dynamic_shapes=not self.on_npu)
 
-    # -- compile ------------------------------------------------------------------------------------
-    def _compile(self, inputs: list[Port]) -> Compiled:
-        for p in inputs:
-            if p.view is TensorType.HW:
-                _check_hw_port(p)
-        out_shapes = self._output_shapes(inputs)
-        outputs = [self.make_port(dataclasses.replace(spec, shape=shape), TensorDirection.OUTPUT)
-                   for spec, shape in zip(self._out_specs, out_shapes)]
-        for p in outputs:
-            if p.view is TensorType.HW:
-                _check_hw_port(p)
-        model = self._edited(inputs, outputs)
-        session = self._session(model)
-        engine = _Engine(session, inputs, outputs)
-        self._engines.append(engine)
-        self._record_placement(session)
-        return Compiled(inputs=inputs, outputs=outputs, engine=engine)
+    def compile(self, inputs: list[Port], ports: PortFactory) -> Engine:
+        if self._model is None:  # the model as it is: one session serves every variant
+            session = self._session(str(self.model_path), str(self.model_path))
+            # Output dims are what the session knows before a run: where it cannot tell (even for pinned input
+            # shapes), the run decides them, and a probe on made-up inputs would be a guess.
+            shapes = [_arg_shape(spec, arg) for spec, arg in zip(self._out_specs, session.get_outputs())]
+            outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
+                       for spec, shape in zip(self._out_specs, shapes)]
+            return OrtEngine(session, inputs, outputs, self.count_copy)
+        # The NPU's views: built into the graph for static input shapes (as the Vitis AI EP compiles them).
+        shapes = self._output_shapes(inputs)
+        outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
+                   for spec, shape in zip(self._out_specs, shapes)]
+        data = onnx_edit.edited_model(self._model, inputs, outputs, fix_shapes=True).SerializeToString()
+        session = self._session(data, hashlib.sha256(data).hexdigest())
+        return OrtEngine(session, inputs, outputs, self.count_copy)
 
-    @staticmethod
-    def _fix_inputs(model: onnx.ModelProto, inputs: list[Port]) -> None:
-        by_name = {p.name: p for p in inputs}
-        for value in _graph_inputs(model.graph):
-            port = by_name[value.name]
-            _set_shape(value, port.cpu.shape)
+    def _read_model(self) -> onnx.ModelProto:
+        try:
+            return onnx.load(str(self.model_path))
+        except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
+            raise NpuError(f"cannot read ONNX model {self.model_path}: {type(e).__name__}: {e}") from None
 
     def _output_shapes(self, inputs: list[Port]) -> list[tuple[int, ...]]:
-        """Static output shapes for static inputs: from the model if it says, else from ONNX Runtime."""
-        declared = [self._static(s.shape) for s in self._out_specs]
-        if all(d is not None for d in declared) and all(s.is_static for s in self._in_specs):
-            return declared  # type: ignore[return-value]
-        fixed = onnx.ModelProto()
-        fixed.CopyFrom(self._model)
-        self._fix_inputs(fixed, inputs)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # folds shape computations
-        so.log_severity_level = 3
-        probe = ort.InferenceSession(fixed.SerializeToString(), so, providers=[CPU_EP])
-        shapes = [self._static(o.shape) for o in probe.get_outputs()]
+        """Static output shapes for static inputs, from shape inference (the NPU needs them static)."""
+        assert self._model is not None
+        shapes = onnx_edit.output_shapes(self._model, inputs)
         if any(s is None for s in shapes):
-            # Shapes that only a run can tell: run once on zeros.
-            feeds = {p.name: np.zeros(p.cpu.shape, p.cpu.numpy_dtype) for p in inputs}
-            results = probe.run(None, feeds)
-            shapes = [tuple(r.shape) for r in results]
+            # ONNX's shape inference could not tell (an operator it does not know): ask ONNX Runtime, whose graph
+            # resolution infers them too, on the model with its inputs fixed (no run).
+            fixed = onnx_edit.edited_model(self._model, inputs, [], fix_shapes=True)
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            session = ort.InferenceSession(fixed.SerializeToString(), so, providers=[CPU_EP])
+            shapes = [_static(_arg_shape(spec, arg)) for spec, arg in zip(self._out_specs, session.get_outputs())]
+        for spec, shape in zip(self._out_specs, shapes):
+            if shape is None:
+                raise NpuUnsupportedError(
+                    f"output {spec.name!r} stays dynamic for input shapes {[list(p.cpu.shape) for p in inputs]}; "
+                    "the NPU needs static outputs (a data-dependent shape cannot be compiled for it)")
         return shapes  # type: ignore[return-value]
 
-    @staticmethod
-    def _static(shape: Any) -> tuple[int, ...] | None:
-        if all(isinstance(d, int) and d > 0 for d in shape):
-            return tuple(shape)
-        return None
+    def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:
+        return dataclasses.replace(info, placement=self.placement or info.placement,
+                                   fell_back=info.fell_back or self.npu_took_nothing is not None,
+                                   reason=self.npu_took_nothing or info.reason)
 
-    def _edited(self, inputs: list[Port], outputs: list[Port]) -> onnx.ModelProto:
-        """The model the session loads: the HW views baked in at HW ports, and static shapes for the NPU.
-
-        On the CPU provider the model's own dims stay as they are: ONNX Runtime then runs the very graph that
-        ``InferenceSession.run`` on the original model runs (fixing the dims changes its kernel choices and
-        the last bit of some results). The Vitis AI EP compiles for static shapes, so there they are fixed.
-        """
-        quantized = qdq.quantized_hw_ports(inputs + outputs)
-        needs_edit = any(p.view is TensorType.HW and p.name not in quantized
-                         and p.hw != p.cpu.replace(tensor_type=TensorType.HW) for p in inputs + outputs)
-        base = self._model
-        if needs_edit and _opset(base) < MIN_OPSET_FOR_EDITS:
-            base = self._converted_base()
-        if quantized:
-            model = qdq.strip_boundaries(base, quantized)  # a copy
-        else:
-            model = onnx.ModelProto()
-            model.CopyFrom(base)
-        if self.device_info.attached == "NPU":
-            self._fix_inputs(model, inputs)
-            for value, port in zip(model.graph.output, outputs):
-                _set_shape(value, port.cpu.shape)
-        editor = _GraphEditor(model)
-        for p in inputs:
-            if p.view is TensorType.HW and p.name not in quantized:
-                editor.input_to_hw(p)
-        for p in outputs:
-            if p.view is TensorType.HW and p.name not in quantized:
-                editor.output_to_hw(p)
-        editor.finish()
-        return model
-
-    def _converted_base(self) -> onnx.ModelProto:
-        """The model converted to opset 13 (once): bfloat16 Cast needs it; PP-OCR models are opset 11/12."""
-        with self._edit_lock:
-            if self._edit_base is None:
-                try:
-                    converted = onnx.version_converter.convert_version(self._model, MIN_OPSET_FOR_EDITS)
-                except Exception as e:  # noqa: BLE001
-                    raise NpuUnsupportedError(
-                        f"the model is opset {_opset(self._model)}; baking BF16 HW views needs opset "
-                        f"{MIN_OPSET_FOR_EDITS} and the ONNX version converter failed ({type(e).__name__}: {e}); "
-                        "use input_tensor_type/output_tensor_type='CPU'") from None
-                converted.ir_version = max(self._model.ir_version, 7)  # opset 13 needs IR 7; ORT 1.31 takes <= 10
-                self._edit_base = converted
-            return self._edit_base
-
-    def _session(self, model: onnx.ModelProto) -> ort.InferenceSession:
+    # -- sessions ---------------------------------------------------------------------------------------
+    def _session_options_object(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.log_severity_level = {"DEBUG": 1, "INFO": 2, "WARNING": 2, "ERROR": 3}[self.options.log_level]
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        threads = self.intra_op_threads()
+        if threads is not None:
+            so.intra_op_num_threads = threads
+        if self._spinning_off():
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         level = "all"
         for key, value in self._session_options.items():
             if key == "intra_op_num_threads":
@@ -564,25 +335,60 @@ class VaimlRunner(Runner):
             else:
                 so.add_session_config_entry(key, str(value))
         so.graph_optimization_level = OPTIMIZATION_LEVELS[level]
-        on_npu = self.device_info.attached == "NPU"
-        if on_npu and self.options.fallback == "error":
+        if self.on_npu and self.options.fallback == "error":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        data = model.SerializeToString()
-        key = hashlib.sha256(data + repr((ort.__version__, level, self._providers, _cpu_fingerprint()))
-                             .encode()).hexdigest()[:32]
-        providers = self._providers
-        if on_npu:
+        return so
+
+    def intra_op_threads(self) -> int | None:
+        """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
+        else ONNX Runtime's default (every physical core for one run)."""
+        if self.options.num_threads is not None:
+            return self.options.num_threads
+        if self.options.performance_hint == "THROUGHPUT":
+            return max(1, _cores() // (self.options.max_concurrent_runs or 2))
+        return None
+
+    def _spinning_off(self) -> bool:
+        # Idle intra-op threads spin-wait for work; with several runs at once they steal each other's cores.
+        return self.options.performance_hint == "THROUGHPUT"
+
+    def engine_settings(self) -> dict[str, str]:
+        threads = self.intra_op_threads()
+        settings = {"intra_op_num_threads": str(threads) if threads is not None else "0 (every physical core)",
+                    "allow_spinning": "0" if self._spinning_off() else "1"}
+        if self.options.performance_hint:
+            settings["performance_hint"] = self.options.performance_hint
+        return settings
+
+    def _session(self, source: bytes | str, key: str) -> ort.InferenceSession:
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is not None:
+                return session
+            session = self._new_session(source)
+            self._sessions[key] = session
+            self._record_placement(session)
+            return session
+
+    def _new_session(self, source: bytes | str) -> ort.InferenceSession:
+        so = self._session_options_object()
+        providers: list[Any] = [CPU_EP]
+        if self.on_npu:
             vitis = dict(self._vitis_options)
-            if self.options.cache_dir is not None:  # the EP's compiled-model cache, keyed by the edited model
+            if self.options.cache_dir is not None:  # the EP's compiled-model cache
                 vitis.setdefault("cache_dir", str(self.options.cache_dir))
-                vitis.setdefault("cache_key", f"npurt-{key}")
+                digest = hashlib.sha256(source if isinstance(source, bytes) else Path(source).read_bytes())
+                vitis.setdefault("cache_key", f"npurt-{digest.hexdigest()[:32]}")
             providers = [(VITISAI_EP, vitis), CPU_EP]
-        source: bytes | str = data
-        tmp: Path | None = None
         cached: Path | None = None
-        if self.options.cache_dir is not None and not on_npu:
+        tmp: Path | None = None
+        if self.options.cache_dir is not None and not self.on_npu:
             # ORT cannot serialize a model with nodes compiled by an EP, so this cache is for the CPU provider;
             # the Vitis AI EP keeps its own (cache_dir / cache_key above).
+            data = source if isinstance(source, bytes) else Path(source).read_bytes()
+            level = so.graph_optimization_level
+            key = hashlib.sha256(data + repr((ort.__version__, str(level), _cpu_fingerprint(),
+                                              self.intra_op_threads())).encode()).hexdigest()[:32]
             cached = Path(self.options.cache_dir) / f"vaiml-{key}.onnx"
             if cached.exists():
                 source = str(cached)
@@ -595,10 +401,10 @@ class VaimlRunner(Runner):
                     so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: it is keyed so
         try:
             session = ort.InferenceSession(source, so, providers=providers)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - the engine's refusal, in npurt's exception type
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
-            if on_npu and self.options.fallback == "error":
+            if self.on_npu and self.options.fallback == "error":
                 raise NpuError(f"{BACKEND_NAME}: the session cannot run entirely on {VITISAI_EP} "
                                f"(fallback='error' forbids CPU nodes): {e}") from None
             raise NpuError(f"{BACKEND_NAME}: cannot create the session for {self.model_path.name}: "
@@ -612,13 +418,13 @@ class VaimlRunner(Runner):
         return session
 
     def _record_placement(self, session: ort.InferenceSession) -> None:
-        """device_info.placement from the session's own graph assignment (first session), and its checks."""
+        """Which provider took how many nodes, from the session's own graph assignment; on the NPU, its checks."""
         counts: Counter[str] = Counter()
         for subgraph in session.get_provider_graph_assignment_info():
             counts[subgraph.ep_name] += len(subgraph.get_nodes())
-        placement = tuple(sorted(counts.items(), key=lambda kv: (kv[0] != VITISAI_EP, kv[0])))
-        info = self.device_info
-        if info.attached == "NPU":
+        if not self.placement:
+            self.placement = tuple(sorted(counts.items(), key=lambda kv: (kv[0] != VITISAI_EP, kv[0])))
+        if self.on_npu:
             on_cpu = counts.get(CPU_EP, 0)
             if not counts.get(VITISAI_EP):
                 msg = (f"{VITISAI_EP} is registered but took no node; all {sum(counts.values())} nodes run on "
@@ -626,38 +432,26 @@ class VaimlRunner(Runner):
                 if self.options.fallback == "error":
                     raise NpuError(f"{BACKEND_NAME}: {msg}")
                 log.warning("VAIML: %s", msg)
-                info = dataclasses.replace(info, fell_back=True, reason=msg)
+                self.npu_took_nothing = msg
             elif on_cpu and self.options.fallback == "error":
                 raise NpuError(f"{BACKEND_NAME}: {on_cpu} nodes fell to {CPU_EP} and fallback='error'")
-        if not info.placement:
-            info = dataclasses.replace(info, placement=placement)
-        self._device_info = info
 
-    # -- run ----------------------------------------------------------------------------------------
-    def _run(self, compiled: Compiled, inputs: list[NpuTensor], outputs: list[NpuTensor]) -> None:
-        engine: _Engine = compiled.engine
-        binding = engine.binding(inputs, outputs)
-        c_session = engine.c_session
-        if c_session is None:
-            raise NpuError("the runner is closed")
-        c_session.run_with_iobinding(binding, None)  # releases the GIL
+    def close(self) -> None:
+        with self._lock:
+            self._sessions.clear()
+        self._model = None
 
-    def _close(self) -> None:
-        for engine in self._engines:
-            engine.close()
-        self._engines.clear()
 
-    def _default_max_concurrent_runs(self) -> int:
-        return 2  # VART-ML's default; ONNX Runtime's intra-op pool already uses every core for one run
-
-    # -- diagnostics --------------------------------------------------------------------------------
-    def session_for(self, signature: tuple[tuple[int, ...], ...] | None = None) -> ort.InferenceSession:
-        """The ONNX Runtime session of a compiled variant (default: the runner's default shapes)."""
-        compiled = self._default if signature is None else self._compiled[signature]
-        return compiled.engine.session
-
-    def io_binding_for(self, tensors_in: list[NpuTensor], tensors_out: list[NpuTensor],
-                       signature: tuple[tuple[int, ...], ...] | None = None) -> Any:
-        """The calling thread's cached IOBinding for these engine-view tensors (to inspect what is bound)."""
-        compiled = self._default if signature is None else self._compiled[signature]
-        return compiled.engine.binding(tensors_in, tensors_out)
+def _cpu_fingerprint() -> str:
+    """What an optimized model may depend on: ORT's ALL level adds CPU-specific (NCHWc) kernels."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "model name")):
+                    flags += line
+                if line.startswith("flags"):
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{flags}"

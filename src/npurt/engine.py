@@ -1,0 +1,127 @@
+"""The engine interface: all a backend does is adapt an engine to these two classes.
+
+- ``Backend`` opens a model on a device: it selects the device (``devices.select_device``), reads the model's own
+  inputs and outputs (``PortSpec`` s) and says whether the attached device compiles dynamic shapes. Then it
+  compiles input ports into an ``Engine``.
+- ``Engine`` is one compiled model. It binds tensors (once per set of tensors: the runner's plan keeps the binding),
+  runs a binding on the calling thread, optionally starts one on the engine's own asynchronous requests and reports
+  its end through a callback, runs numpy arrays for ``Runner.run``, and closes.
+
+Everything the same for every backend (options, validation, plans, staging and conversion, the job table,
+callbacks, status codes, stats) lives above this interface, in the runner's parts.
+
+Tensors reach an engine in the view its ports consume (``Port.engine``), in port order. Output shapes that only a
+run can tell are the engine's to report: it writes the data contiguously from the start of the output tensor's
+memory and returns the shapes (the runner records them on the tensors: ``NpuTensor.result_info``); where the memory
+is too small it raises ``OutputTooSmallError``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .options import RunnerOptions
+from .ports import Port, PortFactory, PortSpec
+from .tensor import NpuTensor
+from .types import DeviceInfo, NpuError
+
+ResultShapes = Sequence[tuple[int, ...] | None] | None  # per output, the shape a run wrote (None: as bound)
+Done = Callable[[BaseException | None, ResultShapes], None]  # an engine-started run's end: its error, or its shapes
+
+
+class OutputTooSmallError(NpuError):
+    """An output tensor cannot hold what the run produced (StatusCode.INVALID_OUTPUT, with the needed shape)."""
+
+    def __init__(self, name: str, needed: Sequence[int], nbytes: int | None = None,
+                 capacity: int | None = None) -> None:
+        sizes = f" ({nbytes} bytes; the tensor holds {capacity})" if nbytes is not None else ""
+        super().__init__(f"output {name!r}: the run produced shape {list(needed)}{sizes}, more than the tensor "
+                         f"holds: allocate it for shape {list(needed)} or larger")
+        self.name = name
+        self.needed = tuple(needed)
+
+
+@dataclass(frozen=True)
+class OpenedModel:
+    """What a backend found when it opened a model: where it runs and the model's own ports."""
+
+    device_info: DeviceInfo
+    inputs: list[PortSpec]
+    outputs: list[PortSpec]
+    dynamic_shapes: bool  # whether the attached device compiles dynamic dims (CPU, GPU) or only static ones (NPU)
+
+
+class Engine(ABC):
+    """One compiled model: its ports (inputs as compiled, outputs as the engine produces them) and its runs."""
+
+    inputs: list[Port]
+    outputs: list[Port]
+
+    @abstractmethod
+    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> Any:
+        """Prepare tensors (engine views, port order) for runs; the runner keeps the result while they live."""
+
+    @abstractmethod
+    def run(self, binding: Any) -> ResultShapes:
+        """One inference on the calling thread; the output shapes where a port's shape is open (else None).
+        Raise on failure. Called from many threads at once."""
+
+    def start(self, binding: Any, done: Done) -> bool:
+        """Start one inference on the engine's own asynchronous machinery and return at once; call
+        ``done(error, shapes)`` (on any thread, quickly: no user code) when it ends. False when the engine cannot
+        start one now (the runner then runs the job on its own workers with ``run``)."""
+        return False
+
+    @abstractmethod
+    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """One inference on numpy arrays in the engine's views (C-contiguous, the ports' dtypes); new arrays out."""
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
+        """Release the engine (the runner calls it once, after every run on it has ended)."""
+
+
+class Backend(ABC):
+    """Adapts one engine. Registered by name (entry point group ``npurt.backends``)."""
+
+    name: ClassVar[str] = ""
+    target: ClassVar[str] = ""  # the NPU's HW view family (formats.hw_view): "OPENVINO" or "VAIML"
+
+    def __init__(self, model_path: Path, options: RunnerOptions) -> None:
+        self.model_path = model_path
+        self.options = options
+        # Engines call this for every host-side copy of tensor data they cannot avoid (the runner counts them).
+        self.count_copy: Callable[[int], None] = lambda nbytes: None
+
+    @classmethod
+    def npu_present(cls) -> bool:
+        """Whether this backend's NPU is usable on this machine (RunnerType.AUTO prefers such a backend)."""
+        return False
+
+    @abstractmethod
+    def open(self) -> OpenedModel:
+        """Select the device and read the model's own inputs and outputs (by name and order)."""
+
+    @abstractmethod
+    def compile(self, inputs: list[Port], ports: PortFactory) -> Engine:
+        """An engine for these input ports (dims DYNAMIC_DIM where the engine is to take any size), with the
+        CPU<->HW conversion of HW-view ports built in; its output ports made with ``ports.make``."""
+
+    def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:
+        """``open``'s device info with what compiling showed (which provider took the nodes, a late fallback)."""
+        return info
+
+    def default_max_concurrent_runs(self, engine: Engine | None) -> int:
+        return 2  # VART-ML's default
+
+    def engine_settings(self) -> dict[str, str]:
+        """What npurt set on the engine (threads, hint, streams), for device_info and `npurt info`."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - backends without process-wide state need nothing here
+        """Release what the backend holds besides its engines."""

@@ -1,0 +1,325 @@
+"""The job scheduler behind ``execute_async`` / ``wait`` / ``wait_any`` and job callbacks.
+
+A job is one asynchronous run. It either starts on the engine's own asynchronous requests (which report its end
+through a completion callback: no runner thread, no polling), or runs on one of the scheduler's worker threads.
+At most ``max_concurrent`` jobs are in flight: beyond that ``submit`` answers RESOURCE_UNAVAILABLE, which is
+transient. Job ids start at 1.
+
+Each job holds a plain lock from submission until it has its final status: waiting on it blocks without the GIL
+and costs no Condition machinery. ``wait_any`` registers one more lock with each job it waits on.
+
+Callbacks run on the scheduler's own callback threads, never on an engine's threads. ``callback_order``:
+- "completion": as jobs end, on as many threads as there are jobs in flight (a callback may resubmit, wait on
+  another job, or raise: the exception is logged and the thread lives on);
+- "submission": in submission order, one after the other.
+A job with a callback is released from the job table after its callback returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from queue import SimpleQueue
+from typing import Any
+
+from .stats import RunnerStats
+from .status import StatusError, status_of
+from .types import JobHandle, StatusCode
+
+log = logging.getLogger("npurt")
+
+Work = Callable[[], tuple[StatusCode, str]]  # a job run on a worker: never raises
+Start = Callable[[Callable[[BaseException | None], None]], bool]  # start on the engine; False: cannot now
+Callback = Callable[[JobHandle], Any]
+
+_QUEUED, _RUNNING, _DONE = 0, 1, 2
+_SLICE_S = 0.1  # untimed waits block in slices, so that KeyboardInterrupt reaches a waiting main thread
+
+
+class Job:
+    """One asynchronous run and its outcome."""
+
+    __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "waiters", "ended", "on_worker")
+
+    def __init__(self, job_id: int, callback: Callback | None, seq: int) -> None:
+        self.job_id = job_id
+        self.callback = callback
+        self.seq = seq  # place among the jobs with callbacks, for callback_order="submission"
+        self.done = threading.Lock()  # held until the job has its final status
+        self.done.acquire()
+        self.status = StatusCode.JOB_PENDING
+        self.error = ""
+        self.state = _QUEUED
+        self.waiters: list[threading.Lock] = []  # wait_any calls waiting on this job
+        self.ended = 0  # order of ending, for wait_any
+        self.on_worker = False  # run by a worker (else started on the engine)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == _DONE
+
+    def block(self, timeout_s: float | None) -> bool:
+        """Wait (GIL released) up to ``timeout_s`` (None: no limit) for the job to end; whether it has."""
+        return _block(self.done, timeout_s) or self.finished
+
+
+def _block(lock: threading.Lock, timeout_s: float | None) -> bool:
+    """Acquire-and-release ``lock`` within ``timeout_s`` (None: no limit); whether it was free in time."""
+    if timeout_s is None:
+        while not lock.acquire(True, _SLICE_S):
+            pass
+    elif not lock.acquire(True, timeout_s):
+        return False
+    lock.release()  # leave it free: every later wait returns at once
+    return True
+
+
+class JobScheduler:
+    """The job table, the workers and the callback threads of one runner."""
+
+    def __init__(self, max_concurrent: int, workers: int, callback_order: str, stats: RunnerStats,
+                 name: str = "npurt") -> None:
+        self.max_concurrent = max_concurrent
+        self._worker_count = workers
+        self._ordered = callback_order == "submission"
+        self._stats = stats
+        self._name = name
+        self._lock = threading.Lock()
+        self._jobs: dict[int, Job] = {}
+        self._running = 0  # jobs submitted and not yet ended
+        self._next_id = 1
+        self._next_seq = 0
+        self._ended = 0
+        self._closed = False
+        self._queue: SimpleQueue[tuple[Job, Work] | None] = SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        # callbacks
+        self._due = 0  # next sequence number to deliver (submission order)
+        self._ready: dict[int, Job] = {}
+        self._callbacks: SimpleQueue[Job | None] = SimpleQueue()
+        self._callback_threads: list[threading.Thread] = []
+        self._idle_callback_threads = 0
+        self._queued_callbacks = 0
+
+    # -- submission ------------------------------------------------------------------------------------
+    def submit(self, work: Work, start: Start | None, callback: Callback | None) -> Job:
+        """Register a job and start it on the engine (``start``) or queue it for the workers (``work``).
+
+        StatusError RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
+        with self._lock:
+            if self._closed:
+                raise StatusError(StatusCode.FAILURE, "the runner is closed")
+            if self._running >= self.max_concurrent:
+                raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs are "
+                                                                   "busy; wait for one and retry")
+            job = Job(self._next_id, callback, self._next_seq)
+            self._next_id += 1
+            if callback is not None:
+                self._next_seq += 1
+            self._jobs[job.job_id] = job
+            self._running += 1
+            self._stats.add("jobs_submitted")
+            if start is None:
+                self._enqueue(job, work)
+                return job
+            job.state = _RUNNING
+        try:
+            started = start(lambda error: self._engine_done(job, error))
+        except BaseException as e:  # noqa: BLE001 - the engine's error is the job's status
+            self.finish(job, *status_of(e, 0))
+            if not isinstance(e, Exception):
+                raise  # KeyboardInterrupt and the like: the job has ended, the caller is told
+            return job
+        if not started:
+            with self._lock:
+                if self._closed:
+                    self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
+                else:
+                    job.state = _QUEUED
+                    self._enqueue(job, work)
+        return job
+
+    def _enqueue(self, job: Job, work: Work) -> None:
+        """Queue for the workers (under _lock), starting them on the first job."""
+        if not self._workers:
+            for k in range(self._worker_count):
+                worker = threading.Thread(target=self._work, name=f"{self._name}-run-{k}", daemon=True)
+                worker.start()
+                self._workers.append(worker)
+        self._queue.put((job, work))
+
+    def _engine_done(self, job: Job, error: BaseException | None) -> None:
+        if error is None:
+            self.finish(job, StatusCode.SUCCESS, "")
+        else:
+            self.finish(job, *status_of(error, 0))
+
+    def _work(self) -> None:
+        """A worker: run queued jobs until the sentinel; a worker never dies of a job."""
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            job, work = item
+            with self._lock:
+                if job.state == _DONE:  # ended by close() before it started
+                    continue
+                job.state = _RUNNING
+                job.on_worker = True
+            try:
+                status, message = work()
+            except BaseException as e:  # noqa: BLE001
+                status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
+            self.finish(job, status, message)
+
+    # -- completion --------------------------------------------------------------------------------------
+    def finish(self, job: Job, status: StatusCode, message: str) -> None:
+        with self._lock:
+            self._finish_locked(job, status, message)
+
+    def _finish_locked(self, job: Job, status: StatusCode, message: str) -> None:
+        """Give a job its final status, free its run, wake its waiters, queue its callback (under _lock)."""
+        if job.state == _DONE:
+            return
+        job.status, job.error, job.state = status, message, _DONE
+        self._ended += 1
+        job.ended = self._ended
+        self._running -= 1
+        self._stats.job_ended(status is StatusCode.SUCCESS)
+        job.done.release()
+        for waiter in job.waiters:
+            if waiter.locked():
+                waiter.release()
+        if job.callback is None:
+            return
+        if self._ordered:
+            self._ready[job.seq] = job
+            while self._due in self._ready:
+                self._callbacks.put(self._ready.pop(self._due))
+                self._queued_callbacks += 1
+                self._due += 1
+            wanted = 1  # one lane keeps the order
+        else:
+            self._callbacks.put(job)
+            self._queued_callbacks += 1
+            wanted = self.max_concurrent  # as many as there can be jobs in flight
+        if self._queued_callbacks > self._idle_callback_threads and len(self._callback_threads) < wanted:
+            thread = threading.Thread(target=self._deliver, name=f"{self._name}-callback-{len(self._callback_threads)}",
+                                      daemon=True)
+            self._callback_threads.append(thread)
+            self._idle_callback_threads += 1
+            thread.start()
+
+    def _deliver(self) -> None:
+        get = self._callbacks.get
+        while True:
+            job = get()
+            if job is None:
+                return
+            with self._lock:
+                self._idle_callback_threads -= 1
+                self._queued_callbacks -= 1
+            try:
+                job.callback(JobHandle(job.status, job.job_id))  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - a raising callback must not kill the thread
+                log.exception("callback of job %d raised", job.job_id)
+            finally:
+                with self._lock:
+                    self._jobs.pop(job.job_id, None)
+                    self._idle_callback_threads += 1
+
+    # -- waiting --------------------------------------------------------------------------------------------
+    def wait(self, job_id: int, timeout_s: float | None) -> tuple[StatusCode, str]:
+        """The job's status once it has ended (collecting it), JOB_PENDING on timeout, INVALID_JOB_ID if unknown."""
+        job = self._jobs.get(job_id)  # a single dict operation: atomic
+        if job is None:
+            return StatusCode.INVALID_JOB_ID, f"job {job_id} is unknown to this runner or was already collected"
+        if not job.finished and not job.block(timeout_s):
+            return StatusCode.JOB_PENDING, f"job {job_id} is still running"
+        self._collect(job)
+        return job.status, job.error
+
+    def wait_any(self, job_ids: Sequence[int], timeout_s: float | None) -> tuple[StatusCode, int, str]:
+        """(status, job id, message) of whichever of the jobs ended first, collecting it."""
+        jobs = []
+        for job_id in job_ids:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return (StatusCode.INVALID_JOB_ID, job_id,
+                        f"job {job_id} is unknown to this runner or was already collected")
+            jobs.append(job)
+        if not jobs:
+            return StatusCode.INVALID_JOB_ID, 0, "wait_any needs at least one job"
+        waiter = threading.Lock()
+        waiter.acquire()
+        with self._lock:
+            ended = [j for j in jobs if j.finished]
+            if not ended:
+                for job in jobs:
+                    job.waiters.append(waiter)
+        if not ended:
+            try:
+                _block(waiter, timeout_s)
+            finally:
+                with self._lock:
+                    for job in jobs:
+                        try:
+                            job.waiters.remove(waiter)
+                        except ValueError:
+                            pass
+                    ended = [j for j in jobs if j.finished]
+            if not ended:
+                return StatusCode.JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
+        first = min(ended, key=lambda j: j.ended)
+        self._collect(first)
+        return first.status, first.job_id, first.error
+
+    def _collect(self, job: Job) -> None:
+        if job.callback is None:
+            with self._lock:
+                self._jobs.pop(job.job_id, None)
+
+    # -- state ---------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Jobs in the table: not yet collected by a wait, or with a callback not yet returned."""
+        return len(self._jobs)
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def threads(self) -> list[threading.Thread]:
+        return [*self._workers, *self._callback_threads]
+
+    def close(self) -> None:
+        """Refuse new jobs, end queued ones with FAILURE, let running ones end, deliver pending callbacks."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            # A worker runs one job at a time, in submission order: queued jobs that a free worker is about to
+            # take run; the rest end here, never started.
+            on_workers = sum(1 for j in self._jobs.values() if j.state == _RUNNING and j.on_worker)
+            free = len(self._workers) - on_workers
+            queued = sorted((j for j in self._jobs.values() if j.state == _QUEUED), key=lambda j: j.job_id)
+            for job in queued[max(0, free):]:
+                self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
+            running = [j for j in self._jobs.values() if j.state != _DONE]
+            workers, self._workers = self._workers, []
+        for job in running:  # on a worker or on the engine: let them end
+            job.block(None)
+        me = threading.current_thread()
+        for _ in workers:
+            self._queue.put(None)
+        for worker in workers:
+            if worker is not me:
+                worker.join()
+        with self._lock:
+            threads = list(self._callback_threads)
+        for _ in threads:
+            self._callbacks.put(None)  # behind every queued callback
+        for thread in threads:
+            if thread is not me:
+                thread.join()

@@ -1,0 +1,345 @@
+"""ONNX graph edits: reading a model's ports from its graph, and building HW views into the graph ONNX Runtime loads.
+
+At a HW input the session consumes the HW tensor (Cast -> Transpose -> Reshape -> Slice back to the model's
+tensor); at a HW output it produces it (Pad -> Reshape -> Transpose -> Cast). Port names stay the model's; the
+model's own tensors are renamed ``<name>__npurt_cpu``. Where the model's opset is too old for a bfloat16 Cast the
+model is converted to opset 13 first. The layout of each view comes from ``formats`` (the one owner of layout rules).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from . import formats, qdq
+from .ports import Port, PortSpec
+from .types import DataType, MemoryLayout, NpuUnsupportedError, TensorType
+
+MIN_OPSET_FOR_EDITS = 13  # Cast to/from bfloat16 needs opset 13
+INTERNAL_SUFFIX = "__npurt_cpu"
+
+ONNX_TO_DTYPE = {
+    TensorProto.FLOAT: DataType.FLOAT32,
+    TensorProto.FLOAT16: DataType.FP16,
+    TensorProto.BFLOAT16: DataType.BF16,
+    TensorProto.INT8: DataType.INT8,
+    TensorProto.UINT8: DataType.UINT8,
+    TensorProto.INT16: DataType.INT16,
+    TensorProto.UINT16: DataType.UINT16,
+    TensorProto.INT32: DataType.INT32,
+    TensorProto.UINT32: DataType.UINT32,
+    TensorProto.INT64: DataType.INT64,
+    TensorProto.UINT64: DataType.UINT64,
+    TensorProto.BOOL: DataType.BOOLEAN,
+    TensorProto.DOUBLE: DataType.FLOAT64,
+}
+DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
+
+
+def value_spec(value: onnx.ValueInfoProto, what: str) -> PortSpec:
+    tt = value.type.tensor_type
+    if not value.type.HasField("tensor_type"):
+        raise NpuUnsupportedError(f"{what} {value.name!r} is not a tensor ({value.type.WhichOneof('value')})")
+    dtype = ONNX_TO_DTYPE.get(tt.elem_type)
+    if dtype is None:
+        raise NpuUnsupportedError(f"{what} {value.name!r} has ONNX element type "
+                                  f"{TensorProto.DataType.Name(tt.elem_type)}, which npurt does not support")
+    if not tt.HasField("shape"):
+        raise NpuUnsupportedError(f"{what} {value.name!r} has no shape (unknown rank) in the model")
+    shape: list[int | None] = []
+    names: list[str | None] = []
+    for d in tt.shape.dim:
+        static = d.HasField("dim_value") and d.dim_value >= 0  # a 0 is a real (zero-size) dim
+        shape.append(int(d.dim_value) if static else None)
+        names.append(d.dim_param if d.HasField("dim_param") and d.dim_param else None)
+    return PortSpec(value.name, dtype, tuple(shape), dim_names=tuple(names))
+
+
+def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    initializers = {i.name for i in graph.initializer}
+    return [v for v in graph.input if v.name not in initializers]
+
+
+def opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...], elem_type: int | None = None) -> None:
+    tt = value.type.tensor_type
+    if elem_type is not None:
+        tt.elem_type = elem_type
+    tt.ClearField("shape")
+    tt.shape.SetInParent()  # a scalar still has a (rank-0) shape
+    for d in shape:
+        tt.shape.dim.add().dim_value = int(d)
+
+
+def _rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) -> None:
+    """Rename tensor ``old`` to ``new`` in node inputs (and outputs), also inside subgraphs that see it."""
+    for node in graph.node:
+        for i, n in enumerate(node.input):
+            if n == old:
+                node.input[i] = new
+        if outputs_too:
+            for i, n in enumerate(node.output):
+                if n == old:
+                    node.output[i] = new
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                shadowed = {v.name for v in sub.input} | {i.name for i in sub.initializer}
+                if old not in shadowed:
+                    _rename_uses(sub, old, new, outputs_too=False)
+    for vi in graph.value_info:
+        if vi.name == old:
+            vi.name = new
+
+
+class GraphEditor:
+    """Adds the CPU<->HW conversions at a graph's ports, with unique names for the nodes it adds."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.head: list[onnx.NodeProto] = []  # conversions of inputs: run first
+        self.tail: list[onnx.NodeProto] = []  # conversions of outputs: run last
+
+    def _const(self, port: str, values: list[int]) -> str:
+        name = f"{port}__npurt_const{len(self.graph.initializer)}"
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+        return name
+
+    def _chain(self, port: str, src: str, dst: str, steps: list[tuple[str, dict[str, Any], list[str]]]
+               ) -> list[onnx.NodeProto]:
+        nodes = []
+        cur = src
+        for k, (op, attrs, extra) in enumerate(steps):
+            out = dst if k == len(steps) - 1 else f"{port}__npurt_{k}_{op.lower()}"
+            nodes.append(helper.make_node(op, [cur, *extra], [out], name=f"{port}__npurt_{op}_{k}", **attrs))
+            cur = out
+        return nodes
+
+    def _permute(self, name: str, shape: tuple[int, ...], perm: tuple[int, ...], result: tuple[int, ...]
+                 ) -> list[tuple[str, dict[str, Any], list[str]]]:
+        """Steps that permute a tensor of ``shape`` by ``perm`` and leave it shaped ``result``.
+
+        ONNX Runtime's Transpose is slow on 5-D tensors (10x slower than the equivalent 2-D transpose on a
+        640x640 HCWNC4 frame, measured here), so size-1 axes are dropped and axes that stay together merged.
+        """
+        reduced, rperm = _reduce_transpose(shape, perm)
+        steps: list[tuple[str, dict[str, Any], list[str]]] = []
+        if rperm != tuple(range(len(rperm))):
+            if tuple(reduced) != tuple(shape):
+                steps.append(("Reshape", {}, [self._const(name, list(reduced))]))
+            steps.append(("Transpose", {"perm": list(rperm)}, []))
+        steps.append(("Reshape", {}, [self._const(name, list(result))]))
+        return steps
+
+    def _steps_to_cpu(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
+        """Nodes that turn the HW tensor into the model's (CPU) tensor: move data in the HW type, cast last."""
+        hw, cpu, name = port.hw, port.cpu, port.name
+        steps: list[tuple[str, dict[str, Any], list[str]]] = []
+        layout = hw.memory_layout
+        if layout in formats.CHANNEL_GROUP:
+            n, c, h, w = cpu.shape
+            k = formats.CHANNEL_GROUP[layout]
+            padded = -(-c // k) * k
+            inverse = tuple(int(i) for i in np.argsort(formats._HCWNC_PERMUTATION))
+            steps += self._permute(name, hw.shape, inverse, (n, padded, h, w))
+            if padded != c:
+                steps.append(("Slice", {}, [self._const(name, [0]), self._const(name, [c]), self._const(name, [1])]))
+        else:
+            perm = _layout_perm(port)
+            if perm is not None:
+                inverse = tuple(int(i) for i in np.argsort(perm))
+                steps += self._permute(name, hw.shape, inverse, cpu.shape)
+        if hw.data_type != cpu.data_type:
+            steps.append(("Cast", {"to": onnx_type(cpu.data_type, name)}, []))
+        return steps
+
+    def _steps_to_hw(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
+        """Nodes that turn the model's (CPU) tensor into the HW tensor: pad, cast, then move data in the HW type."""
+        hw, cpu, name = port.hw, port.cpu, port.name
+        steps: list[tuple[str, dict[str, Any], list[str]]] = []
+        layout = hw.memory_layout
+        moves: list[tuple[str, dict[str, Any], list[str]]] = []
+        if layout in formats.CHANNEL_GROUP:
+            n, c, h, w = cpu.shape
+            k = formats.CHANNEL_GROUP[layout]
+            groups = -(-c // k)
+            if groups * k != c:
+                steps.append(("Pad", {}, [self._const(name, [0, 0, 0, 0, 0, groups * k - c, 0, 0])]))
+            moves = self._permute(name, (n, groups, k, h, w), formats._HCWNC_PERMUTATION, hw.shape)
+        else:
+            perm = _layout_perm(port)
+            if perm is not None:
+                moves = self._permute(name, cpu.shape, perm, hw.shape)
+        if hw.data_type != cpu.data_type:
+            steps.append(("Cast", {"to": onnx_type(hw.data_type, name)}, []))
+        return steps + moves
+
+    def input_to_hw(self, port: Port) -> None:
+        steps = self._steps_to_cpu(port)
+        if not steps:
+            return
+        internal = port.name + INTERNAL_SUFFIX
+        _rename_uses(self.graph, port.name, internal, outputs_too=False)
+        self.head += self._chain(port.name, port.name, internal, steps)
+        value = next(v for v in self.graph.input if v.name == port.name)
+        set_shape(value, port.hw.shape, onnx_type(port.hw.data_type, port.name))
+
+    def output_to_hw(self, port: Port) -> None:
+        steps = self._steps_to_hw(port)
+        if not steps:
+            return
+        if not any(port.name in node.output for node in self.graph.node):
+            raise NpuUnsupportedError(f"output {port.name!r} is not computed by a node (it is a graph input or a "
+                                      "constant); its HW view cannot be baked into the model: use the CPU view")
+        internal = port.name + INTERNAL_SUFFIX
+        _rename_uses(self.graph, port.name, internal, outputs_too=True)
+        self.tail += self._chain(port.name, internal, port.name, steps)
+        value = next(v for v in self.graph.output if v.name == port.name)
+        set_shape(value, port.hw.shape, onnx_type(port.hw.data_type, port.name))
+
+    def finish(self) -> bool:
+        if not (self.head or self.tail):
+            return False
+        nodes = [*self.head, *self.graph.node, *self.tail]
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+        return True
+
+
+def onnx_type(dtype: DataType, name: str) -> int:
+    t = DTYPE_TO_ONNX.get(dtype)
+    if t is None:
+        raise NpuUnsupportedError(f"tensor {name!r}: no ONNX element type for {dtype.name}")
+    return t
+
+
+def _layout_perm(port: Port) -> tuple[int, ...] | None:
+    """The permutation from the CPU tensor's axes to the HW view's (None when they are the same)."""
+    hw, cpu = port.hw, port.cpu
+    if hw.memory_layout == cpu.memory_layout or hw.memory_layout is MemoryLayout.UNKNOWN:
+        return None
+    if hw.memory_layout is MemoryLayout.GENERIC and hw.memory_layout_order:
+        perm = tuple(hw.memory_layout_order)
+    elif hw.memory_layout is MemoryLayout.NHWC and cpu.memory_layout is MemoryLayout.NCHW:
+        perm = (0, 2, 3, 1)
+    elif hw.memory_layout is MemoryLayout.NCHW and cpu.memory_layout is MemoryLayout.NCHW:
+        perm = None
+    else:
+        raise NpuUnsupportedError(f"tensor {port.name!r}: cannot bake {cpu.memory_layout.name} -> "
+                                  f"{hw.memory_layout.name} into the ONNX graph")
+    return None if perm is None or perm == tuple(range(len(perm))) else perm
+
+
+def _reduce_transpose(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The smallest transpose equivalent to ``perm`` on ``shape``: size-1 axes dropped, and input axes that
+    stay adjacent and in order in the output merged. Returns (reduced input shape, reduced permutation)."""
+    keep = [a for a in range(len(shape)) if shape[a] != 1]
+    index = {a: i for i, a in enumerate(keep)}
+    order = [index[a] for a in perm if a in index]  # output order of the kept input axes
+    dims = [shape[a] for a in keep]
+    groups: list[list[int]] = []  # runs of input axes, in output order
+    for a in order:
+        if groups and groups[-1][-1] + 1 == a:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    reduced = tuple(int(np.prod([dims[a] for a in groups[g]])) for g in by_input)
+    position = {g: i for i, g in enumerate(by_input)}
+    return reduced, tuple(position[g] for g in range(len(groups)))
+
+
+def check_hw_port(port: Port) -> None:
+    hw, cpu = port.hw, port.cpu
+    if port.quant is not None:
+        return  # a QDQ boundary: the engine takes the quantized tensor once the boundary node is stripped
+    if hw.data_type != cpu.data_type:
+        floats = (DataType.FLOAT32, DataType.FP16, DataType.BF16)
+        if hw.data_type not in floats or cpu.data_type not in floats:
+            raise NpuUnsupportedError(
+                f"tensor {port.name!r}: HW view {hw.data_type.name} of a {cpu.data_type.name} tensor is not "
+                "supported by the VAIML backend (only QDQ boundaries have a quantized HW view); use the CPU view")
+
+
+def edited_model(model: onnx.ModelProto, inputs: list[Port], outputs: list[Port], fix_shapes: bool) -> onnx.ModelProto:
+    """A copy of ``model`` with the HW views of HW-view ports built in (QDQ boundaries of quantized HW ports
+    removed), and with static input and output shapes where ``fix_shapes`` (the Vitis AI EP compiles static
+    shapes). Raises NpuUnsupportedError where a view cannot be built in."""
+    for p in inputs + outputs:
+        if p.view is TensorType.HW:
+            check_hw_port(p)
+    quantized = qdq.quantized_hw_ports(inputs + outputs)
+    needs_edit = any(p.view is TensorType.HW and p.name not in quantized and p.converts for p in inputs + outputs)
+    base = model
+    if needs_edit and opset(base) < MIN_OPSET_FOR_EDITS:
+        base = converted_to_opset13(model)
+    if quantized:
+        edited = qdq.strip_boundaries(base, quantized)  # a copy
+    else:
+        edited = onnx.ModelProto()
+        edited.CopyFrom(base)
+    if fix_shapes:
+        by_name = {p.name: p for p in inputs}
+        for value in graph_inputs(edited.graph):
+            set_shape(value, by_name[value.name].cpu.shape)
+        for value, port in zip(edited.graph.output, outputs):
+            if port.is_static:
+                set_shape(value, port.cpu.shape)
+    editor = GraphEditor(edited)
+    for p in inputs:
+        if p.view is TensorType.HW and p.name not in quantized and p.converts:
+            editor.input_to_hw(p)
+    for p in outputs:
+        if p.view is TensorType.HW and p.name not in quantized and p.converts:
+            editor.output_to_hw(p)
+    editor.finish()
+    return edited
+
+
+_converted: dict[int, onnx.ModelProto] = {}
+_converted_lock = threading.Lock()
+
+
+def converted_to_opset13(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model converted to opset 13 (once per model object): bfloat16 Cast needs it; PP-OCR models are 11/12."""
+    with _converted_lock:
+        done = _converted.get(id(model))
+        if done is not None:
+            return done
+        try:
+            converted = onnx.version_converter.convert_version(model, MIN_OPSET_FOR_EDITS)
+        except Exception as e:  # noqa: BLE001
+            raise NpuUnsupportedError(
+                f"the model is opset {opset(model)}; building BF16 HW views into it needs opset "
+                f"{MIN_OPSET_FOR_EDITS} and the ONNX version converter failed ({type(e).__name__}: {e}); use "
+                "input_tensor_type/output_tensor_type='CPU'") from None
+        converted.ir_version = max(model.ir_version, 7)  # opset 13 needs IR 7; ORT 1.3x takes <= 10
+        _converted.clear()  # one model at a time: a runner converts its own model, once
+        _converted[id(model)] = converted
+        return converted
+
+
+def output_shapes(model: onnx.ModelProto, inputs: list[Port]) -> list[tuple[int, ...] | None]:
+    """The model's output shapes for static input shapes, from ONNX's shape inference (None where it cannot tell)."""
+    fixed = edited_model(model, inputs, [], fix_shapes=True)
+    for value in fixed.graph.output:  # what the model declares (often -1 or a name) must not hide what is inferred
+        value.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fixed, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference fails on operators it does not know: say "cannot tell"
+        return [None] * len(model.graph.output)
+    shapes: list[tuple[int, ...] | None] = []
+    for value in inferred.graph.output:
+        tt = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim] \
+            if tt.HasField("shape") else None
+        shapes.append(None if dims is None or None in dims else tuple(int(d) for d in dims))  # type: ignore[misc]
+    return shapes

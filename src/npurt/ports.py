@@ -1,0 +1,113 @@
+"""Ports: a model's inputs and outputs as an engine reads them, and both views of each as a runner offers them.
+
+- ``PortSpec``: one input or output as read from the model (dynamic dims are None), with its QDQ boundary.
+- ``Port``: one port of a compiled engine: its CPU view (the model's own layout and dtype), its HW view (what the
+  device consumes) and which of the two the engine takes.
+- ``PortFactory``: the runner's rules for turning a spec into a port: the view each port takes (options
+  ``input_tensor_type`` / ``output_tensor_type``, per tensor too) and whose HW view applies (option ``hw_view``:
+  the attached device's, or the NPU's wherever the runner runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from . import formats
+from .options import RunnerOptions
+from .types import (
+    DYNAMIC_DIM,
+    DataType,
+    NpuTensorInfo,
+    QuantParameters,
+    TensorDirection,
+    TensorType,
+)
+
+Signature = tuple[tuple[int, ...], ...]  # the input shapes (CPU view) of one run, in port order
+
+
+@dataclass(frozen=True)
+class PortSpec:
+    """A model input or output as the engine reads it: dynamic dims are None."""
+
+    name: str
+    data_type: DataType
+    shape: tuple[int | None, ...]
+    quant: QuantParameters | None = None  # set where the NPU's view is the quantized tensor (QDQ boundary)
+    quant_data_type: DataType | None = None  # INT8 / UINT8: the quantized tensor's type, with quant
+    dim_names: tuple[str | None, ...] = ()
+
+    @property
+    def is_static(self) -> bool:
+        return all(d is not None for d in self.shape)
+
+    def dynamic_dims(self) -> list[str]:
+        names = self.dim_names or (None,) * len(self.shape)
+        return [f"dim {i}" + (f" ({n})" if n else "") for i, (d, n) in enumerate(zip(self.shape, names)) if d is None]
+
+    def shape_text(self) -> str:
+        return "[" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
+
+    def fits(self, shape: Sequence[int]) -> bool:
+        """Whether a concrete shape is one this port takes (rank and fixed dims)."""
+        return len(shape) == len(self.shape) and all(d is None or d == g for d, g in zip(self.shape, shape))
+
+    def with_shape(self, shape: Sequence[int | None]) -> PortSpec:
+        return PortSpec(self.name, self.data_type, tuple(shape), self.quant, self.quant_data_type, self.dim_names)
+
+
+@dataclass(frozen=True)
+class Port:
+    """One port of a compiled engine: both views of its tensor, and the one the engine consumes."""
+
+    cpu: NpuTensorInfo
+    hw: NpuTensorInfo
+    view: TensorType
+    quant: QuantParameters | None = None  # where the HW view is the quantized tensor
+
+    @property
+    def name(self) -> str:
+        return self.cpu.name
+
+    def info(self, tensor_type: TensorType) -> NpuTensorInfo:
+        return self.hw if tensor_type is TensorType.HW else self.cpu
+
+    @property
+    def engine(self) -> NpuTensorInfo:
+        """The view the engine consumes."""
+        return self.info(self.view)
+
+    @property
+    def converts(self) -> bool:
+        """Whether the engine's view differs from the model's: a conversion is built into the compiled model."""
+        return self.view is TensorType.HW and self.hw != self.cpu.replace(tensor_type=TensorType.HW)
+
+    @property
+    def is_static(self) -> bool:
+        return self.cpu.is_static
+
+
+class PortFactory:
+    """Turns specs into ports by the runner's options: which view each port takes, and whose HW view applies."""
+
+    def __init__(self, options: RunnerOptions, target: str, attached: str) -> None:
+        self.options = options
+        # The HW view is what the attached device consumes: the NPU's view on the NPU (or everywhere with
+        # hw_view="npu"); on CPU and GPU the model's own view, so that nothing is converted in the graph.
+        self.npu_views = options.hw_view == "npu" or attached == "NPU"
+        self.target = target if self.npu_views else ""
+
+    def make(self, spec: PortSpec, direction: TensorDirection) -> Port:
+        """Both views of a port (dynamic dims as DYNAMIC_DIM), in the view the options chose for it."""
+        shape = tuple(DYNAMIC_DIM if d is None else int(d) for d in spec.shape)
+        cpu = NpuTensorInfo(name=spec.name, data_type=spec.data_type, shape=shape, direction=direction,
+                            tensor_type=TensorType.CPU, memory_layout=formats.default_layout(len(shape)))
+        quantized = spec.quant is not None and self.npu_views
+        hw = formats.hw_view(cpu, self.target, quant_data_type=spec.quant_data_type if quantized else None,
+                             override=self.options.hw_format.get(spec.name))
+        return Port(cpu=cpu, hw=hw, view=self.options.tensor_type(direction, spec.name),
+                    quant=spec.quant if quantized else None)
+
+    def make_all(self, specs: Sequence[PortSpec], direction: TensorDirection) -> list[Port]:
+        return [self.make(s, direction) for s in specs]

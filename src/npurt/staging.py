@@ -1,0 +1,116 @@
+"""Staging: running a batch slot whose tensors are not all in their port's view, and CPU-access brackets.
+
+A tensor in the other view than its port's is converted by the native kernels into a staging tensor in the
+engine's view (one copy, counted in the runner's stats), as VART-ML does for CPU tensors; outputs come back the
+same way. Staging tensors are allocated once per port and concurrent call, from the runner's memory provider, and
+reused.
+
+DMA-BUF memory that the CPU touches (the CPU device's engine, a conversion) is bracketed by DMA_BUF_IOCTL_SYNC
+start/end: ``CpuAccess`` is that bracket, in the style of libcamera's ``DmaSyncer``. Other memory needs none.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+
+from . import formats
+from .engine import ResultShapes
+from .plans import SlotPlan
+from .stats import RunnerStats
+from .tensor import NpuTensor, allocate_tensor
+from .types import MemoryType, NpuTensorInfo, QuantParameters, TensorDirection
+
+
+class CpuAccess:
+    """``with CpuAccess(reads, writes):`` brackets CPU access of DMA-BUF tensors (a no-op for other memory)."""
+
+    __slots__ = ("_reads", "_writes", "_begun")
+
+    def __init__(self, reads: Sequence[NpuTensor] = (), writes: Sequence[NpuTensor] = ()) -> None:
+        self._reads, self._writes = reads, writes
+        self._begun: list[tuple[NpuTensor, bool]] = []
+
+    def __enter__(self) -> CpuAccess:
+        try:
+            for tensors, write in ((self._reads, False), (self._writes, True)):
+                for t in tensors:
+                    t.begin_cpu_access(write=write)
+                    self._begun.append((t, write))
+        except BaseException:
+            self._end()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        begun, self._begun = self._begun, []
+        for t, write in reversed(begun):
+            t.end_cpu_access(write=write)
+
+
+def record_shapes(outs: Sequence[NpuTensor], shapes: ResultShapes) -> None:
+    """Record the shapes a run wrote on the output tensors (where the engine reported any)."""
+    if shapes:
+        for t, shape in zip(outs, shapes):
+            t.set_result_shape(shape)
+
+
+class Staging:
+    """Runs slots that need conversions or CPU-access brackets, with staging tensors reused per port."""
+
+    def __init__(self, memory_provider: str, stats: RunnerStats) -> None:
+        self._provider = memory_provider
+        self._stats = stats
+        self._lock = threading.Lock()
+
+    def run(self, slot: SlotPlan, ins: list[NpuTensor], outs: list[NpuTensor]) -> None:
+        """One slot: convert inputs into staging, run on the engine's views, convert outputs back."""
+        variant = slot.variant
+        engine = variant.engine
+        if slot.direct:  # only the bracket: DMA-BUF memory that the engine reads and writes on the CPU
+            with CpuAccess(ins, outs):
+                record_shapes(outs, engine.run(slot.binding if slot.binding is not None else engine.bind(ins, outs)))
+            return
+        borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]] = []
+        try:
+            engine_ins = list(ins)
+            for i in slot.convert_in:
+                port = variant.inputs[i]
+                engine_ins[i] = self._borrow(variant, TensorDirection.INPUT, i, port.engine, borrowed)
+                self.convert(ins[i], engine_ins[i], port.quant)
+            engine_outs = list(outs)
+            for j in slot.convert_out:
+                engine_outs[j] = self._borrow(variant, TensorDirection.OUTPUT, j, variant.outputs[j].engine,
+                                              borrowed)
+            with CpuAccess(engine_ins, engine_outs):
+                engine.run(engine.bind(engine_ins, engine_outs))  # staged ports are static: no result shapes
+            for j in slot.convert_out:
+                self.convert(engine_outs[j], outs[j], variant.outputs[j].quant)
+        finally:
+            if borrowed:
+                with self._lock:
+                    for key, stage in borrowed:
+                        variant.staging.setdefault(key, []).append(stage)
+
+    def _borrow(self, variant: object, direction: TensorDirection, index: int, info: NpuTensorInfo,
+                borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]]) -> NpuTensor:
+        """A staging tensor in the engine's view, reused across calls (one per concurrent call)."""
+        key = (direction, index)
+        with self._lock:
+            free = variant.staging.get(key)  # type: ignore[attr-defined]
+            stage = free.pop() if free else None
+        if stage is None:
+            stage = allocate_tensor(info, MemoryType.XRT_BO, self._provider)  # never strict
+        borrowed.append((key, stage))
+        return stage
+
+    def convert(self, src: NpuTensor, dst: NpuTensor, quant: QuantParameters | None) -> None:
+        """One counted host copy: ``src`` converted into ``dst`` (native kernels), CPU access bracketed."""
+        with CpuAccess((src,), (dst,)):
+            formats.convert(src, dst, quant=quant)
+        self._stats.copy(dst.nbytes)
