@@ -460,6 +460,11 @@ def test_files_that_are_not_models(tmp_path):
             read_onnx_ports(tmp_path / name)
     with pytest.raises(ValueError, match="is a directory"):
         read_onnx_ports(tmp_path)
+    os.mkfifo(tmp_path / "fifo.onnx")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_onnx_ports(tmp_path / "fifo.onnx")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_onnx_ports("/dev/zero")
     with pytest.raises(FileNotFoundError):
         read_onnx_ports(tmp_path / "missing.onnx")
     with pytest.raises(ValueError, match="the buffer is empty"):

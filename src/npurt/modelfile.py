@@ -6,7 +6,7 @@ this reader walks the wire format over an mmap of the file instead and skips eve
 node inputs and outputs, doc strings), so only the pages holding the graph's structure are touched.
 
 The walk follows protobuf's own rules where they change the answer: a field whose wire type does not match its
-declaration is an unknown field (skipped), the last of a repeated scalar wins, a message field that appears twice is
+declaration is an unknown field (skipped), the last of a scalar field given twice wins, a message field given twice is
 merged (read here as the concatenation of its slices), a oneof member replaces another, and an unknown value of a
 closed (proto2) enum leaves the field as it was. Field numbers are those of ``onnx/onnx.proto``.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,11 +105,15 @@ class OnnxModelInfo:
 def read_onnx_ports(path: str | os.PathLike[str]) -> OnnxModelInfo:
     """Read the ports of the ONNX model file at ``path`` (external data files are neither needed nor opened).
 
-    Raises ValueError when ``path`` is a directory or not an ONNX model, and OSError when it cannot be opened.
+    Raises ValueError when ``path`` is a directory, not a regular file or not an ONNX model, and OSError when it
+    cannot be opened.
     """
     path = Path(path)
-    if path.is_dir():
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
         raise ValueError(f"{path} is a directory, not an ONNX model file")
+    if not stat.S_ISREG(mode):  # a FIFO would block open() until a writer comes; a device has no size to map
+        raise ValueError(f"{path} is not a regular file, so not an ONNX model file")
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
