@@ -163,11 +163,16 @@ def speech_probabilities(infer: Infer, audio: np.ndarray, takes_sr: bool = True)
 
 def stream_segments(infer: Infer, stream: Iterable[np.ndarray], takes_sr: bool = True,
                     **segmenter_options: float) -> Iterator[Segment]:
-    """Speech segments of a stream of 512-sample chunks, each yielded as soon as it is decided."""
+    """Speech segments of a stream of chunks of 512 samples (the last may be shorter), each segment yielded as
+    soon as it is decided."""
     vad, segmenter = SileroVad(infer, takes_sr), Segmenter(**segmenter_options)
+    length = 0
     for chunk in stream:
+        length += len(chunk)
+        if len(chunk) < CHUNK:
+            chunk = np.pad(chunk, (0, CHUNK - len(chunk)))
         yield from segmenter.push(vad(chunk))
-    yield from segmenter.finish()
+    yield from segmenter.finish(length)
 
 
 def speech_segments(infer: Infer, audio: np.ndarray, takes_sr: bool = True,
