@@ -3,10 +3,12 @@
     image -> detection preprocessing -> detector -> DB post-processing (boxes)
           -> crops -> direction classifier (rotate 180 where it says so) -> recogniser -> CTC greedy decoding
 
-It follows RapidOCR 1.4.4 (``rapidocr_onnxruntime``, the wheel the models come from), which follows PaddleOCR,
-so that its results can be compared with theirs. Each model is reached through an "infer" callable
-(see ``infer.py``): ``npurt.Runner.run``, or ONNX Runtime / OpenVINO used directly (``ort_infer``,
-``ov_infer``). Images are ``uint8`` arrays ``[H, W, 3]`` in OpenCV's BGR order (as ``cv2.imread`` gives).
+It follows RapidOCR 1.4.4 (``rapidocr_onnxruntime``, the wheel the models come from, itself after PaddleOCR) with
+its default settings, and reads what it reads: on 16 generated pages both gave the same texts and boxes (scores
+within 2e-7). Left out: what RapidOCR does to images under 30 px or more than 8 times wider than high (it scales
+them up or letterboxes them). Each model is reached through an "infer" callable (see ``infer.py``):
+``npurt.Runner.run``, or ONNX Runtime / OpenVINO used directly (``ort_infer``, ``ov_infer``). Images are
+``uint8`` arrays ``[H, W, 3]`` in OpenCV's BGR order (as ``cv2.imread`` gives).
 
 Every stage asks for shapes of its own: the detector gets the page's size rounded to multiples of 32, the
 classifier batches of ``[n, 3, 48, 192]``, the recogniser batches of ``[n, 3, 48, W]`` with W set by the widest
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
+import pyclipper
 
 from infer import Infer, first_output, ort_infer, ov_infer
 
@@ -116,14 +119,13 @@ def _box_score(prob: np.ndarray, box: np.ndarray) -> float:
 
 
 def _unclip(box: np.ndarray, ratio: float) -> np.ndarray:
-    """Grow a rectangle by ``area * ratio / perimeter`` on every side.
-
-    PaddleOCR offsets the polygon with pyclipper (round joins) and takes the minimum-area rectangle of the
-    result; for a rectangle that rectangle is exactly the one grown by the offset on each side.
-    """
-    (cx, cy), (w, h), angle = cv2.minAreaRect(box)
-    distance = w * h * ratio / (2 * (w + h))
-    return cv2.boxPoints(((cx, cy), (w + 2 * distance, h + 2 * distance), angle))
+    """Grow the box by ``area * ratio / perimeter``, as PaddleOCR does: pyclipper's offset with round joins."""
+    x, y = box[:, 0].astype(np.float64), box[:, 1].astype(np.float64)
+    area = 0.5 * abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1)))
+    perimeter = float(np.linalg.norm(box - np.roll(box, 1, axis=0), axis=1).sum())
+    offset = pyclipper.PyclipperOffset()
+    offset.AddPath(box, pyclipper.JT_ROUND, pyclipper.ET_CLOSEDPOLYGON)
+    return np.array(offset.Execute(area * ratio / perimeter)).reshape(-1, 1, 2)
 
 
 def db_postprocess(prob: np.ndarray, dest_h: int, dest_w: int,
