@@ -37,8 +37,8 @@ INPUT = "x"  # the input of all three PaddleOCR models
 class DetConfig:
     """RapidOCR's detector settings (its config.yaml)."""
 
-    limit_side_len: int = 736  # "min": scale up until the short side is at least this; "max": down until the long
-    limit_type: str = "min"
+    limit_side_len: int = 736
+    limit_type: str = "min"  # "min": the short side scaled up to at least limit_side_len; "max": the long one down
     max_side_len: int = 2000  # pages larger than this are scaled down first
     thresh: float = 0.3  # probability above which a pixel is text
     box_thresh: float = 0.5  # mean probability inside a box to keep it
@@ -145,7 +145,10 @@ def db_postprocess(prob: np.ndarray, dest_h: int, dest_w: int,
         score = _box_score(prob, points)
         if score < config.box_thresh:
             continue
-        box, short_side = _mini_box(_unclip(points, config.unclip_ratio))
+        grown = _unclip(points, config.unclip_ratio)
+        if len(grown) < 3:  # a degenerate box pyclipper could not offset
+            continue
+        box, short_side = _mini_box(grown)
         if short_side < config.min_size + 2:
             continue
         box[:, 0] = np.clip(np.round(box[:, 0] / width * dest_w), 0, dest_w)
@@ -197,7 +200,7 @@ def crop_text(image: np.ndarray, box: np.ndarray) -> np.ndarray:
     crop = cv2.warpPerspective(image, transform, (width, height), borderMode=cv2.BORDER_REPLICATE,
                                flags=cv2.INTER_CUBIC)
     if crop.shape[0] >= 1.5 * crop.shape[1]:
-        crop = np.rot90(crop)
+        crop = np.ascontiguousarray(np.rot90(crop))
     return crop
 
 

@@ -25,7 +25,8 @@ pytest.importorskip("cv2", reason="the examples need opencv-python-headless (ext
 pytest.importorskip("PIL", reason="the examples need Pillow (extra 'examples')")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-sys.path.insert(0, str(EXAMPLES))
+# Appended, not prepended: examples/ocr.py must not shadow tests/ocr.py, which the backend tests import.
+sys.path.append(str(EXAMPLES))
 
 import cv2  # noqa: E402
 
