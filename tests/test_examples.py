@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from models import model_or_skip
-from npurt import RunnerFactory, RunnerType
 from npurt.models import zoo
 
 pytest.importorskip("cv2", reason="the examples need opencv-python-headless (extra 'examples')")
@@ -253,31 +252,13 @@ def run_example(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
 
 
 @cache
-def npurt_takes_dynamic_shapes() -> bool:
-    """npurt opens models with dynamic dims on CPU without the option ``shapes`` (the examples rely on it)."""
-    try:
-        RunnerFactory.create_runner(RunnerType.AUTO, model_or_skip("ocr_cls")).close()
-    except ValueError as e:
-        if "dynamic dim" in str(e):
-            return False
-        raise
-    return True
-
-
-@pytest.fixture
-def dynamic_shapes() -> None:
-    if not npurt_takes_dynamic_shapes():
-        pytest.skip("npurt refuses models with dynamic dims unless the option 'shapes' is given; "
-                    "the examples are written for any shape per call")
-
-
 def test_ocr_example_says_when_it_cannot_read_the_image(tmp_path):
     done = run_example("examples/ocr.py", str(tmp_path / "missing.png"))
     assert done.returncode == 2 and "cannot read an image" in done.stderr
 
 
 @pytest.mark.slow
-def test_ocr_example_reads_a_generated_page(tmp_path, dynamic_shapes):
+def test_ocr_example_reads_a_generated_page(tmp_path):
     page = pages.make_page(11, size=(640, 420))
     cv2.imwrite(str(tmp_path / "page.png"), page.image)
     done = run_example("examples/ocr.py", str(tmp_path / "page.png"))
@@ -293,7 +274,7 @@ def test_ocr_example_reads_a_generated_page(tmp_path, dynamic_shapes):
 
 
 @pytest.mark.slow
-def test_vad_stream_example_finds_the_spoken_phrases(tmp_path, dynamic_shapes):
+def test_vad_stream_example_finds_the_spoken_phrases(tmp_path):
     spoken = speech_or_skip(tmp_path / "speech.wav")
     done = run_example("examples/vad_stream.py", str(tmp_path / "speech.wav"))
     assert done.returncode == 0, done.stderr
