@@ -14,17 +14,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import formats
+from .modelfile import OnnxPort
 from .options import RunnerOptions
 from .types import (
     DYNAMIC_DIM,
     DataType,
     NpuTensorInfo,
+    NpuUnsupportedError,
     QuantParameters,
     TensorDirection,
     TensorType,
 )
 
 Signature = tuple[tuple[int, ...], ...]  # the input shapes (CPU view) of one run, in port order
+
+# ONNX element types (TensorProto.DataType numbers) that npurt carries; numpy has no dtype for the others.
+ONNX_DATA_TYPES = {
+    1: DataType.FLOAT32, 2: DataType.UINT8, 3: DataType.INT8, 4: DataType.UINT16, 5: DataType.INT16,
+    6: DataType.INT32, 7: DataType.INT64, 9: DataType.BOOLEAN, 10: DataType.FP16, 11: DataType.FLOAT64,
+    12: DataType.UINT32, 13: DataType.UINT64, 16: DataType.BF16,
+}
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,22 @@ class Port:
     @property
     def is_static(self) -> bool:
         return self.cpu.is_static
+
+
+def spec_of_onnx_port(port: OnnxPort, what: str) -> PortSpec:
+    """A model port as the ONNX file declares it; NpuUnsupportedError naming it where npurt cannot carry it."""
+    if port.kind != "tensor":
+        raise NpuUnsupportedError(f"{what} {port.name!r} is a {port.kind}; npurt carries tensors (sequences, maps "
+                                  "and optionals are out of its scope)")
+    dtype = ONNX_DATA_TYPES.get(port.elem_type)
+    if dtype is None:
+        raise NpuUnsupportedError(f"{what} {port.name!r} has element type {port.elem_type_name}, which npurt does "
+                                  "not carry (numpy has no such dtype, or it is a string tensor)")
+    if port.shape is None:
+        raise NpuUnsupportedError(f"{what} {port.name!r} has no shape (unknown rank) in the model")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in port.shape)
+    names = tuple(d if isinstance(d, str) and d else None for d in port.shape)
+    return PortSpec(port.name, dtype, shape, dim_names=names)
 
 
 class PortFactory:

@@ -27,9 +27,9 @@ import openvino as ov
 from openvino import _pyopenvino
 from openvino.preprocess import PrePostProcessor
 
-from .. import devices, qdq
+from .. import devices, modelfile, qdq
 from ..engine import Backend, Done, Engine, OpenedModel, OutputTooSmallError, ResultShapes
-from ..ports import Port, PortFactory, PortSpec
+from ..ports import Port, PortFactory, PortSpec, spec_of_onnx_port
 from ..tensor import NpuTensor
 from ..types import (
     DataType,
@@ -148,12 +148,73 @@ def _spec_shape(pshape: ov.PartialShape) -> tuple[int | None, ...]:
     return tuple(d.get_length() if d.is_static else None for d in pshape)
 
 
+class ModelPorts:
+    """How the model's own ports (ONNX order) map onto OpenVINO's model.
+
+    OpenVINO's ONNX frontend may keep an input under another name (Dropout's input takes its output's name) and
+    folds an output that is an input passed through (a Sum or Max of one input, Dropout at inference) into that
+    input: the compiled model never writes such an output, so the engine copies the input into it (counted).
+    """
+
+    def __init__(self, param_of: list[int | None], result_of: list[int], alias_of: list[int | None]) -> None:
+        self.param_of = param_of  # model input i -> index of OpenVINO's parameter (None: OpenVINO dropped it)
+        self.result_of = result_of  # model output j -> index of OpenVINO's result
+        self.alias_of = alias_of  # model output j -> the model input it passes through, where it does
+
+    @classmethod
+    def of(cls, model: ov.Model, ins: Sequence[PortSpec], outs: Sequence[PortSpec]) -> ModelPorts:
+        params = list(model.inputs)
+        param_of: list[int | None] = [None] * len(ins)
+        taken: set[int] = set()
+        for i, spec in enumerate(ins):
+            k = next((k for k, p in enumerate(params) if k not in taken and spec.name in p.get_names()), None)
+            if k is not None:
+                param_of[i] = k
+                taken.add(k)
+        # what is left pairs up in order: OpenVINO keeps the order of the inputs it keeps
+        left = [k for k in range(len(params)) if k not in taken]
+        for i, k in zip([i for i, k in enumerate(param_of) if k is None], left):
+            param_of[i] = k
+        input_of_param = {k: i for i, k in enumerate(param_of) if k is not None}
+        results = list(model.outputs)
+        result_of, alias_of = [], []
+        for spec in outs:
+            k = next((k for k, r in enumerate(results)
+                      if r.get_node().get_friendly_name().removesuffix("/sink_port_0") == spec.name), None)
+            if k is None:
+                k = next((k for k, r in enumerate(results) if spec.name in r.get_names()), None)
+            if k is None:
+                raise NpuError(f"output {spec.name!r}: OpenVINO's model has no such output (its outputs: "
+                               f"{[sorted(r.get_names()) for r in results]})")
+            result_of.append(k)
+            source = results[k].get_node().input_value(0).get_node()
+            alias = None
+            if source.get_type_name() == "Parameter":
+                param = next((n for n, p in enumerate(params) if p.get_node() is source or
+                              p.get_node().get_friendly_name() == source.get_friendly_name()), None)
+                alias = input_of_param.get(param) if param is not None else None
+            alias_of.append(alias)
+        return cls(param_of, result_of, alias_of)
+
+
 # ---------------------------------------------------------------------------------------------------- requests
+class _Binding:
+    """A set of tensors as OpenVINO takes them: an ov.Tensor over each one's memory (ports OpenVINO has), and the
+    outputs the engine must fill itself (inputs passed through), as (output index, source bytes, target bytes)."""
+
+    __slots__ = ("wrapped", "fills")
+
+    def __init__(self, wrapped: list[ov.Tensor], fills: list[tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]]
+                 ) -> None:
+        self.wrapped = wrapped
+        self.fills = fills
+
+
 class _Request:
     """One InferRequest, the ov.Tensors it holds per port, and (once async is used) the thread that reports the
     end of its asynchronous runs."""
 
-    __slots__ = ("request", "held", "engine", "go", "done", "thread", "closing")
+    __slots__ = ("request", "held", "engine", "go", "done", "fills", "thread", "closing")
 
     def __init__(self, engine: OpenVINOEngine) -> None:
         self.engine = engine
@@ -162,6 +223,7 @@ class _Request:
         self.go = threading.Lock()  # released by start(): the reporting thread waits for the run
         self.go.acquire()
         self.done: Done | None = None
+        self.fills: list = []
         self.thread: threading.Thread | None = None
         self.closing = False
 
@@ -173,14 +235,28 @@ class _Request:
                 request.set_tensor(ports[k], t)
                 held[k] = t
 
-    def shapes(self) -> ResultShapes:
-        if not self.engine.dynamic_outputs:
-            return None
-        return [tuple(self.request.get_tensor(p).shape) if dyn else None
-                for p, dyn in zip(self.engine.ov_outputs, self.engine.dynamic_outputs)]
+    def finish(self, fills: Sequence[tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]]) -> ResultShapes:
+        """After a run: fill the passed-through outputs; the shapes of outputs the run decided."""
+        engine = self.engine
+        shapes: list[tuple[int, ...] | None] | None = None
+        if engine.dynamic_outputs:
+            shapes = [None] * len(engine.outputs)
+            for j, p in zip(engine.bound_outputs, engine.ov_outputs):
+                if not engine.outputs[j].is_static:
+                    shapes[j] = tuple(self.request.get_tensor(p).shape)
+        for j, src, dst, shape in fills:
+            n = src.nbytes
+            if n > dst.nbytes:
+                raise OutputTooSmallError(engine.outputs[j].name, shape, n, dst.nbytes)
+            dst[:n] = src
+            engine.count_copy(n)
+            if not engine.outputs[j].is_static:
+                shapes = shapes if shapes is not None else [None] * len(engine.outputs)
+                shapes[j] = shape
+        return shapes
 
-    def start(self, done: Done) -> None:
-        self.done = done
+    def start(self, done: Done, fills: list) -> None:
+        self.done, self.fills = done, fills
         if self.thread is None:
             self.thread = threading.Thread(target=self._report, name="npurt-ov-request", daemon=True)
             self.thread.start()
@@ -197,10 +273,10 @@ class _Request:
             shapes: ResultShapes = None
             try:
                 self.request.wait()
-                shapes = self.shapes()
+                shapes = self.finish(self.fills)
             except BaseException as e:  # noqa: BLE001 - the run's failure is the job's status
                 error = self.engine.translate(e)
-            done, self.done = self.done, None
+            done, self.done, self.fills = self.done, None, []
             self.engine.release(self)  # free before the job ends: its callback may start the next one
             if done is not None:
                 done(error, shapes)
@@ -217,26 +293,32 @@ class _Request:
 class OpenVINOEngine(Engine):
     """A compiled model and its pool of infer requests."""
 
-    def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], device: str,
-                 properties: dict[str, Any], limit: int) -> None:
+    def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], pm: ModelPorts,
+                 device: str, properties: dict[str, Any], limit: int, count_copy: Any) -> None:
         self.compiled_model = compiled_model
         self.inputs, self.outputs = inputs, outputs
         self.device = device
         self.properties = properties
-        self.ov_inputs = list(compiled_model.inputs)
-        self.ov_outputs = list(compiled_model.outputs)
+        self.count_copy = count_copy
+        compiled_in, compiled_out = list(compiled_model.inputs), list(compiled_model.outputs)
+        # the model's ports OpenVINO has (inputs it kept, outputs it computes), in the model's order
+        self.bound_inputs = [i for i, k in enumerate(pm.param_of) if k is not None]
+        self.bound_outputs = [j for j, a in enumerate(pm.alias_of) if a is None]
+        self.aliases = [(j, a) for j, a in enumerate(pm.alias_of) if a is not None]
+        self.ov_inputs = [compiled_in[pm.param_of[i]] for i in self.bound_inputs]  # type: ignore[index]
+        self.ov_outputs = [compiled_out[pm.result_of[j]] for j in self.bound_outputs]
         self.ov_ports = self.ov_inputs + self.ov_outputs
         self.element_types = [p.get_element_type() for p in self.ov_ports]
-        self.dynamic_outputs = [not p.is_static for p in outputs] if any(not p.is_static for p in outputs) else []
+        self.dynamic_outputs = any(not p.is_static for p in outputs)
         # run_arrays' output tensors start empty where the run decides the shape (OpenVINO then sizes them)
-        self.output_shapes = [ov.Shape([0 if d < 0 else d for d in p.engine.shape]) if not p.is_static
-                              else ov.Shape(list(p.engine.shape)) for p in outputs]
+        self.output_shapes = [ov.Shape([0 if d < 0 else d for d in outputs[j].engine.shape])
+                              for j in self.bound_outputs]
         self.started_async = False  # whether start() has used OpenVINO's asynchronous execution
         try:
             self.optimal_requests = max(1, int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         except RuntimeError:
             self.optimal_requests = 1
-        self.limit = max(1, limit)  # requests made at most (the runner's max_concurrent_runs, or more for threads)
+        self.limit = max(1, limit)  # requests made at most
         self.made: list[_Request] = []
         self._free: SimpleQueue[_Request] = SimpleQueue()
         self._lock = threading.Lock()
@@ -269,39 +351,46 @@ class OpenVINOEngine(Engine):
         return [r.request for r in self.made]
 
     # -- the engine interface ------------------------------------------------------------------------------
-    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> list[ov.Tensor]:
+    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> _Binding:
         # Shares the memory (no copy): the bytes reinterpreted with the engine's shape and element type.
-        return [ov.Tensor(t.raw_bytes(), list(t.info.shape), et)
-                for t, et in zip((*inputs, *outputs), self.element_types)]
+        tensors = [inputs[i] for i in self.bound_inputs] + [outputs[j] for j in self.bound_outputs]
+        wrapped = [ov.Tensor(t.raw_bytes(), list(t.info.shape), et) for t, et in zip(tensors, self.element_types)]
+        fills = [(j, inputs[a].raw_bytes(), outputs[j].raw_bytes(), inputs[a].info.shape) for j, a in self.aliases]
+        return _Binding(wrapped, fills)
 
-    def run(self, binding: list[ov.Tensor]) -> ResultShapes:
+    def _infer(self, request: _Request) -> None:
+        if self.started_async:
+            # Once start() has used OpenVINO's asynchronous execution, run() goes there too: OpenVINO's CPU plugin,
+            # given both infer() on callers' threads and start_async() on one compiled model, grows its memory by
+            # ~50 MiB steps under CPU contention (seen with plain OpenVINO: +300 to +550 MiB over 20,000 mixed
+            # calls beside two busy loops; flat with either kind alone).
+            _start_async(request.request, {}, None)
+            request.request.wait()
+        else:
+            _infer(request.request, {}, True, True)
+
+    def run(self, binding: _Binding) -> ResultShapes:
         request = self.acquire()
         assert request is not None
         try:
-            request.point(binding)
-            if self.started_async:
-                # Once start() has used OpenVINO's asynchronous execution, run() goes there too: OpenVINO's CPU
-                # plugin, given both infer() on callers' threads and start_async() on one compiled model, grows its
-                # memory by ~50 MiB steps under CPU contention (seen with plain OpenVINO: +300 to +550 MiB over
-                # 20,000 mixed calls beside two busy loops; flat with either kind alone).
-                _start_async(request.request, {}, None)
-                request.request.wait()
-            else:
-                _infer(request.request, {}, True, True)
-            return request.shapes()
+            request.point(binding.wrapped)
+            self._infer(request)
+            return request.finish(binding.fills)
+        except OutputTooSmallError:
+            raise
         except Exception as e:
             raise self.translate(e) from None
         finally:
             self.release(request)
 
-    def start(self, binding: list[ov.Tensor], done: Done) -> bool:
+    def start(self, binding: _Binding, done: Done) -> bool:
         request = self.acquire(block=False)
         if request is None:
             return False
         self.started_async = True
         try:
-            request.point(binding)
-            request.start(done)
+            request.point(binding.wrapped)
+            request.start(done, binding.fills)
         except Exception:
             self.release(request)  # it never started
             raise
@@ -313,8 +402,8 @@ class OpenVINOEngine(Engine):
         try:
             r, held = request.request, request.held
             k = 0
-            for port, a in zip(self.ov_inputs, arrays):
-                t = held[k] = ov.Tensor(a, shared_memory=True)
+            for port, i in zip(self.ov_inputs, self.bound_inputs):
+                t = held[k] = ov.Tensor(arrays[i], shared_memory=True)
                 r.set_tensor(port, t)
                 k += 1
             # Outputs in new tensors of OpenVINO's own per call: it sizes them to what the run produces (from an
@@ -325,12 +414,14 @@ class OpenVINOEngine(Engine):
                 r.set_tensor(port, t)
                 outs.append(t)
                 k += 1
-            if self.started_async:
-                _start_async(r, {}, None)
-                r.wait()
-            else:
-                _infer(r, {}, True, True)
-            return [t.data for t in outs]
+            self._infer(request)
+            results: list[np.ndarray] = [None] * len(self.outputs)  # type: ignore[list-item]
+            for j, t in zip(self.bound_outputs, outs):
+                results[j] = t.data
+            for j, a in self.aliases:  # an input passed through: a copy of it
+                results[j] = arrays[a].copy()
+                self.count_copy(arrays[a].nbytes)
+            return results
         except Exception as e:
             raise self.translate(e) from None
         finally:
@@ -399,8 +490,15 @@ class OpenVINOBackend(Backend):
             self.model = ov_core.read_model(str(self.model_path))
         except RuntimeError as e:
             raise NpuError(f"OpenVINO cannot read the model {self.model_path}: {e}") from None
-        ins = [self._spec(p, f"input {i}") for i, p in enumerate(self.model.inputs)]
-        outs = [self._spec(p, f"output {i}") for i, p in enumerate(self.model.outputs)]
+        if self.model_path.suffix.lower() == ".onnx":
+            # The ports are the ONNX model's own, whatever OpenVINO made of them (see ModelPorts).
+            onnx_info = modelfile.read_onnx_ports(self.model_path)
+            ins = [spec_of_onnx_port(p, "input") for p in onnx_info.inputs]
+            outs = [spec_of_onnx_port(p, "output") for p in onnx_info.outputs]
+        else:
+            ins = [self._spec(p, f"input {i}") for i, p in enumerate(self.model.inputs)]
+            outs = [self._spec(p, f"output {i}") for i, p in enumerate(self.model.outputs)]
+        self.map = ModelPorts.of(self.model, ins, outs)
         # QDQ boundaries are read from the ONNX graph where NPU views apply: their HW view is the quantized tensor,
         # and HW ports get the boundary Quantize/DequantizeLinear removed from what OpenVINO compiles.
         self.onnx_model: onnx.ModelProto | None = None
@@ -410,7 +508,7 @@ class OpenVINOBackend(Backend):
             if boundaries:
                 self.onnx_model = onnx.load(str(self.model_path))
                 ins, outs = qdq.annotate_specs(ins, boundaries), qdq.annotate_specs(outs, boundaries)
-        self.out_specs = outs
+        self.in_specs, self.out_specs = ins, outs
         return OpenedModel(info, ins, outs, dynamic_shapes=self.device in ("CPU", "GPU"))
 
     @staticmethod
@@ -436,34 +534,44 @@ class OpenVINOBackend(Backend):
         else:
             model = self.model.clone()
         shapes = [list(p.cpu.shape) for p in inputs]
-        if any(tuple(-1 if d.is_dynamic else d.get_length() for d in p.get_partial_shape()) != tuple(port.cpu.shape)
-               for p, port in zip(model.inputs, inputs)):
+        pm = self.map
+        reshape = {model.input(k): _partial_shape(inputs[i].cpu.shape) for i, k in enumerate(pm.param_of)
+                   if k is not None and tuple(-1 if d.is_dynamic else d.get_length()
+                                              for d in model.input(k).get_partial_shape()) != inputs[i].cpu.shape}
+        if reshape:
             try:
-                model.reshape({model.input(i): _partial_shape(port.cpu.shape) for i, port in enumerate(inputs)})
+                model.reshape(reshape)
             except RuntimeError as e:
                 raise NpuError(f"cannot reshape the model to input shapes {shapes}: {e}") from None
         outputs = []
-        for spec, out in zip(self.out_specs, model.outputs):
-            shape = _spec_shape(out.get_partial_shape())
+        for j, spec in enumerate(self.out_specs):
+            source = pm.alias_of[j]
+            if source is not None:  # the output is an input passed through: it has the input's shape
+                shape: tuple[int | None, ...] = tuple(None if d < 0 else d for d in inputs[source].cpu.shape)
+            else:
+                shape = _spec_shape(model.output(pm.result_of[j]).get_partial_shape())
             if None in shape and self.device == "NPU":
                 raise NpuUnsupportedError(
-                    f"output {spec.name!r} stays dynamic ({out.get_partial_shape()}) for input shapes {shapes}; the "
-                    "NPU needs static outputs (a data-dependent shape cannot be compiled for it)")
+                    f"output {spec.name!r} stays dynamic ({list(shape)}) for input shapes {shapes}; the NPU needs "
+                    "static outputs (a data-dependent shape cannot be compiled for it)")
             outputs.append(ports.make(spec.with_shape(shape), TensorDirection.OUTPUT))
         for port in outputs:
             if port.view is TensorType.HW and port.converts and not port.is_static:
                 raise NpuUnsupportedError(f"output {port.name!r}: its shape is known only after a run, so its HW "
                                           f"view {port.hw.describe()} cannot be built in; use the CPU view")
-        model = self._bake_hw_views(model, inputs, outputs)
+        model = self._bake_hw_views(model, inputs, outputs, pm)
         properties = self.properties()
         try:
             compiled_model = core().compile_model(model, self.device, properties)
         except RuntimeError as e:
             raise NpuError(f"OpenVINO could not compile {self.model_path.name} for {self.device} with input "
                            f"shapes {shapes} and properties {properties}: {e}") from None
-        for what, ps, ov_ports in (("input", inputs, compiled_model.inputs),
-                                   ("output", outputs, compiled_model.outputs)):
-            for port, ov_port in zip(ps, ov_ports):  # the engine must consume exactly the port's view
+        compiled_in, compiled_out = list(compiled_model.inputs), list(compiled_model.outputs)
+        for what, pairs in (("input", [(inputs[i], compiled_in[k]) for i, k in enumerate(pm.param_of)
+                                       if k is not None]),
+                            ("output", [(outputs[j], compiled_out[k]) for j, k in enumerate(pm.result_of)
+                                        if pm.alias_of[j] is None])):
+            for port, ov_port in pairs:  # the engine must consume exactly the port's view
                 shape = tuple(-1 if d.is_dynamic else d.get_length() for d in ov_port.get_partial_shape())
                 et = ov_port.get_element_type()
                 if shape != port.engine.shape or et != ov_type(port.engine.data_type):
@@ -471,16 +579,21 @@ class OpenVINOBackend(Backend):
                                    f"{et.get_type_name()}, expected the {port.view.name} view "
                                    f"{port.engine.describe()}")
         limit = self.options.max_concurrent_runs or max(2, _optimal_requests(compiled_model))
-        return OpenVINOEngine(compiled_model, inputs, outputs, self.device, properties, limit)
+        return OpenVINOEngine(compiled_model, inputs, outputs, pm, self.device, properties, limit, self.count_copy)
 
     @staticmethod
-    def _bake_hw_views(model: ov.Model, inputs: list[Port], outputs: list[Port]) -> ov.Model:
+    def _bake_hw_views(model: ov.Model, inputs: list[Port], outputs: list[Port], pm: ModelPorts) -> ov.Model:
         """Build the CPU<->HW conversion of HW-view ports into the model (PrePostProcessor)."""
         ppp: PrePostProcessor | None = None
-        for direction, ps in ((TensorDirection.INPUT, inputs), (TensorDirection.OUTPUT, outputs)):
-            for i, port in enumerate(ps):
+        for direction, ps, index in ((TensorDirection.INPUT, inputs, pm.param_of),
+                                     (TensorDirection.OUTPUT, outputs, pm.result_of)):
+            for n, port in enumerate(ps):
+                i = index[n]
                 if port.view is not TensorType.HW or not port.converts:
                     continue
+                if i is None or (direction is TensorDirection.OUTPUT and pm.alias_of[n] is not None):
+                    raise NpuUnsupportedError(f"{direction.name.lower()} {port.name!r}: OpenVINO passes it through "
+                                              "or drops it, so its HW view cannot be built in; use the CPU view")
                 layouts = _layout_pair(port)
                 if layouts is None and port.hw.data_type is port.cpu.data_type:
                     continue
