@@ -83,7 +83,7 @@ namespace isa_avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
 #define NPURT_AVX512 1
-#include "convert.hpp"
+#include "convert_kernels.inc"
 #undef NPURT_AVX512
 #pragma GCC pop_options
 }  // namespace isa_avx512
@@ -92,7 +92,7 @@ namespace isa_avx2 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 #define NPURT_AVX512 0
-#include "convert.hpp"
+#include "convert_kernels.inc"
 #undef NPURT_AVX512
 #pragma GCC pop_options
 }  // namespace isa_avx2
@@ -106,7 +106,7 @@ namespace isa_avx2 {
 #define NPURT_F16C 0
 #define NPURT_AVX512 0
 namespace isa_portable {
-#include "convert.hpp"
+#include "convert_kernels.inc"
 }  // namespace isa_portable
 
 enum Isa { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
