@@ -4,7 +4,7 @@
 // -> a sealed memfd -> page-aligned anonymous host memory. Import of a foreign fd checks what the fd is
 // (dma-buf, sealed memfd, regular file), its real size and the offset *before* mmap, so a receiver is
 // never handed memory that can vanish under it (SIGBUS). Every fd and mapping is owned by an RAII object;
-// errors become Python exceptions (OSError with errno, or ValueError), never an abort.
+// errors become Python exceptions (OSError with errno, or ValueError; errors.hpp), never an abort.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,14 +17,15 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <cstring>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "errors.hpp"
 
 namespace py = pybind11;
 
@@ -66,19 +67,6 @@ constexpr long kDmaBufMagic = 0x444d4142;  // fstatfs(dma-buf fd).f_type, "DMAB"
 #define MFD_CLOEXEC 0x0001U
 #define MFD_ALLOW_SEALING 0x0002U
 #endif
-
-// ---- errors: thrown anywhere (also with the GIL released), translated at the Python boundary ----
-struct SysError : std::runtime_error {
-    int err;
-    SysError(int e, const std::string &what) : std::runtime_error(what + ": " + std::strerror(e)), err(e) {}
-    struct Verbatim {};
-    SysError(int e, const std::string &message, Verbatim) : std::runtime_error(message), err(e) {}
-};
-struct ArgError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail_errno(const std::string &what) { throw SysError(errno, what); }
 
 size_t page_size() {
     static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -490,18 +478,6 @@ size_t checked_size(py::int_ value, const char *what) {
 
 void register_buffer(py::module_ &m) {
     using npurt::Buffer;
-
-    py::register_local_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) std::rethrow_exception(p);
-        } catch (const npurt::SysError &e) {
-            // OSError(errno, message) picks the matching subclass (FileNotFoundError, PermissionError, ...).
-            py::object err = py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_OSError, "is", e.err, e.what()));
-            if (err) PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(err.ptr())), err.ptr());
-        } catch (const npurt::ArgError &e) {
-            PyErr_SetString(PyExc_ValueError, e.what());
-        }
-    });
 
     py::class_<Buffer>(m, "Buffer", py::buffer_protocol(), R"doc(
 Page-aligned memory owned by this object: a dma-buf, a sealed memfd or anonymous host memory.

@@ -19,6 +19,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "errors.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 // gcc 12 warns "__Y may be used uninitialized" inside its own AVX-512 intrinsics, once per use and clone
 // (the _mm512_undefined_* idiom, gcc bug 105593): silenced for the header's lines only.
@@ -32,6 +34,8 @@
 namespace py = pybind11;
 
 namespace {
+
+using npurt::ArgError;
 
 constexpr int MAX_AXES = 16;
 
@@ -169,7 +173,7 @@ TypeDesc type_desc(int code) {
         case 10: return {"FLOAT32", 4, K_F32, "f"};
         case 11: return {"INT64", 8, K_NONE, "lq"};
         case 12: return {"UINT64", 8, K_NONE, "LQ"};
-        default: throw py::value_error("convert: unknown data type code " + std::to_string(code));
+        default: throw ArgError("convert: unknown data type code " + std::to_string(code));
     }
 }
 
@@ -184,23 +188,23 @@ Block take_block(const py::buffer &obj, const TypeDesc &t, const char *what, boo
     Block b;
     b.info = obj.request(false);
     const py::buffer_info &bi = b.info;
-    if (writable && bi.readonly) throw py::value_error(std::string("convert: the ") + what + " buffer is read-only");
+    if (writable && bi.readonly) throw ArgError(std::string("convert: the ") + what + " buffer is read-only");
     // C-contiguous as a whole; a strided tensor is described by the strides argument, not by the buffer.
     int64_t expect = bi.itemsize;
     for (int k = static_cast<int>(bi.ndim) - 1; k >= 0; --k) {
         if (bi.shape[k] != 1 && bi.strides[k] != expect)
-            throw py::value_error(std::string("convert: the ") + what +
-                                  " buffer is not C-contiguous; pass a contiguous block and give the tensor's "
-                                  "layout as element strides");
+            throw ArgError(std::string("convert: the ") + what +
+                           " buffer is not C-contiguous; pass a contiguous block and give the tensor's "
+                           "layout as element strides");
         expect *= bi.shape[k];
     }
     if (bi.itemsize != 1) {
         std::string fmt = bi.format;
         while (!fmt.empty() && std::strchr("@=<>!", fmt[0])) fmt.erase(0, 1);
         if (bi.itemsize != t.size || fmt.size() != 1 || !std::strchr(t.formats, fmt[0]))
-            throw py::value_error(std::string("convert: the ") + what + " buffer holds elements of format '" +
-                                  bi.format + "' and " + std::to_string(bi.itemsize) + " bytes, expected " +
-                                  t.name + " (" + std::to_string(t.size) + " bytes) or raw bytes");
+            throw ArgError(std::string("convert: the ") + what + " buffer holds elements of format '" +
+                           bi.format + "' and " + std::to_string(bi.itemsize) + " bytes, expected " +
+                           t.name + " (" + std::to_string(t.size) + " bytes) or raw bytes");
     }
     b.ptr = static_cast<char *>(bi.ptr);
     b.nbytes = bi.size * bi.itemsize;
@@ -223,7 +227,7 @@ std::string list_str(const std::vector<int64_t> &v) {
 int64_t mul_add(int64_t a, int64_t b, int64_t c) {
     int64_t r;
     if (__builtin_mul_overflow(a, b, &r) || __builtin_add_overflow(r, c, &r))
-        throw py::value_error("convert: the shape and strides address more than 2**63 elements");
+        throw ArgError("convert: the shape and strides address more than 2**63 elements");
     return r;
 }
 
@@ -255,35 +259,35 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
     const TypeDesc st = type_desc(src_code), dt = type_desc(dst_code);
     const size_t nd = shape.size();
     if (src_strides.size() != nd || dst_strides.size() != nd)
-        throw py::value_error("convert: shape " + list_str(shape) + " has " + std::to_string(nd) +
-                              " axes but the strides are " + list_str(src_strides) + " and " +
-                              list_str(dst_strides));
-    if (nd + 1 > MAX_AXES) throw py::value_error("convert: at most 15 axes are supported, got " + std::to_string(nd));
+        throw ArgError("convert: shape " + list_str(shape) + " has " + std::to_string(nd) +
+                       " axes but the strides are " + list_str(src_strides) + " and " +
+                       list_str(dst_strides));
+    if (nd + 1 > MAX_AXES) throw ArgError("convert: at most 15 axes are supported, got " + std::to_string(nd));
     Plan p;
     if (src_code == dst_code) {
         p.raw_size = st.size;
     } else {
         if (st.kind == K_NONE || dt.kind == K_NONE)
-            throw py::value_error(std::string("convert: no native conversion from ") + st.name + " to " + dt.name);
+            throw ArgError(std::string("convert: no native conversion from ") + st.name + " to " + dt.name);
     }
     p.in_kind = st.kind;
     p.out_kind = dt.kind;
     if (!(scale > 0.0) || !std::isfinite(scale))
-        throw py::value_error("convert: scale must be a positive finite number, got " + std::to_string(scale));
+        throw ArgError("convert: scale must be a positive finite number, got " + std::to_string(scale));
     if (rounding != 1 && rounding != 2)
-        throw py::value_error("convert: rounding mode must be ROUND_TO_NEAREST_EVEN (1) or ROUND_TOWARD_ZERO (2), got " +
-                              std::to_string(rounding));
+        throw ArgError("convert: rounding mode must be ROUND_TO_NEAREST_EVEN (1) or ROUND_TOWARD_ZERO (2), got " +
+                       std::to_string(rounding));
     p.q = Quant{static_cast<float>(scale), static_cast<float>(zero_point)};
     p.toward_zero = rounding == 2;
 
     std::vector<Axis> axes(nd);
     for (size_t i = 0; i < nd; ++i) {
         if (shape[i] < 0 || src_strides[i] < 0 || dst_strides[i] < 0)
-            throw py::value_error("convert: negative extent or stride in shape " + list_str(shape) + ", strides " +
-                                  list_str(src_strides) + " / " + list_str(dst_strides));
+            throw ArgError("convert: negative extent or stride in shape " + list_str(shape) + ", strides " +
+                           list_str(src_strides) + " / " + list_str(dst_strides));
         if (shape[i] > 1 && dst_strides[i] == 0)
-            throw py::value_error("convert: destination stride 0 on axis " + std::to_string(i) +
-                                  " would write elements over each other");
+            throw ArgError("convert: destination stride 0 on axis " + std::to_string(i) +
+                           " would write elements over each other");
         axes[i] = {shape[i], src_strides[i], dst_strides[i], 0};
     }
     int64_t pad_limit = 0, pad_k = 1;
@@ -292,7 +296,7 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
         auto t = pad.cast<std::vector<int64_t>>();
         if (t.size() != 5 || t[0] < 0 || t[1] < 0 || t[0] >= static_cast<int64_t>(nd) ||
             t[1] >= static_cast<int64_t>(nd) || t[0] == t[1] || t[3] < 1)
-            throw py::value_error("convert: pad must be (group_axis, lane_axis, channels, group_size, dst_padded)");
+            throw ArgError("convert: pad must be (group_axis, lane_axis, channels, group_size, dst_padded)");
         axes[t[0]].tag = 1;
         axes[t[1]].tag = 2;
         pad_limit = t[2];
@@ -300,8 +304,8 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
         int64_t lanes = 0;  // (an overflow: more lanes than any channel count)
         const bool huge = __builtin_mul_overflow(shape[t[0]], pad_k, &lanes);
         if (shape[t[1]] != pad_k || (!huge && pad_limit > lanes))
-            throw py::value_error("convert: pad of " + std::to_string(pad_limit) + " channels in groups of " +
-                                  std::to_string(pad_k) + " does not fit shape " + list_str(shape));
+            throw ArgError("convert: pad of " + std::to_string(pad_limit) + " channels in groups of " +
+                           std::to_string(pad_k) + " does not fit shape " + list_str(shape));
         dst_padded = t[4] != 0;
         padded = true;
     }
@@ -314,15 +318,15 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
     const int64_t dst_need =
         mul_add(max_offset(axes, dst_strides, !padded || dst_padded, pad_limit, pad_k), dt.size, dt.size);
     if (src.nbytes < src_need)
-        throw py::value_error("convert: the source buffer holds " + std::to_string(src.nbytes) + " bytes, shape " +
-                              list_str(shape) + " with strides " + list_str(src_strides) + " needs " +
-                              std::to_string(src_need));
+        throw ArgError("convert: the source buffer holds " + std::to_string(src.nbytes) + " bytes, shape " +
+                       list_str(shape) + " with strides " + list_str(src_strides) + " needs " +
+                       std::to_string(src_need));
     if (dst.nbytes < dst_need)
-        throw py::value_error("convert: the destination buffer holds " + std::to_string(dst.nbytes) +
-                              " bytes, shape " + list_str(shape) + " with strides " + list_str(dst_strides) +
-                              " needs " + std::to_string(dst_need));
+        throw ArgError("convert: the destination buffer holds " + std::to_string(dst.nbytes) +
+                       " bytes, shape " + list_str(shape) + " with strides " + list_str(dst_strides) +
+                       " needs " + std::to_string(dst_need));
     if (src.ptr < dst.ptr + dst_need && dst.ptr < src.ptr + src_need)
-        throw py::value_error("convert: source and destination memory overlap");
+        throw ArgError("convert: source and destination memory overlap");
     p.stream = dst_need >= STREAM_MIN_BYTES;
 
     // ---- normalise: drop unit axes, order by destination stride, merge contiguous neighbours
@@ -393,7 +397,7 @@ void convert_strided(const py::buffer &src_obj, int src_code, const py::buffer &
         py::gil_scoped_release nogil;
         ok = dispatch(p);
     }
-    if (!ok) throw py::value_error(std::string("convert: no kernel for ") + st.name + " -> " + dt.name);
+    if (!ok) throw ArgError(std::string("convert: no kernel for ") + st.name + " -> " + dt.name);
 }
 
 }  // namespace
@@ -421,10 +425,10 @@ there.)doc");
             if (name == "auto") want = best_isa();
             for (int i = 0; i < 3; ++i)
                 if (name == ISA_NAMES[i]) want = i;
-            if (want < 0) throw py::value_error("set_convert_isa: unknown instruction set '" + name + "'");
+            if (want < 0) throw ArgError("set_convert_isa: unknown instruction set '" + name + "'");
             if (want > best_isa())
-                throw py::value_error("set_convert_isa: this CPU cannot run '" + name + "' (best: " +
-                                      ISA_NAMES[best_isa()] + ")");
+                throw ArgError("set_convert_isa: this CPU cannot run '" + name + "' (best: " +
+                               ISA_NAMES[best_isa()] + ")");
             g_isa.store(want, std::memory_order_relaxed);
         },
         py::arg("name"), "Choose the kernels' instruction set ('auto', 'avx512', 'avx2', 'portable'), for tests.");
