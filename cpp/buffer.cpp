@@ -382,9 +382,8 @@ std::unique_ptr<Buffer> import_fd(int fd, size_t size, size_t offset, bool allow
                        std::to_string(page_size()) + ")");
 
     auto buffer = std::make_unique<Buffer>();
-    std::string refusal;  // set instead of throwing while the GIL is released
     {
-        py::gil_scoped_release release;
+        py::gil_scoped_release release;  // (throwing without the GIL is safe: errors.hpp)
         const int access = ::fcntl(fd, F_GETFL);
         if (access < 0) {
             if (errno == EBADF) throw SysError(EBADF, name + " is not open");
@@ -412,50 +411,42 @@ std::unique_ptr<Buffer> import_fd(int fd, size_t size, size_t offset, bool allow
                 buffer->provider = "dma_buf:" + (exporter.empty() ? std::string("unknown") : exporter);
             }
         } else if (!S_ISREG(st.st_mode)) {
-            refusal = name + " is " + describe_mode(st.st_mode) +
-                      ", not memory: only a dma-buf, a memfd sealed with F_SEAL_SHRINK or a regular file can be "
-                      "mapped";
+            throw ArgError(name + " is " + describe_mode(st.st_mode) +
+                           ", not memory: only a dma-buf, a memfd sealed with F_SEAL_SHRINK or a regular file can "
+                           "be mapped");
         } else {
             const int seals = ::fcntl(fd, F_GET_SEALS);
             if (seals >= 0) {
                 // A memfd (or tmpfs file): without F_SEAL_SHRINK its owner can truncate it and every process
                 // that maps it takes SIGBUS on the next access.
                 if (!(seals & F_SEAL_SHRINK)) {
-                    refusal = name + " is a memfd without F_SEAL_SHRINK (seals 0x" + [&] {
-                        char hex[16];
-                        std::snprintf(hex, sizeof hex, "%x", seals);
-                        return std::string(hex);
-                    }() + "): its owner could shrink it under the mapping (SIGBUS); the sender must seal it "
-                          "with fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)";
+                    char hex[16];
+                    std::snprintf(hex, sizeof hex, "%x", seals);
+                    throw ArgError(name + " is a memfd without F_SEAL_SHRINK (seals 0x" + hex +
+                                   "): its owner could shrink it under the mapping (SIGBUS); the sender must seal "
+                                   "it with fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)");
                 }
                 if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) writable = false;
                 buffer->provider = "memfd";
             } else if (!allow_file) {
-                refusal = name + " is a regular file: its writers can truncate it under the mapping (SIGBUS); "
-                                 "send a dma-buf or a memfd sealed with F_SEAL_SHRINK";
+                throw ArgError(name + " is a regular file: its writers can truncate it under the mapping "
+                                      "(SIGBUS); send a dma-buf or a memfd sealed with F_SEAL_SHRINK");
             } else {
                 buffer->provider = "file";
             }
             real_size = static_cast<size_t>(st.st_size);
         }
-        if (refusal.empty()) {
-            if ((access & O_ACCMODE) == O_WRONLY) {
-                refusal = name + " is open write-only and cannot be mapped";
-            } else if (offset > real_size || size > real_size - offset) {
-                refusal = name + " (" + buffer->provider + ") holds " + std::to_string(real_size) +
-                          " bytes; asked for " + std::to_string(size) + " bytes at offset " +
-                          std::to_string(offset);
-            }
-        }
-        if (refusal.empty()) {
-            buffer->mapping = Mapping::map(fd, size, static_cast<off_t>(offset), writable, name);
-            // Our own reference: the caller keeps (and may close) its fd number.
-            buffer->fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-            if (!buffer->fd.valid()) fail_errno(name + ": F_DUPFD_CLOEXEC");
-            buffer->readonly = !writable;
-        }
+        if ((access & O_ACCMODE) == O_WRONLY) throw ArgError(name + " is open write-only and cannot be mapped");
+        if (offset > real_size || size > real_size - offset)
+            throw ArgError(name + " (" + buffer->provider + ") holds " + std::to_string(real_size) +
+                           " bytes; asked for " + std::to_string(size) + " bytes at offset " +
+                           std::to_string(offset));
+        buffer->mapping = Mapping::map(fd, size, static_cast<off_t>(offset), writable, name);
+        // Our own reference: the caller keeps (and may close) its fd number.
+        buffer->fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+        if (!buffer->fd.valid()) fail_errno(name + ": F_DUPFD_CLOEXEC");
+        buffer->readonly = !writable;
     }
-    if (!refusal.empty()) throw ArgError(refusal);
     buffer->size = size;
     buffer->offset = offset;
     return buffer;
