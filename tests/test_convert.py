@@ -19,11 +19,11 @@ E = _native.ElementType
 
 
 def native(t: DataType) -> _native.ElementType:
-    return E[t.name]
+    return E.__members__[t.name]
 
 
 def rounding(q: QuantParameters) -> _native.Rounding:
-    return _native.Rounding[q.rounding_mode.name]
+    return _native.Rounding.__members__[q.rounding_mode.name]
 
 
 def padding(group_axis: int, lane_axis: int, channels: int, group_size: int, dst_padded: bool
@@ -341,7 +341,8 @@ def test_refusals() -> None:
 
 def test_typed_boundary_refuses_integers_and_tuples() -> None:
     """The kernels take their own enums and a ChannelPadding: npurt's IntEnums, plain integers and the old
-    5-tuple are a TypeError (never read as some other type), values outside an enum cannot be made."""
+    5-tuple are a TypeError (never read as some other type); an enum made from a value it does not have is
+    a ValueError."""
     x = np.zeros((4, 8), np.float32)
     out = np.zeros((4, 8), np.float16)
     ok = dict(shape=[4, 8], src_strides=[8, 1], dst_strides=[8, 1])
@@ -353,10 +354,12 @@ def test_typed_boundary_refuses_integers_and_tuples() -> None:
     for not_a_rounding in (1, RoundingMode.ROUND_TOWARD_ZERO, E.FLOAT32):
         with pytest.raises(TypeError):
             _native.convert_strided(x, E.FLOAT32, out, E.FP16, **ok, rounding=not_a_rounding)
-    with pytest.raises(ValueError):
-        E(99)
-    with pytest.raises(ValueError):
-        _native.Rounding(0)  # npurt.RoundingMode.UNKNOWN has no native counterpart
+    with pytest.raises(ValueError, match="unknown data type code 99"):
+        _native.convert_strided(x, E(99), out, E.FP16, **ok)
+    with pytest.raises(ValueError, match="unknown data type code 0"):
+        _native.convert_strided(x, E.FLOAT32, out, E(0), **ok)
+    with pytest.raises(ValueError, match="rounding mode must be ROUND_TO_NEAREST_EVEN"):
+        _native.convert_strided(x, E.FLOAT32, out, E.FP16, **ok, rounding=_native.Rounding(0))
     x4 = np.zeros((1, 3, 2, 2), np.float32)
     out4 = np.zeros((2, 1, 2, 1, 4), np.uint16)
     split, sx, so = [1, 1, 4, 2, 2], [12, 16, 4, 2, 1], [4, 8, 1, 8, 4]
@@ -398,8 +401,9 @@ def test_channel_padding_is_checked() -> None:
 
 def test_native_enums_mirror_npurt() -> None:
     """formats.py maps npurt's enums to the native ones by name: same members (but UNKNOWN), same values."""
-    assert {m.name: m.value for m in E} == {t.name: t.value for t in DataType if t is not DataType.UNKNOWN}
-    assert {m.name: m.value for m in _native.Rounding} == \
+    assert {name: m.value for name, m in E.__members__.items()} == \
+        {t.name: t.value for t in DataType if t is not DataType.UNKNOWN}
+    assert {name: m.value for name, m in _native.Rounding.__members__.items()} == \
         {m.name: m.value for m in RoundingMode if m is not RoundingMode.UNKNOWN}
     assert _native.CONVERTIBLE_TYPES == frozenset({E.FLOAT32, E.FP16, E.BF16, E.INT8, E.UINT8})
 

@@ -1,10 +1,11 @@
 """src/npurt/_native.pyi against the built npurt._native: the same names, enum members, properties and
-parameter names (pybind11 writes each function's signature in the first line of its docstring)."""
+parameter names (pybind11 writes each function's signature in the first line of its docstring).
+
+(mypy.stubtest also works on the module; it adds pybind11's metaclass and Buffer's placeholder __init__.)"""
 
 from __future__ import annotations
 
 import ast
-import enum
 import inspect
 from pathlib import Path
 
@@ -52,23 +53,23 @@ def _runtime_params(fn: object) -> list[str]:
             part += ch
     parts.append(part)
     names = [p.split(":")[0].split("=")[0].strip() for p in parts if p.strip()]
-    return [n for n in names if n != "self"]
+    return [n for n in names if n not in ("self", "/")]
 
 
-def _class_members(cls: ast.ClassDef) -> tuple[dict[str, ast.FunctionDef], set[str], dict[str, object]]:
-    """(methods, properties, enum members) written in a stub class."""
+def _class_members(cls: ast.ClassDef) -> tuple[dict[str, ast.FunctionDef], set[str], set[str]]:
+    """(methods, properties, class attributes) written in a stub class."""
     methods: dict[str, ast.FunctionDef] = {}
     properties: set[str] = set()
-    members: dict[str, object] = {}
+    attributes: set[str] = set()
     for node in cls.body:
         if isinstance(node, ast.FunctionDef):
             if any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
                 properties.add(node.name)
             else:
                 methods[node.name] = node
-        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            members[node.targets[0].id] = ast.literal_eval(node.value)
-    return methods, properties, members
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            attributes.add(node.target.id)
+    return methods, properties, attributes
 
 
 def test_stub_names_are_the_module_names() -> None:
@@ -80,16 +81,15 @@ def test_stub_class(name: str) -> None:
     node = _stub_top_level()[name]
     assert isinstance(node, ast.ClassDef)
     runtime = getattr(_native, name)
-    methods, properties, members = _class_members(node)
-    if isinstance(runtime, enum.EnumMeta):
-        assert members == {m.name: m.value for m in runtime}
-        return
-    assert _public(methods) | properties == _public(dir(runtime))
+    methods, properties, attributes = _class_members(node)
+    if hasattr(runtime, "__members__"):  # a pybind11 enum: its members are class attributes
+        assert _public(attributes) == set(runtime.__members__)
+    assert _public(methods) | properties | _public(attributes) == _public(dir(runtime))
     for prop in properties:
         assert isinstance(inspect.getattr_static(runtime, prop), property), prop
     for method_name, fn in methods.items():
-        if method_name.startswith("__") and method_name not in ("__init__", "__len__"):
-            continue  # (__buffer__: the buffer protocol, a slot before Python 3.12)
+        if method_name.startswith("__") and method_name not in ("__init__", "__len__", "__int__", "__index__"):
+            continue  # (__eq__, __hash__: wrappers without a signature; __buffer__: a slot before Python 3.12)
         assert _stub_params(fn) == _runtime_params(getattr(runtime, method_name)), f"{name}.{method_name}"
 
 

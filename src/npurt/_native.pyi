@@ -3,9 +3,9 @@
 Kept by hand; tests/test_native_stub.py checks it against the built module (names, members, parameters).
 """
 
-import enum
 import sys
 from collections.abc import Sequence
+from typing import ClassVar
 
 from typing_extensions import Buffer as _BufferLike
 
@@ -53,27 +53,50 @@ class Buffer:
         def __buffer__(self, flags: int, /) -> memoryview: ...
 
 # ---------------------------------------------------------------- conversion kernels (cpp/convert.cpp)
-class ElementType(enum.Enum):
-    """npurt.DataType's members (but UNKNOWN), by the same names and values."""
+class ElementType:
+    """npurt.DataType's members (but UNKNOWN), by the same names and values (a pybind11 enum, not enum.Enum).
 
-    BOOLEAN = 1
-    INT8 = 2
-    UINT8 = 3
-    INT16 = 4
-    UINT16 = 5
-    BF16 = 6
-    FP16 = 7
-    INT32 = 8
-    UINT32 = 9
-    FLOAT32 = 10
-    INT64 = 11
-    UINT64 = 12
+    ``ElementType(n)`` accepts any int; convert_strided refuses one that is not a member (ValueError).
+    """
 
-class Rounding(enum.Enum):
-    """npurt.RoundingMode's members (but UNKNOWN), by the same names and values."""
+    BOOLEAN: ClassVar[ElementType]  # 1
+    INT8: ClassVar[ElementType]  # 2
+    UINT8: ClassVar[ElementType]  # 3
+    INT16: ClassVar[ElementType]  # 4
+    UINT16: ClassVar[ElementType]  # 5
+    BF16: ClassVar[ElementType]  # 6
+    FP16: ClassVar[ElementType]  # 7
+    INT32: ClassVar[ElementType]  # 8
+    UINT32: ClassVar[ElementType]  # 9
+    FLOAT32: ClassVar[ElementType]  # 10
+    INT64: ClassVar[ElementType]  # 11
+    UINT64: ClassVar[ElementType]  # 12
+    __members__: ClassVar[dict[str, ElementType]]
+    def __init__(self, value: int) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __int__(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
 
-    ROUND_TO_NEAREST_EVEN = 1
-    ROUND_TOWARD_ZERO = 2
+class Rounding:
+    """npurt.RoundingMode's members (but UNKNOWN), by the same names and values (a pybind11 enum)."""
+
+    ROUND_TO_NEAREST_EVEN: ClassVar[Rounding]  # 1
+    ROUND_TOWARD_ZERO: ClassVar[Rounding]  # 2
+    __members__: ClassVar[dict[str, Rounding]]
+    def __init__(self, value: int) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __int__(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
 
 # The element types convert_strided converts between (through float32); any type is copied to itself.
 CONVERTIBLE_TYPES: frozenset[ElementType]

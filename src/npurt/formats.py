@@ -150,8 +150,8 @@ def _logical_to_view(x: np.ndarray, info: NpuTensorInfo) -> np.ndarray:
 
 # -- native path ------------------------------------------------------------------------------------------
 # npurt's enums -> the native kernels' (same member names). Every type can be copied; _NATIVE_KINDS also converted.
-_NATIVE_TYPES = {t: _native.ElementType[t.name] for t in DataType if t is not DataType.UNKNOWN}
-_NATIVE_ROUNDING = {m: _native.Rounding[m.name] for m in RoundingMode if m is not RoundingMode.UNKNOWN}
+_NATIVE_TYPES = {t: _native.ElementType.__members__[t.name] for t in DataType if t is not DataType.UNKNOWN}
+_NATIVE_ROUNDING = {m: _native.Rounding.__members__[m.name] for m in RoundingMode if m is not RoundingMode.UNKNOWN}
 _NATIVE_KINDS = frozenset(t for t, native in _NATIVE_TYPES.items() if native in _native.CONVERTIBLE_TYPES)
 
 

@@ -28,8 +28,11 @@ dims = st.integers(0, 6) | st.sampled_from([1 << 31, 1 << 62, -1])
 strides = st.integers(-3, 64) | st.sampled_from([1 << 40, (1 << 62) + 1, -(1 << 40)])
 
 
-element_types = st.sampled_from(list(_native.ElementType)) | st.integers(-1, 14)  # integers: a TypeError
-roundings = st.sampled_from(list(_native.Rounding)) | st.integers(-1, 4)
+# The enums' members, enums made from values they do not have (a ValueError) and plain ints (a TypeError).
+element_types = st.sampled_from(list(_native.ElementType.__members__.values())) | \
+    st.integers(-1, 14).map(_native.ElementType) | st.integers(-1, 14)
+roundings = st.sampled_from(list(_native.Rounding.__members__.values())) | st.integers(-1, 4).map(_native.Rounding) | \
+    st.integers(-1, 4)
 paddings = st.none() | st.tuples(st.integers(-1, 7), st.integers(-1, 7), st.integers(-1, 7), st.integers(-1, 7),
                                  st.booleans())
 
