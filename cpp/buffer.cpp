@@ -4,7 +4,7 @@
 // -> a sealed memfd -> page-aligned anonymous host memory. Import of a foreign fd checks what the fd is
 // (dma-buf, sealed memfd, regular file), its real size and the offset *before* mmap, so a receiver is
 // never handed memory that can vanish under it (SIGBUS). Every fd and mapping is owned by an RAII object;
-// errors become Python exceptions (OSError with errno, or ValueError), never an abort.
+// errors become Python exceptions (OSError with errno, or ValueError; errors.hpp), never an abort.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,14 +17,15 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <cstring>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "errors.hpp"
 
 namespace py = pybind11;
 
@@ -66,19 +67,6 @@ constexpr long kDmaBufMagic = 0x444d4142;  // fstatfs(dma-buf fd).f_type, "DMAB"
 #define MFD_CLOEXEC 0x0001U
 #define MFD_ALLOW_SEALING 0x0002U
 #endif
-
-// ---- errors: thrown anywhere (also with the GIL released), translated at the Python boundary ----
-struct SysError : std::runtime_error {
-    int err;
-    SysError(int e, const std::string &what) : std::runtime_error(what + ": " + std::strerror(e)), err(e) {}
-    struct Verbatim {};
-    SysError(int e, const std::string &message, Verbatim) : std::runtime_error(message), err(e) {}
-};
-struct ArgError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail_errno(const std::string &what) { throw SysError(errno, what); }
 
 size_t page_size() {
     static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -297,6 +285,22 @@ bool valid_heap_name(const std::string &heap) {
            heap.find('\0') == std::string::npos;
 }
 
+// The providers that `provider` (without the inline heap name) asks for, in the order to try them.
+// (Returned, not assigned: gcc 12 at -O3 warns -Wnonnull inside vector::operator=(initializer_list).)
+std::vector<Provider> providers_to_try(const std::string &provider, bool strict) {
+    if (provider == "auto") {
+        // strict: no falling to anything weaker than the top of the chain.
+        if (strict) return {kChain[0]};
+        return {std::begin(kChain), std::end(kChain)};
+    }
+    if (provider == "dma_heap") return {Provider::DmaHeap};
+    if (provider == "udmabuf") return {Provider::Udmabuf};
+    if (provider == "memfd") return {Provider::Memfd};
+    if (provider == "host") return {Provider::Host};
+    throw ArgError("memory provider '" + provider +
+                   "' is not one of 'auto', 'dma_heap', 'dma_heap:<heap>', 'udmabuf', 'memfd', 'host'");
+}
+
 std::unique_ptr<Buffer> allocate(size_t size, std::string provider, bool strict, std::string heap) {
     // "dma_heap:<name>" names the heap inline.
     if (provider.rfind("dma_heap:", 0) == 0) {
@@ -304,22 +308,7 @@ std::unique_ptr<Buffer> allocate(size_t size, std::string provider, bool strict,
         provider = "dma_heap";
     }
     if (!valid_heap_name(heap)) throw ArgError("dma-heap name '" + heap + "' is not a name under /dev/dma_heap");
-    std::vector<Provider> candidates;
-    if (provider == "auto") {
-        // strict: no falling to anything weaker than the top of the chain.
-        candidates.assign(std::begin(kChain), strict ? std::begin(kChain) + 1 : std::end(kChain));
-    } else if (provider == "dma_heap") {
-        candidates = {Provider::DmaHeap};
-    } else if (provider == "udmabuf") {
-        candidates = {Provider::Udmabuf};
-    } else if (provider == "memfd") {
-        candidates = {Provider::Memfd};
-    } else if (provider == "host") {
-        candidates = {Provider::Host};
-    } else {
-        throw ArgError("memory provider '" + provider +
-                       "' is not one of 'auto', 'dma_heap', 'dma_heap:<heap>', 'udmabuf', 'memfd', 'host'");
-    }
+    const std::vector<Provider> candidates = providers_to_try(provider, strict);
     const size_t length = round_up_to_page(size == 0 ? 1 : size, "allocation");
     if (length > static_cast<size_t>(std::numeric_limits<off_t>::max()))
         throw ArgError("allocation of " + std::to_string(size) + " bytes is too large");
@@ -394,9 +383,8 @@ std::unique_ptr<Buffer> import_fd(int fd, size_t size, size_t offset, bool allow
                        std::to_string(page_size()) + ")");
 
     auto buffer = std::make_unique<Buffer>();
-    std::string refusal;  // set instead of throwing while the GIL is released
     {
-        py::gil_scoped_release release;
+        py::gil_scoped_release release;  // (throwing without the GIL is safe: errors.hpp)
         const int access = ::fcntl(fd, F_GETFL);
         if (access < 0) {
             if (errno == EBADF) throw SysError(EBADF, name + " is not open");
@@ -424,50 +412,42 @@ std::unique_ptr<Buffer> import_fd(int fd, size_t size, size_t offset, bool allow
                 buffer->provider = "dma_buf:" + (exporter.empty() ? std::string("unknown") : exporter);
             }
         } else if (!S_ISREG(st.st_mode)) {
-            refusal = name + " is " + describe_mode(st.st_mode) +
-                      ", not memory: only a dma-buf, a memfd sealed with F_SEAL_SHRINK or a regular file can be "
-                      "mapped";
+            throw ArgError(name + " is " + describe_mode(st.st_mode) +
+                           ", not memory: only a dma-buf, a memfd sealed with F_SEAL_SHRINK or a regular file can "
+                           "be mapped");
         } else {
             const int seals = ::fcntl(fd, F_GET_SEALS);
             if (seals >= 0) {
                 // A memfd (or tmpfs file): without F_SEAL_SHRINK its owner can truncate it and every process
                 // that maps it takes SIGBUS on the next access.
                 if (!(seals & F_SEAL_SHRINK)) {
-                    refusal = name + " is a memfd without F_SEAL_SHRINK (seals 0x" + [&] {
-                        char hex[16];
-                        std::snprintf(hex, sizeof hex, "%x", seals);
-                        return std::string(hex);
-                    }() + "): its owner could shrink it under the mapping (SIGBUS); the sender must seal it "
-                          "with fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)";
+                    char hex[16];
+                    std::snprintf(hex, sizeof hex, "%x", seals);
+                    throw ArgError(name + " is a memfd without F_SEAL_SHRINK (seals 0x" + hex +
+                                   "): its owner could shrink it under the mapping (SIGBUS); the sender must seal "
+                                   "it with fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)");
                 }
                 if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) writable = false;
                 buffer->provider = "memfd";
             } else if (!allow_file) {
-                refusal = name + " is a regular file: its writers can truncate it under the mapping (SIGBUS); "
-                                 "send a dma-buf or a memfd sealed with F_SEAL_SHRINK";
+                throw ArgError(name + " is a regular file: its writers can truncate it under the mapping "
+                                      "(SIGBUS); send a dma-buf or a memfd sealed with F_SEAL_SHRINK");
             } else {
                 buffer->provider = "file";
             }
             real_size = static_cast<size_t>(st.st_size);
         }
-        if (refusal.empty()) {
-            if ((access & O_ACCMODE) == O_WRONLY) {
-                refusal = name + " is open write-only and cannot be mapped";
-            } else if (offset > real_size || size > real_size - offset) {
-                refusal = name + " (" + buffer->provider + ") holds " + std::to_string(real_size) +
-                          " bytes; asked for " + std::to_string(size) + " bytes at offset " +
-                          std::to_string(offset);
-            }
-        }
-        if (refusal.empty()) {
-            buffer->mapping = Mapping::map(fd, size, static_cast<off_t>(offset), writable, name);
-            // Our own reference: the caller keeps (and may close) its fd number.
-            buffer->fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-            if (!buffer->fd.valid()) fail_errno(name + ": F_DUPFD_CLOEXEC");
-            buffer->readonly = !writable;
-        }
+        if ((access & O_ACCMODE) == O_WRONLY) throw ArgError(name + " is open write-only and cannot be mapped");
+        if (offset > real_size || size > real_size - offset)
+            throw ArgError(name + " (" + buffer->provider + ") holds " + std::to_string(real_size) +
+                           " bytes; asked for " + std::to_string(size) + " bytes at offset " +
+                           std::to_string(offset));
+        buffer->mapping = Mapping::map(fd, size, static_cast<off_t>(offset), writable, name);
+        // Our own reference: the caller keeps (and may close) its fd number.
+        buffer->fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+        if (!buffer->fd.valid()) fail_errno(name + ": F_DUPFD_CLOEXEC");
+        buffer->readonly = !writable;
     }
-    if (!refusal.empty()) throw ArgError(refusal);
     buffer->size = size;
     buffer->offset = offset;
     return buffer;
@@ -490,18 +470,6 @@ size_t checked_size(py::int_ value, const char *what) {
 
 void register_buffer(py::module_ &m) {
     using npurt::Buffer;
-
-    py::register_local_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) std::rethrow_exception(p);
-        } catch (const npurt::SysError &e) {
-            // OSError(errno, message) picks the matching subclass (FileNotFoundError, PermissionError, ...).
-            py::object err = py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_OSError, "is", e.err, e.what()));
-            if (err) PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(err.ptr())), err.ptr());
-        } catch (const npurt::ArgError &e) {
-            PyErr_SetString(PyExc_ValueError, e.what());
-        }
-    });
 
     py::class_<Buffer>(m, "Buffer", py::buffer_protocol(), R"doc(
 Page-aligned memory owned by this object: a dma-buf, a sealed memfd or anonymous host memory.

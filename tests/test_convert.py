@@ -11,10 +11,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npurt import DataType, QuantParameters, RoundingMode, _native
+from npurt import DataType, NpuTensor, NpuTensorInfo, QuantParameters, RoundingMode, TensorType, _native, convert
 from npurt.formats import _from_float32, _to_float32
 
 D = DataType
+E = _native.ElementType
+
+
+def native(t: DataType) -> _native.ElementType:
+    return E.__members__[t.name]
+
+
+def rounding(q: QuantParameters) -> _native.Rounding:
+    return _native.Rounding.__members__[q.rounding_mode.name]
+
+
+def padding(group_axis: int, lane_axis: int, channels: int, group_size: int, dst_padded: bool
+            ) -> _native.ChannelPadding:
+    return _native.ChannelPadding(group_axis=group_axis, lane_axis=lane_axis, channels=channels,
+                                  group_size=group_size, dst_padded=dst_padded)
 
 
 def _available_isas() -> list[str]:
@@ -44,8 +59,8 @@ def flat(src: np.ndarray, src_type: DataType, dst_type: DataType, quant: QuantPa
     """Element-wise conversion of a contiguous 1-D array through the kernels."""
     out = np.empty(src.size, dst_type.numpy)
     q = quant or QuantParameters(1.0, 0)
-    _native.convert_strided(src, int(src_type), out, int(dst_type), [src.size], [1], [1], q.scale,
-                            float(q.zero_point), int(q.rounding_mode))
+    _native.convert_strided(src, native(src_type), out, native(dst_type), [src.size], [1], [1], q.scale,
+                            float(q.zero_point), rounding(q))
     return out
 
 
@@ -59,8 +74,8 @@ def permute(src: np.ndarray, src_type: DataType, dst_type: DataType, perm: tuple
     for out_axis, p in enumerate(perm):
         dst_strides[p] = out.strides[out_axis] // out.itemsize
     q = quant or QuantParameters(1.0, 0)
-    _native.convert_strided(src, int(src_type), out, int(dst_type), list(src.shape), src_strides, dst_strides,
-                            q.scale, float(q.zero_point), int(q.rounding_mode))
+    _native.convert_strided(src, native(src_type), out, native(dst_type), list(src.shape), src_strides, dst_strides,
+                            q.scale, float(q.zero_point), rounding(q))
     return out
 
 
@@ -199,14 +214,14 @@ def test_channel_padding_and_removal(isa: str) -> None:
         split = [n, cg, k, h, w]
         sx = [c * h * w, k * h * w, h * w, w, 1]
         so = [k, w * n * k, 1, cg * w * n * k, n * k]
-        pad = (1, 2, c, k, 1) if c % k else None
-        _native.convert_strided(x, int(D.FLOAT32), out, int(D.BF16), split, sx, so, pad=pad)
+        pad = padding(1, 2, c, k, True) if c % k else None
+        _native.convert_strided(x, E.FLOAT32, out, E.BF16, split, sx, so, pad=pad)
         padded = np.concatenate([x, np.zeros((n, cg * k - c, h, w), np.float32)], axis=1)
         want = _from_float32(padded, D.BF16, None).reshape(n, cg, k, h, w).transpose(3, 1, 4, 0, 2)
         assert same_bits(out, want), (c, k)
         back = np.full((n, c, h, w), np.nan, np.float32)
-        _native.convert_strided(out, int(D.BF16), back, int(D.FLOAT32), split, so, sx,
-                                pad=None if pad is None else (1, 2, c, k, 0))
+        _native.convert_strided(out, E.BF16, back, E.FLOAT32, split, so, sx,
+                                pad=None if pad is None else padding(1, 2, c, k, False))
         assert same_bits(back, _to_float32(_from_float32(x, D.BF16, None), D.BF16, None))
 
 
@@ -231,7 +246,7 @@ def test_frames_past_the_streaming_threshold(isa: str, h: int, w: int) -> None:
     x = (rng.standard_normal((1, 3, h, w)) * 4).astype(np.float32)
     hw = h * w
     quant = QuantParameters(0.031, 9)
-    f32 = int(D.FLOAT32)
+    f32 = E.FLOAT32
     nchw = [3 * hw, hw, w, 1]  # strides of (n, c, h, w) in NCHW and in NHWC
     nhwc = [3 * hw, 1, 3 * w, 3]
     for dtype in (D.FP16, D.BF16, D.UINT8, D.INT8):
@@ -239,11 +254,11 @@ def test_frames_past_the_streaming_threshold(isa: str, h: int, w: int) -> None:
         back = _to_float32(want, dtype, quant).transpose(0, 3, 1, 2)
         for offset in (0, 4, 2, 1):
             out = _at(want.nbytes, offset)
-            _native.convert_strided(x, f32, out, int(dtype), [1, 3, h, w], nchw, nhwc, quant.scale,
+            _native.convert_strided(x, f32, out, native(dtype), [1, 3, h, w], nchw, nhwc, quant.scale,
                                     float(quant.zero_point))
             assert np.array_equal(out, _bytes(want)), (dtype, offset)
             out = _at(x.nbytes, offset)
-            _native.convert_strided(np.ascontiguousarray(want), int(dtype), out, f32, [1, 3, h, w], nhwc, nchw,
+            _native.convert_strided(np.ascontiguousarray(want), native(dtype), out, f32, [1, 3, h, w], nhwc, nchw,
                                     quant.scale, float(quant.zero_point))
             assert np.array_equal(out, _bytes(back)), (dtype, offset)
     # HCWNC4 bf16: (n, group, lane, h, w) with lane 3 padding
@@ -253,11 +268,11 @@ def test_frames_past_the_streaming_threshold(isa: str, h: int, w: int) -> None:
     back = _to_float32(_from_float32(x, D.BF16, None), D.BF16, None)
     for offset in (0, 4, 2, 1):
         out = _at(want.nbytes, offset)
-        _native.convert_strided(x, f32, out, int(D.BF16), split, sx, so, pad=(1, 2, 3, 4, 1))
+        _native.convert_strided(x, f32, out, E.BF16, split, sx, so, pad=padding(1, 2, 3, 4, True))
         assert np.array_equal(out, _bytes(want)), offset
         out = _at(x.nbytes, offset)
-        _native.convert_strided(np.ascontiguousarray(want), int(D.BF16), out, f32, split, so, sx,
-                                pad=(1, 2, 3, 4, 0))
+        _native.convert_strided(np.ascontiguousarray(want), E.BF16, out, f32, split, so, sx,
+                                pad=padding(1, 2, 3, 4, False))
         assert np.array_equal(out, _bytes(back)), offset
 
 
@@ -274,8 +289,8 @@ def test_padded_source_ending_at_an_unmapped_page(isa: str, w: int) -> None:
     src = np.frombuffer(m, np.uint16, count=n, offset=2 * page - 2 * n)
     src[...] = np.random.default_rng(11).integers(0, 1 << 16, n, dtype=np.uint16) & 0x3FFF  # finite bf16
     out = np.empty((1, 3, 1, w), np.float32)
-    _native.convert_strided(src, int(D.BF16), out, int(D.FLOAT32), [1, 1, 4, 1, w], [4, 4 * w, 1, 4 * w, 4],
-                            [3 * w, 4 * w, w, w, 1], pad=(1, 2, 3, 4, 0))
+    _native.convert_strided(src, E.BF16, out, E.FLOAT32, [1, 1, 4, 1, w], [4, 4 * w, 1, 4 * w, 4],
+                            [3 * w, 4 * w, w, w, 1], pad=padding(1, 2, 3, 4, False))
     lanes = np.concatenate([src, np.zeros(1, np.uint16)]).reshape(w, 4)[:, :3]
     assert same_bits(out.reshape(3, w), _to_float32(lanes.T.copy(), D.BF16, None))
     del src
@@ -286,7 +301,7 @@ def test_padded_source_ending_at_an_unmapped_page(isa: str, w: int) -> None:
 def test_refusals() -> None:
     x = np.zeros((4, 8), np.float32)
     out = np.zeros((4, 8), np.float16)
-    f32, f16 = int(D.FLOAT32), int(D.FP16)
+    f32, f16 = E.FLOAT32, E.FP16
     ok = dict(shape=[4, 8], src_strides=[8, 1], dst_strides=[8, 1])
     _native.convert_strided(x, f32, out, f16, **ok)
     with pytest.raises(ValueError, match="destination buffer holds 62 bytes"):
@@ -306,11 +321,9 @@ def test_refusals() -> None:
     with pytest.raises(ValueError, match="overlap"):
         _native.convert_strided(x, f32, x, f32, [4, 8], [8, 1], [1, 4])
     with pytest.raises(ValueError, match="no native conversion from INT32 to FLOAT32"):
-        _native.convert_strided(x.view(np.int32), int(D.INT32), out, f32, **ok)
-    with pytest.raises(ValueError, match="unknown data type"):
-        _native.convert_strided(x, 99, out, f16, **ok)
+        _native.convert_strided(x.view(np.int32), E.INT32, out, f32, **ok)
     with pytest.raises(ValueError, match=r"2\*\*63"):  # (2**62 - 1) * (2**62 + 1) must not wrap to a small size
-        _native.convert_strided(x.view(np.uint8), int(D.UINT32), out.view(np.uint8), int(D.UINT32), [1 << 62],
+        _native.convert_strided(x.view(np.uint8), E.UINT32, out.view(np.uint8), E.UINT32, [1 << 62],
                                 [(1 << 62) + 1], [1 << 40])
     with pytest.raises(ValueError, match="negative"):
         _native.convert_strided(x, f32, out, f16, [4, 8], [8, -1], [8, 1])
@@ -318,16 +331,94 @@ def test_refusals() -> None:
         _native.convert_strided(x, f32, out, f16, [4, 8], [8, 1], [8, 0])
     with pytest.raises(ValueError, match="axes"):
         _native.convert_strided(x, f32, out, f16, [4, 8], [8], [8, 1])
-    with pytest.raises(ValueError, match="rounding"):
-        _native.convert_strided(x, f32, out.view(np.uint8), int(D.UINT8), [4, 8], [8, 1], [8, 1], 0.1, 0, 0)
     with pytest.raises(ValueError, match="scale"):
         _native.convert_strided(x, f32, out, f16, **ok, scale=0.0)
-    with pytest.raises(ValueError, match="pad"):
-        _native.convert_strided(x, f32, out, f16, **ok, pad=(0, 0, 3, 4, 1))
     with pytest.raises(TypeError):
         _native.convert_strided(object(), f32, out, f16, **ok)
     with pytest.raises(ValueError, match="unknown instruction set"):
         _native.set_convert_isa("sse9")
+
+
+def test_typed_boundary_refuses_integers_and_tuples() -> None:
+    """The kernels take their own enums and a ChannelPadding: npurt's IntEnums, plain integers and the old
+    5-tuple are a TypeError (never read as some other type); an enum made from a value it does not have is
+    a ValueError."""
+    x = np.zeros((4, 8), np.float32)
+    out = np.zeros((4, 8), np.float16)
+    ok = dict(shape=[4, 8], src_strides=[8, 1], dst_strides=[8, 1])
+    for not_an_element_type in (int(D.FLOAT32), D.FLOAT32, "FLOAT32", None):
+        with pytest.raises(TypeError):
+            _native.convert_strided(x, not_an_element_type, out, E.FP16, **ok)
+        with pytest.raises(TypeError):
+            _native.convert_strided(x, E.FLOAT32, out, not_an_element_type, **ok)
+    for not_a_rounding in (1, RoundingMode.ROUND_TOWARD_ZERO, E.FLOAT32):
+        with pytest.raises(TypeError):
+            _native.convert_strided(x, E.FLOAT32, out, E.FP16, **ok, rounding=not_a_rounding)
+    with pytest.raises(ValueError, match="unknown data type code 99"):
+        _native.convert_strided(x, E(99), out, E.FP16, **ok)
+    with pytest.raises(ValueError, match="unknown data type code 0"):
+        _native.convert_strided(x, E.FLOAT32, out, E(0), **ok)
+    with pytest.raises(ValueError, match="rounding mode must be ROUND_TO_NEAREST_EVEN"):
+        _native.convert_strided(x, E.FLOAT32, out, E.FP16, **ok, rounding=_native.Rounding(0))
+    x4 = np.zeros((1, 3, 2, 2), np.float32)
+    out4 = np.zeros((2, 1, 2, 1, 4), np.uint16)
+    split, sx, so = [1, 1, 4, 2, 2], [12, 16, 4, 2, 1], [4, 8, 1, 8, 4]
+    for not_a_padding in ((1, 2, 3, 4, 1), [1, 2, 3, 4, 1], {"group_axis": 1}):
+        with pytest.raises(TypeError):
+            _native.convert_strided(x4, E.FLOAT32, out4, E.BF16, split, sx, so, pad=not_a_padding)
+    _native.convert_strided(x4, E.FLOAT32, out4, E.BF16, split, sx, so, pad=padding(1, 2, 3, 4, True))
+
+
+def test_channel_padding_is_checked() -> None:
+    pad = padding(1, 2, 3, 4, True)
+    assert (pad.group_axis, pad.lane_axis, pad.channels, pad.group_size, pad.dst_padded) == (1, 2, 3, 4, True)
+    assert repr(pad) == "ChannelPadding(group_axis=1, lane_axis=2, channels=3, group_size=4, dst_padded=True)"
+    with pytest.raises(AttributeError):
+        pad.channels = 8  # read-only: a cached plan's padding cannot be changed under it
+    with pytest.raises(TypeError):
+        _native.ChannelPadding(1, 2, 3, 4, True)  # keyword-only: five bare integers were the old problem
+    with pytest.raises(TypeError):
+        padding(1 << 40, 2, 3, 4, True)
+    with pytest.raises(ValueError, match="two different axes, got 2 and 2"):
+        padding(2, 2, 3, 4, True)
+    with pytest.raises(ValueError, match="two different axes, got -1 and 2"):
+        padding(-1, 2, 3, 4, True)
+    with pytest.raises(ValueError, match="channels must not be negative, got -3"):
+        padding(1, 2, -3, 4, True)
+    with pytest.raises(ValueError, match="group_size must be at least 1, got 0"):
+        padding(1, 2, 3, 0, True)
+    # against the shape: [n, groups, lanes, h, w] = [1, 1, 4, 2, 2]
+    x = np.zeros((1, 3, 2, 2), np.float32)
+    out = np.zeros((2, 1, 2, 1, 4), np.uint16)
+    split, sx, so = [1, 1, 4, 2, 2], [12, 16, 4, 2, 1], [4, 8, 1, 8, 4]
+    with pytest.raises(ValueError, match=r"pad axes 1 \(group\) and 5 \(lane\) are not both axes"):
+        _native.convert_strided(x, E.FLOAT32, out, E.BF16, split, sx, so, pad=padding(1, 5, 3, 4, True))
+    with pytest.raises(ValueError, match="pad of 3 channels in groups of 8 does not fit"):
+        _native.convert_strided(x, E.FLOAT32, out, E.BF16, split, sx, so, pad=padding(1, 2, 3, 8, True))
+    with pytest.raises(ValueError, match="pad of 5 channels in groups of 4 does not fit"):
+        _native.convert_strided(x, E.FLOAT32, out, E.BF16, split, sx, so, pad=padding(1, 2, 5, 4, True))
+
+
+def test_native_enums_mirror_npurt() -> None:
+    """formats.py maps npurt's enums to the native ones by name: same members (but UNKNOWN), same values."""
+    assert {name: m.value for name, m in E.__members__.items()} == \
+        {t.name: t.value for t in DataType if t is not DataType.UNKNOWN}
+    assert {name: m.value for name, m in _native.Rounding.__members__.items()} == \
+        {m.name: m.value for m in RoundingMode if m is not RoundingMode.UNKNOWN}
+    assert _native.CONVERTIBLE_TYPES == frozenset({E.FLOAT32, E.FP16, E.BF16, E.INT8, E.UINT8})
+
+
+def test_convert_refuses_an_unknown_rounding_mode() -> None:
+    """npurt.convert with QuantParameters(rounding_mode=UNKNOWN): a ValueError (the native enum has no such
+    member), as before the boundary was typed."""
+    src = NpuTensor(NpuTensorInfo(name="x", data_type=D.FLOAT32, shape=(1, 8), tensor_type=TensorType.CPU),
+                    np.zeros(32, np.uint8))
+    dst = NpuTensor(NpuTensorInfo(name="q", data_type=D.UINT8, shape=(1, 8), tensor_type=TensorType.CPU),
+                    np.zeros(8, np.uint8))
+    with pytest.raises(ValueError, match="rounding mode UNKNOWN"):
+        convert(src, dst, quant=QuantParameters(0.5, 0, RoundingMode.UNKNOWN))
+    convert(src, dst, quant=QuantParameters(0.5, 3, RoundingMode.ROUND_TOWARD_ZERO))
+    assert (dst.numpy() == 3).all()
 
 
 def test_threads_share_the_kernels() -> None:

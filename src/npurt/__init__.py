@@ -23,7 +23,7 @@ from .types import (
     TensorType,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the only place the version is written: pyproject.toml reads it from here
 
 __all__ = [
     "DataType", "DeviceInfo", "JobHandle", "MemoryLayout", "MemoryType", "NpuError", "NpuFallbackWarning",

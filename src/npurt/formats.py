@@ -149,7 +149,10 @@ def _logical_to_view(x: np.ndarray, info: NpuTensorInfo) -> np.ndarray:
 
 
 # -- native path ------------------------------------------------------------------------------------------
-_NATIVE_KINDS = frozenset({DataType.FLOAT32, DataType.FP16, DataType.BF16, DataType.INT8, DataType.UINT8})
+# npurt's enums -> the native kernels' (same member names). Every type can be copied; _NATIVE_KINDS also converted.
+_NATIVE_TYPES = {t: _native.ElementType.__members__[t.name] for t in DataType if t is not DataType.UNKNOWN}
+_NATIVE_ROUNDING = {m: _native.Rounding.__members__[m.name] for m in RoundingMode if m is not RoundingMode.UNKNOWN}
+_NATIVE_KINDS = frozenset(t for t, native in _NATIVE_TYPES.items() if native in _native.CONVERTIBLE_TYPES)
 
 
 def _logical_strides(info: NpuTensorInfo, rank: int) -> list[int]:
@@ -175,7 +178,7 @@ def _grouped_strides(info: NpuTensorInfo) -> list[int]:
 
 
 def native_plan(s: NpuTensorInfo, d: NpuTensorInfo, logical: tuple[int, ...]
-                ) -> tuple[list[int], list[int], list[int], tuple[int, int, int, int, int] | None] | None:
+                ) -> tuple[list[int], list[int], list[int], _native.ChannelPadding | None] | None:
     """The iteration space of a conversion for the native kernels: (shape, src strides, dst strides, pad).
 
     None where no native kernel applies (then the numpy path runs).
@@ -197,7 +200,8 @@ def native_plan(s: NpuTensorInfo, d: NpuTensorInfo, logical: tuple[int, ...]
     plain_split = [ps[0], ps[1] * k, ps[1], ps[2], ps[3]]
     cg = -(-c // k)
     shape = [n, cg, k, h, w]
-    pad = None if c == cg * k else (1, 2, c, k, int(dk is not None))
+    pad = None if c == cg * k else _native.ChannelPadding(group_axis=1, lane_axis=2, channels=c, group_size=k,
+                                                          dst_padded=dk is not None)
     if sk:
         return shape, _grouped_strides(grouped), plain_split, pad
     return shape, plain_split, _grouped_strides(grouped), pad
@@ -225,8 +229,13 @@ def convert(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = N
     if plan is not None:
         shape, src_strides, dst_strides, pad = plan
         q = quant or _NO_QUANT
-        _native.convert_strided(src.raw_bytes(), int(s.data_type), dst.raw_bytes(), int(d.data_type), shape,
-                                src_strides, dst_strides, q.scale, float(q.zero_point), int(q.rounding_mode), pad)
+        rounding = _NATIVE_ROUNDING.get(q.rounding_mode)
+        if rounding is None:
+            raise ValueError(f"convert(): rounding mode {q.rounding_mode.name} is neither ROUND_TO_NEAREST_EVEN nor "
+                             "ROUND_TOWARD_ZERO")
+        _native.convert_strided(src.raw_bytes(), _NATIVE_TYPES[s.data_type], dst.raw_bytes(),
+                                _NATIVE_TYPES[d.data_type], shape, src_strides, dst_strides, q.scale,
+                                float(q.zero_point), rounding, pad)
         return
     convert_reference(src, dst, quant=quant)
 
@@ -236,7 +245,7 @@ _NO_QUANT = QuantParameters(1.0, 0)
 
 @functools.lru_cache(maxsize=256)
 def _checked_plan(s: NpuTensorInfo, d: NpuTensorInfo
-                  ) -> tuple[list[int], list[int], list[int], tuple[int, int, int, int, int] | None] | None:
+                  ) -> tuple[list[int], list[int], list[int], _native.ChannelPadding | None] | None:
     """Check that ``s`` and ``d`` are views of one tensor; the native plan (cached: runners convert the same
     pair of views on every call)."""
     logical = _logical_shape(s, d)

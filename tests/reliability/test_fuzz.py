@@ -28,19 +28,29 @@ dims = st.integers(0, 6) | st.sampled_from([1 << 31, 1 << 62, -1])
 strides = st.integers(-3, 64) | st.sampled_from([1 << 40, (1 << 62) + 1, -(1 << 40)])
 
 
+# The enums' members, enums made from values they do not have (a ValueError) and plain ints (a TypeError).
+element_types = st.sampled_from(list(_native.ElementType.__members__.values())) | \
+    st.integers(-1, 14).map(_native.ElementType) | st.integers(-1, 14)
+roundings = st.sampled_from(list(_native.Rounding.__members__.values())) | st.integers(-1, 4).map(_native.Rounding) | \
+    st.integers(-1, 4)
+paddings = st.none() | st.tuples(st.integers(-1, 7), st.integers(-1, 7), st.integers(-1, 7), st.integers(-1, 7),
+                                 st.booleans())
+
+
 @settings(max_examples=CONVERT_EXAMPLES, deadline=None)
-@given(src_len=st.integers(0, 600), dst_len=st.integers(0, 600), src_type=st.integers(-1, 14),
-       dst_type=st.integers(-1, 14), shape=st.lists(dims, max_size=6), data=st.data(),
-       scale=st.floats(allow_nan=True, allow_infinity=True), zero_point=st.floats(-300, 300),
-       rounding=st.integers(-1, 4), read_only_dst=st.booleans())
+@given(src_len=st.integers(0, 600), dst_len=st.integers(0, 600), src_type=element_types, dst_type=element_types,
+       shape=st.lists(dims, max_size=6), data=st.data(), scale=st.floats(allow_nan=True, allow_infinity=True),
+       zero_point=st.floats(-300, 300), rounding=roundings, pad_fields=paddings, read_only_dst=st.booleans())
 def test_convert_kernels(src_len, dst_len, src_type, dst_type, shape, data, scale, zero_point, rounding,
-                         read_only_dst):
+                         pad_fields, read_only_dst):
     src = np.random.default_rng(src_len).integers(0, 256, src_len, dtype=np.uint8)
     dst = bytes(dst_len) if read_only_dst else np.zeros(dst_len, np.uint8)
     src_strides = data.draw(st.lists(strides, min_size=len(shape), max_size=len(shape)))
     dst_strides = data.draw(st.lists(strides, min_size=len(shape), max_size=len(shape)))
-    pad = data.draw(st.none() | st.lists(st.integers(-1, 7), min_size=0, max_size=6))
     try:
+        pad = None if pad_fields is None else _native.ChannelPadding(
+            group_axis=pad_fields[0], lane_axis=pad_fields[1], channels=pad_fields[2], group_size=pad_fields[3],
+            dst_padded=pad_fields[4])
         _native.convert_strided(src, src_type, dst, dst_type, shape, src_strides, dst_strides, scale, zero_point,
                                 rounding, pad)
     except EXPECTED:
