@@ -158,7 +158,9 @@ bool dispatch(const Plan &p) {
 // ---- the boundary's types ------------------------------------------------------------------------------
 // Element types: npurt.DataType's members, with its names and values (formats.py maps one to the other by
 // name). Any of them can be copied; those with a Kind are also converted into each other.
-enum class ElementType { Boolean = 1, Int8, UInt8, Int16, UInt16, BF16, FP16, Int32, UInt32, Float32, Int64, UInt64 };
+enum class ElementType {
+    Boolean = 1, Int8, UInt8, Int16, UInt16, BF16, FP16, Int32, UInt32, Float32, Int64, UInt64, Float64
+};
 
 struct TypeDesc {
     ElementType type;
@@ -181,6 +183,7 @@ constexpr TypeDesc TYPES[] = {
     {ElementType::Float32, "FLOAT32", 4, Kind::F32, "f"},
     {ElementType::Int64, "INT64", 8, Kind::None, "lq"},
     {ElementType::UInt64, "UINT64", 8, Kind::None, "LQ"},
+    {ElementType::Float64, "FLOAT64", 8, Kind::None, "d"},
 };
 
 const TypeDesc &type_desc(ElementType type) {

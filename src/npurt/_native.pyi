@@ -71,6 +71,7 @@ class ElementType:
     FLOAT32: ClassVar[ElementType]  # 10
     INT64: ClassVar[ElementType]  # 11
     UINT64: ClassVar[ElementType]  # 12
+    FLOAT64: ClassVar[ElementType]  # 13
     __members__: ClassVar[dict[str, ElementType]]
     def __init__(self, value: int) -> None: ...
     def __eq__(self, other: object) -> bool: ...

@@ -149,8 +149,10 @@ def _logical_to_view(x: np.ndarray, info: NpuTensorInfo) -> np.ndarray:
 
 
 # -- native path ------------------------------------------------------------------------------------------
-# npurt's enums -> the native kernels' (same member names). Every type can be copied; _NATIVE_KINDS also converted.
-_NATIVE_TYPES = {t: _native.ElementType.__members__[t.name] for t in DataType if t is not DataType.UNKNOWN}
+# npurt's enums -> the native kernels' (same member names). Every type they know can be copied; _NATIVE_KINDS also
+# converted. A type they do not know (FLOAT64, CPU views only) takes the numpy path.
+_NATIVE_TYPES = {t: _native.ElementType.__members__[t.name] for t in DataType
+                 if t.name in _native.ElementType.__members__}
 _NATIVE_ROUNDING = {m: _native.Rounding.__members__[m.name] for m in RoundingMode if m is not RoundingMode.UNKNOWN}
 _NATIVE_KINDS = frozenset(t for t, native in _NATIVE_TYPES.items() if native in _native.CONVERTIBLE_TYPES)
 
@@ -183,6 +185,8 @@ def native_plan(s: NpuTensorInfo, d: NpuTensorInfo, logical: tuple[int, ...]
 
     None where no native kernel applies (then the numpy path runs).
     """
+    if s.data_type not in _NATIVE_TYPES or d.data_type not in _NATIVE_TYPES:
+        return None
     if s.data_type != d.data_type and not (s.data_type in _NATIVE_KINDS and d.data_type in _NATIVE_KINDS):
         return None
     sk, dk = CHANNEL_GROUP.get(s.memory_layout), CHANNEL_GROUP.get(d.memory_layout)
