@@ -196,6 +196,19 @@ class ModelPorts:
             alias_of.append(alias)
         return cls(param_of, result_of, alias_of)
 
+    def compiled(self, compiled_model: ov.CompiledModel) -> ModelPorts:
+        """The map for a compiled model: compiling may fold more outputs into inputs (an Einsum "->" of a scalar,
+        an Identity chain); such an output shares a tensor name with the input it passes through."""
+        ins, outs = list(compiled_model.inputs), list(compiled_model.outputs)
+        alias_of = list(self.alias_of)
+        for j, k in enumerate(self.result_of):
+            if alias_of[j] is not None:
+                continue
+            names = outs[k].get_names()
+            alias_of[j] = next((i for i, p in enumerate(self.param_of)
+                                if p is not None and names & ins[p].get_names()), None)
+        return ModelPorts(self.param_of, self.result_of, alias_of)
+
 
 # ---------------------------------------------------------------------------------------------------- requests
 class _Binding:
@@ -402,8 +415,11 @@ class OpenVINOEngine(Engine):
         try:
             r, held = request.request, request.held
             k = 0
-            for port, i in zip(self.ov_inputs, self.bound_inputs):
-                t = held[k] = ov.Tensor(arrays[i], shared_memory=True)
+            for port, i, et in zip(self.ov_inputs, self.bound_inputs, self.element_types):
+                a = arrays[i]
+                # shares the array's memory; this constructor also takes read-only arrays (shared_memory=True
+                # refuses them)
+                t = held[k] = ov.Tensor(a, shared_memory=True) if a.flags.writeable else ov.Tensor(a, list(a.shape), et)
                 r.set_tensor(port, t)
                 k += 1
             # Outputs in new tensors of OpenVINO's own per call: it sizes them to what the run produces (from an
@@ -567,6 +583,14 @@ class OpenVINOBackend(Backend):
             raise NpuError(f"OpenVINO could not compile {self.model_path.name} for {self.device} with input "
                            f"shapes {shapes} and properties {properties}: {e}") from None
         compiled_in, compiled_out = list(compiled_model.inputs), list(compiled_model.outputs)
+        pm = pm.compiled(compiled_model)
+        for j, k in enumerate(pm.result_of):  # OpenVINO may know an output's dims only once compiled
+            port, shape = outputs[j], tuple(-1 if d.is_dynamic else d.get_length()
+                                            for d in compiled_out[k].get_partial_shape())
+            if pm.alias_of[j] is None and shape != port.engine.shape and not port.converts and \
+                    all(p in (-1, c) for p, c in zip(port.engine.shape, shape)):
+                outputs[j] = ports.make(self.out_specs[j].with_shape(tuple(None if d < 0 else d for d in shape)),
+                                        TensorDirection.OUTPUT)
         for what, pairs in (("input", [(inputs[i], compiled_in[k]) for i, k in enumerate(pm.param_of)
                                        if k is not None]),
                             ("output", [(outputs[j], compiled_out[k]) for j, k in enumerate(pm.result_of)
