@@ -7,8 +7,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from axpy_backend import AxpyBackend, write_model  # noqa: E402
 from npurt import RunnerFactory  # noqa: E402
+from tests.helpers.axpy_backend import AxpyBackend, write_model  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

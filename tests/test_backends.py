@@ -18,7 +18,6 @@ import onnxruntime as ort
 import openvino as ov
 import pytest
 
-from models import model_or_skip
 from npurt import (
     DataType,
     JobHandle,
@@ -33,7 +32,8 @@ from npurt import (
     convert,
 )
 from npurt.factory import RunnerFactory as Factory
-from ocr import SHAPES, frame
+from tests.helpers.models import model_or_skip
+from tests.helpers.ocr import SHAPES, frame
 
 BACKENDS = ["OPENVINO", "VAIML"]
 OUTPUT = {"ocr_cls": "save_infer_model/scale_0.tmp_1", "ocr_rec": "softmax_11.tmp_0", "ocr_det": "sigmoid_0.tmp_0"}

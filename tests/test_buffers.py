@@ -25,7 +25,7 @@ from npurt import (
     _native,
 )
 from npurt.tensor import PAGE_SIZE, allocate_tensor, import_dma_fd, sub_tensor
-from procstat import open_fds, rss_bytes, settled_fds
+from tests.helpers.procstat import open_fds, rss_bytes, settled_fds
 
 Buffer = _native.Buffer
 HEAP = Path("/dev/dma_heap/system")

@@ -13,9 +13,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from models import model_or_skip
 from npurt import RunnerFactory
 from npurt.models import default_model_path
+from tests.helpers.models import model_or_skip
 
 REAL_BACKENDS = sorted({"OPENVINO", "VAIML"} & set(RunnerFactory.available_backends()))
 needs_backend = pytest.mark.skipif(not REAL_BACKENDS, reason="no real npurt backend (OPENVINO, VAIML) is registered: "

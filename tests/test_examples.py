@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from models import model_or_skip
 from npurt.models import zoo
+from tests.helpers.models import model_or_skip
 
 pytest.importorskip("cv2", reason="the examples need opencv-python-headless (extra 'examples')")
 pytest.importorskip("PIL", reason="the examples need Pillow (extra 'examples')")

@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from models import cache_dir
 from npurt.modelfile import (
     ELEMENT_TYPE_NAMES,
     OnnxModelInfo,
@@ -28,6 +27,7 @@ from npurt.modelfile import (
     read_onnx_ports,
     read_onnx_ports_from_bytes,
 )
+from tests.helpers.models import cache_dir
 
 # --- the reference: the same facts read from onnx's parsed ModelProto -------------------------------------------------
 

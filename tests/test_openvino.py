@@ -7,11 +7,11 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from models import model_or_skip
 from npurt import NpuError, NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType
 from npurt.backends.openvino import core
-from ocr import SHAPES, frame
-from procstat import pool_workers
+from tests.helpers.models import model_or_skip
+from tests.helpers.ocr import SHAPES, frame
+from tests.helpers.procstat import pool_workers
 
 
 def make(model: str = "ocr_cls", **options):

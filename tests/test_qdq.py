@@ -8,11 +8,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models import cache_dir, model_or_skip
 from npurt import DataType, MemoryLayout, NpuTensor, NpuTensorInfo, QuantParameters, TensorDirection, TensorType
 from npurt import convert as npu_convert
 from npurt.qdq import annotate_specs, find_boundaries, quantized_hw_ports, strip_boundaries
 from npurt.runner import Port, PortSpec
+from tests.helpers.models import cache_dir, model_or_skip
 
 SHAPE = (1, 3, 48, 192)
 

@@ -18,7 +18,7 @@ from npurt import (
     TensorDirection,
     TensorType,
 )
-from procstat import pool_workers
+from tests.helpers.procstat import pool_workers
 
 
 @pytest.fixture(params=[False, True], ids=["workers", "engine_async"])

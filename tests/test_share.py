@@ -29,7 +29,7 @@ from npurt import (
 )
 from npurt.share import HEADER, MAGIC, MAX_PAYLOAD, VERSION, recv_tensors, send_tensors
 from npurt.tensor import PAGE_SIZE, allocate_tensor, sub_tensor
-from procstat import open_fds, rss_bytes
+from tests.helpers.procstat import open_fds, rss_bytes
 
 SEALED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 

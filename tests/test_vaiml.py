@@ -8,11 +8,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from models import model_or_skip
 from npurt import NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType, convert
 from npurt.backends.vaiml import CPU_EP
 from npurt.onnx_edit import _reduce_transpose
-from ocr import SHAPES, frame
+from tests.helpers.models import model_or_skip
+from tests.helpers.ocr import SHAPES, frame
 
 
 def make(model: str = "ocr_cls", **options):

@@ -11,9 +11,9 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from models import model_or_skip
 from npurt import NpuError
 from npurt.models import zoo
+from tests.helpers.models import model_or_skip
 
 
 def test_unknown_name_is_a_value_error():

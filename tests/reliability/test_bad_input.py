@@ -11,7 +11,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from models import model_or_skip
 from npurt import (
     DataType,
     JobHandle,
@@ -25,6 +24,7 @@ from npurt import (
     TensorDirection,
     TensorType,
 )
+from tests.helpers.models import model_or_skip
 
 BACKENDS = [RunnerType.OPENVINO, RunnerType.VAIML]
 SHAPE = (1, 3, 48, 192)

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from models import model_or_skip
 from npurt import NpuTensor, RunnerFactory, RunnerType, StatusCode, TensorDirection, TensorType
+from tests.helpers.models import model_or_skip
 
 THREADS = 8
 ITERATIONS = 500

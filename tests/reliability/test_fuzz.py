@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from npurt import DataType, NpuError, _native
 from npurt.share import HEADER, MAGIC, VERSION, recv_tensors
-from procstat import open_fds
+from tests.helpers.procstat import open_fds
 
 CONVERT_EXAMPLES = 400
 IMPORT_EXAMPLES = 300

@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from models import model_or_skip
 from npurt import MemoryType, NpuTensor, RunnerFactory, RunnerType, StatusCode, TensorDirection, TensorType
-from procstat import open_fds, pool_workers, rss_bytes, threads
+from tests.helpers.models import model_or_skip
+from tests.helpers.procstat import open_fds, pool_workers, rss_bytes, threads
 
 CYCLES = 10_000
 RSS_MARGIN = 16 << 20  # native allocator and engine arenas settle within this after warm-up (seen: 1-2 MiB)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from npurt import NpuTensor, RunnerFactory, StatusCode, TensorType
-from procstat import open_fds, pool_workers, rss_bytes, threads
+from tests.helpers.procstat import open_fds, pool_workers, rss_bytes, threads
 
 CPU = {"input_tensor_type": "CPU", "output_tensor_type": "CPU"}
 
@@ -94,12 +94,10 @@ def test_exit_with_a_runner_left_open_waits_for_its_jobs(axpy_model, engine_asyn
     written), nothing hangs, nothing crashes."""
     model = axpy_model(delay_ms=300, engine_async=engine_async)
     out = model.with_suffix(".npy")
-    tests = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the repository: `tests` imports from there
     program = f"""
-import sys
-sys.path.insert(0, {str(tests)!r})
 import numpy as np
-from axpy_backend import AxpyBackend
+from tests.helpers.axpy_backend import AxpyBackend
 from npurt import NpuTensor, RunnerFactory, TensorType
 RunnerFactory.register_backend("AXPY", AxpyBackend)
 r = RunnerFactory.create_runner("AXPY", {str(model)!r}, {{"input_tensor_type": "CPU", "output_tensor_type": "CPU"}})
@@ -109,7 +107,7 @@ job = r.execute_async([[x]], [[NpuTensor(r.get_tensor_info_by_name("y", TensorTy
 assert job.status.name == "SUCCESS"
 """
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=root)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - t0 < 30
     assert np.all(np.load(out) == 3.0)  # the job ran to its end before the process exited

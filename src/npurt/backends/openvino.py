@@ -293,14 +293,21 @@ class _Request:
             self.engine.release(self)  # free before the job ends: its callback may start the next one
             if done is not None:
                 done(error, shapes)
+            done = error = None  # the job's tensors must not live on here until the next run
 
     def stop(self) -> None:
-        if self.thread is not None:
-            self.closing = True
-            try:
-                self.go.release()
-            except RuntimeError:  # a run was started and not yet picked up: the thread sees closing after it
-                pass
+        """End the reporting thread and wait for it: a thread left inside OpenVINO at interpreter exit aborts the
+        process ("terminate called without an active exception")."""
+        thread = self.thread
+        if thread is None:
+            return
+        self.closing = True
+        try:
+            self.go.release()
+        except RuntimeError:  # a run was started and not yet picked up: the thread sees closing after it
+            pass
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 class OpenVINOEngine(Engine):

@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from models import model_or_skip
 from npurt import RunnerFactory, RunnerType
 from npurt.runner import Runner
+from tests.helpers.models import model_or_skip
 
 SHAPES = {"ocr_cls": (1, 3, 48, 192), "ocr_rec": (1, 3, 48, 320), "ocr_det": (1, 3, 160, 160)}
 
