@@ -280,3 +280,176 @@ def test_vad_stream_example_finds_the_spoken_phrases(tmp_path):
     assert done.returncode == 0, done.stderr
     found = [(float(a), float(b)) for a, b in re.findall(r"^speech +([\d.]+) s - +([\d.]+) s$", done.stdout, re.M)]
     assert_segments_match(found, spoken)
+
+
+# ------------------------------------------------------------------------------------------------ camera pipeline
+CAMERA_SIZE = (320, 256)
+FRAME_LINE = re.compile(r"^frame +(\d+): +(\d+) text boxes(?: in x (\d+)-(\d+), y (\d+)-(\d+))? +[\d.]+ ms$", re.M)
+AREA_TOLERANCE_PX = 3  # the example feeds (x - 127) * 2/255 where PP-OCR has (x - 127.5) / 127.5; NPU views round
+
+
+def text_areas(images: list[np.ndarray]) -> list[tuple[int, tuple[float, ...] | None]]:
+    """What camera_pipeline.py should print for each frame (boxes, and the rectangle round them), found by ONNX
+    Runtime directly with PP-OCR's own preprocessing."""
+    det = ort_infer(model_or_skip("ocr_det"))
+    found = []
+    for image in images:
+        height, width = image.shape[:2]
+        config = ppocr.DetConfig(limit_type="max", limit_side_len=max(height, width))  # the frame as it is
+        prob = det({ppocr.INPUT: ppocr.det_preprocess(image, config)})["sigmoid_0.tmp_0"][0, 0]
+        boxes, _ = ppocr.db_postprocess(prob, height, width)
+        area = (*np.min([b.min(axis=0) for b in boxes], axis=0), *np.max([b.max(axis=0) for b in boxes], axis=0)) \
+            if boxes else None
+        found.append((len(boxes), None if area is None else (area[0], area[2], area[1], area[3])))
+    return found
+
+
+def generated_frames(count: int, size: tuple[int, int] = CAMERA_SIZE) -> list[np.ndarray]:
+    import camera_pipeline
+
+    return [image.copy() for image, _ in camera_pipeline.generated_video(size, count)]
+
+
+def check_camera_run(done: subprocess.CompletedProcess[str], frames: list[np.ndarray]) -> None:
+    """Every frame delivered, in order, with the text the detector finds in it; no copies, no fds left open."""
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    printed = [(int(m[1]), int(m[2]), None if m[3] is None else tuple(float(v) for v in m.groups()[2:]))
+               for m in FRAME_LINE.finditer(out)]
+    assert [frame for frame, _, _ in printed] == list(range(len(frames))), out
+    assert f"# {len(frames)} of {len(frames)} frames delivered" in out
+    assert "# host copies by the runner: 0 (0 bytes)" in out
+    assert "# fds left open: 0" in out
+    camera = re.search(r"^# camera: (\d+) frames .* open fds: (\d+) at start, (\d+) holding the ring, (\d+) after", out,
+                       re.M)
+    assert camera and int(camera[1]) == len(frames), out
+    assert int(camera[3]) == int(camera[2]) + 4 and int(camera[4]) == int(camera[2]), "the ring's 4 fds, then none"
+    for (frame, count, area), (want_count, want_area) in zip(printed, text_areas(frames)):
+        assert count == want_count, f"frame {frame}: {count} boxes printed, {want_count} found directly"
+        if want_area is not None:
+            np.testing.assert_allclose(area, want_area, atol=AREA_TOLERANCE_PX, err_msg=f"frame {frame}")
+
+
+def test_camera_pipeline_delivers_every_frame_with_its_text():
+    model_or_skip("ocr_det")
+    frames = generated_frames(24)  # two documents, each moving round the frame
+    done = run_example("examples/camera_pipeline.py", "--frames", "24", "--size", "320x256", timeout=120)
+    check_camera_run(done, frames)
+    assert re.search(r"^# ring: 4 x HW \[1, 3, 256, 320\] FLOAT32 NCHW in (memfd|udmabuf|dma_heap:\w+) memory "
+                     r"\(DMA_FD\)", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize(("backend", "view"), [("OPENVINO", "FP16 NHWC"), ("VAIML", "BF16 HCWNC4")])
+def test_camera_pipeline_writes_frames_in_the_npu_view(backend, view):
+    """With hw_view "npu" the camera converts each frame into the NPU's view, and the engine takes it as it is."""
+    model_or_skip("ocr_det")
+    frames = generated_frames(8)
+    done = run_example("examples/camera_pipeline.py", "--frames", "8", "--size", "320x256", "--backend", backend,
+                       "--hw-view", "npu", timeout=120)
+    check_camera_run(done, frames)
+    assert f"{view} in " in done.stdout, done.stdout
+
+
+def test_camera_pipeline_reads_a_video_file(tmp_path):
+    model_or_skip("ocr_det")
+    path = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 15, CAMERA_SIZE)
+    if not writer.isOpened():
+        pytest.skip("this OpenCV cannot write MJPG video")
+    for image in generated_frames(12):
+        writer.write(image)
+    writer.release()
+    capture = cv2.VideoCapture(str(path))
+    decoded = [image for ok, image in iter(capture.read, (False, None)) if ok]
+    capture.release()
+    assert len(decoded) == 12
+    done = run_example("examples/camera_pipeline.py", "--video", str(path), timeout=120)  # its size: the video's
+    check_camera_run(done, decoded)
+    assert f"12 frames of 320x256 ({path})" in done.stdout
+
+
+def test_camera_pipeline_refuses_what_it_cannot_run(tmp_path):
+    done = run_example("examples/camera_pipeline.py", "--size", "300x200")
+    assert done.returncode == 2 and "multiples of 32" in done.stderr
+    done = run_example("examples/camera_pipeline.py", "--video", str(tmp_path / "missing.mp4"))
+    assert done.returncode == 2 and "cannot open the video" in done.stderr
+
+
+# ------------------------------------------------------------------------------------------------ choosing a backend
+DEVICES = ("NPU", "GPU", "CPU", "AUTO")
+
+
+def backend_lines(out: str) -> tuple[list[str], dict[tuple[str, str], str]]:
+    """The backends the example found, and for each backend and device the text it printed (with its indented
+    detail lines)."""
+    backends = re.search(r"^# .*; backends installed: (.*)$", out, re.M)
+    assert backends, out
+    names = backends[1].split(", ")
+    loading = out.split("\n# outputs on ")[0]
+    blocks = re.findall(r"^(\w+) on (\w+): (.*(?:\n    .*)*)", loading, re.M)
+    return names, {(b, d): text for b, d, text in blocks}
+
+
+def compared(out: str) -> dict[str, tuple[str, str]]:
+    """Runner -> (its output's max difference against the first runner's, the rest of the line)."""
+    return {m[1]: (m[2], m[3]) for m in re.finditer(r"^(.+): max \|difference\| \S+ (\S+); ran in (.*)$", out, re.M)}
+
+
+def test_choose_backend_says_where_each_backend_runs_and_compares_them():
+    done = run_example("examples/choose_backend.py", timeout=120)
+    assert done.returncode == 0, done.stderr
+    names, lines = backend_lines(done.stdout)
+    assert {"OPENVINO", "VAIML"} <= set(names)
+    loaded = []
+    for name in names:
+        for device in DEVICES:
+            text = lines[(name, device)]
+            if text.startswith("could not load: "):
+                assert device in text and len(text) > 40, text  # the device asked for, and why it is not here
+                continue
+            attached = re.match(r"attached (NPU|GPU|CPU)", text)
+            assert attached, text
+            if device == "AUTO":  # AUTO says why it passed over each better device
+                better = DEVICES[:DEVICES.index(attached[1])] if attached[1] in DEVICES else ()
+                for skipped in better:
+                    assert re.search(rf"^    skipped {skipped}: .{{20,}}", text, re.M), text
+            else:
+                assert attached[1] == device, text  # fallback "error": a runner runs where asked, or not at all
+            loaded.append(f"{name} on {device}")
+    auto = re.search(r"^RunnerType.AUTO picks (\w+): attached", done.stdout, re.M)
+    assert auto and auto[1] in names, done.stdout
+    results = compared(done.stdout)
+    assert list(results) == [*loaded, f"RunnerType.AUTO ({auto[1]})"], done.stdout
+    for name, (difference, rest) in results.items():
+        assert float(difference) <= 1e-5, (name, difference)
+        right, total = map(int, re.search(r"(\d+)/(\d+) digits right", rest).groups())
+        assert total == 40 and right >= 36, (name, rest)
+
+
+def test_choose_backend_with_fallback_says_why_it_fell_back():
+    done = run_example("examples/choose_backend.py", "--fallback", "cpu", timeout=120)
+    assert done.returncode == 0, done.stderr
+    names, lines = backend_lines(done.stdout)
+    for name in names:
+        for device in ("NPU", "GPU"):
+            text = lines[(name, device)]
+            attached = re.match(r"attached (\w+)", text)
+            assert attached, text  # with fallback "cpu" every runner loads
+            if attached[1] != device:
+                assert re.search(rf"^    fell back from {device}: .{{20,}}", text, re.M), text
+    assert len(compared(done.stdout)) == 4 * len(names) + 1
+
+
+def test_choose_backend_compares_the_engines_on_a_real_model():
+    """The PP-OCR detector (dynamic dims: a random [1, 3, 64, 64] input) through OpenVINO and ONNX Runtime."""
+    done = run_example("examples/choose_backend.py", str(model_or_skip("ocr_det")), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "a random input x [1, 3, 64, 64] float32" in done.stdout
+    results = compared(done.stdout)
+    assert any(name.startswith("OPENVINO") for name in results) and any(name.startswith("VAIML") for name in results)
+    assert all(float(difference) <= 1e-4 for difference, _ in results.values()), done.stdout
+
+
+def test_choose_backend_says_when_the_model_is_missing(tmp_path):
+    done = run_example("examples/choose_backend.py", str(tmp_path / "missing.onnx"))
+    assert done.returncode == 2 and "no model file" in done.stderr
