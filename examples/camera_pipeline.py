@@ -34,7 +34,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -106,18 +105,6 @@ def fd_target(fd: int) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return "(closed since)"
-
-
-def join_engine_threads(timeout_s: float = 10.0) -> None:
-    """Wait for the threads of the runner's engine to end after ``Runner.close()``.
-
-    A workaround: npurt's OpenVINO backend stops the threads that report its infer requests' ends on close but does
-    not join them. Until they end they hold the last job's tensors (their fds stay open), and an interpreter that
-    exits under them can die in OpenVINO's destructors ("terminate called without an active exception").
-    """
-    for thread in threading.enumerate():
-        if thread.name.startswith("npurt-ov-request"):
-            thread.join(timeout_s)
 
 
 # ------------------------------------------------------------------------------------------------ the camera
@@ -280,7 +267,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# det: {type(runner).__name__}, {runner.device_info.summary()}")
         fds_before = open_fds()  # after the engines' own (caches, telemetry), which stay open for the process
         status = run_pipeline(runner, args, size)
-    join_engine_threads()  # the engine holds the last tensors it ran until then: count fds after that
     leaked = open_fds() - fds_before
     print(f"# fds left open: {len(leaked)}" + "".join(f"\n#   {fd}: {fd_target(fd)}" for fd in sorted(leaked)))
     return status or (1 if leaked else 0)
