@@ -416,3 +416,27 @@ def test_silero_vad_state_carried_by_hand_matches_the_engine(backend):
                 np.testing.assert_allclose(got, prob, rtol=1e-4, atol=1e-5)
                 np.testing.assert_allclose(mine, state, rtol=1e-4, atol=1e-5)
         assert r.stats["copies"] == 0 and r.stats["compiles"] == 1
+
+
+def test_infer_queue_runs_every_frame_through_its_slots(backend):
+    from npurt import InferQueue
+
+    with pinned(backend, "ocr_cls", max_concurrent_runs=3, callback_order="completion") as r:
+        queue = InferQueue(r, output_shapes={OUTPUT["ocr_cls"]: (1, 2)})
+        assert len(queue) == 3
+        xs = [frame(SHAPES["ocr_cls"], seed=60 + k) for k in range(10)]
+        got: dict[int, np.ndarray] = {}
+        lock = threading.Lock()
+
+        def collect(slot, k):
+            assert slot.status is StatusCode.SUCCESS, slot.error
+            with lock:
+                got[k] = slot.results()[OUTPUT["ocr_cls"]].copy()
+
+        queue.set_callback(collect)
+        for k, x in enumerate(xs):
+            assert 0 <= queue.start_async({"x": x}, userdata=k) < 3
+        assert queue.wait_all(60)
+        assert queue.is_ready() and sorted(got) == list(range(10))
+        for k, x in enumerate(xs):
+            np.testing.assert_array_equal(got[k], raw(backend, "ocr_cls", x, static=True))

@@ -58,6 +58,9 @@ def test_properties_and_engine_options_pass_through():
         assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
         assert r.max_concurrent_runs == int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         assert dict(r.device_info.engine_settings)["PERFORMANCE_HINT"] == "THROUGHPUT"
+    with make(num_threads=1) as r:  # the suite's default (NPURT_NUM_THREADS), given here explicitly
+        assert int(r.engine_for().compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
+        assert dict(r.device_info.engine_settings)["INFERENCE_NUM_THREADS"] == "1"
     with pytest.raises(NpuError, match="NOT_A_PROPERTY"):
         make(engine_options={"NOT_A_PROPERTY": "1"})
 

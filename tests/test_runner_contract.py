@@ -481,3 +481,27 @@ def test_cached_plans_do_not_keep_frames_alive(runner):
     assert frame() is None  # a new frame per call must not pile up in the runner
     ins2, _ = cpu_io(runner, 3.0)
     assert runner.execute(ins2, outs) is StatusCode.SUCCESS and np.all(outs[0][0].numpy() == 7.0)
+
+
+def test_infer_queue_slots_callbacks_and_failures(axpy_model):
+    from npurt import InferQueue
+
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=20), {"max_concurrent_runs": 2,
+                                                                        "callback_order": "completion"}) as r:
+        queue = InferQueue(r, jobs=2)
+        seen = []
+        queue.set_callback(lambda slot, k: seen.append((k, slot.status, slot.error, slot.results()["y"].copy())))
+        for k in range(6):
+            queue.start_async({"x": np.full((1, 3, 4, 4), float(k), np.float32)}, userdata=k)
+        queue.start_async({"x": np.full((1, 3, 4, 4), np.nan, np.float32)}, userdata="bad")
+        assert queue.wait_all(10)
+        by_key = {k: (status, error, y) for k, status, error, y in seen}
+        for k in range(6):
+            assert by_key[k][0] is StatusCode.SUCCESS and np.all(by_key[k][2] == 2 * k + 1)
+        assert by_key["bad"][0] is StatusCode.RUNTIME_ERROR and "NaN" in by_key["bad"][1]
+        with pytest.raises(ValueError, match="missing inputs"):
+            queue.start_async({})
+    with RunnerFactory.create_runner("AXPY", axpy_model(shape=[None, 3, 4, 4])) as r:
+        with pytest.raises(ValueError, match="output_shapes"):
+            InferQueue(r)
+        InferQueue(r, output_shapes={"y": (4, 3, 4, 4)})

@@ -3,6 +3,7 @@
 from . import share
 from .factory import RunnerFactory
 from .formats import convert
+from .infer_queue import InferQueue, QueueSlot
 from .runner import Runner
 from .tensor import NpuTensor
 from .types import (
@@ -26,7 +27,7 @@ from .types import (
 __version__ = "0.1.0"  # the only place the version is written: pyproject.toml reads it from here
 
 __all__ = [
-    "DataType", "DeviceInfo", "JobHandle", "MemoryLayout", "MemoryType", "NpuError", "NpuFallbackWarning",
-    "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "RoundingMode", "Runner",
+    "DataType", "DeviceInfo", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NpuError", "NpuFallbackWarning",
+    "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "QueueSlot", "RoundingMode", "Runner",
     "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "convert", "share", "__version__",
 ]

@@ -12,7 +12,8 @@ Callbacks run on the scheduler's own callback threads, never on an engine's thre
 - "completion": as jobs end, on as many threads as there are jobs in flight (a callback may resubmit, wait on
   another job, or raise: the exception is logged and the thread lives on);
 - "submission": in submission order, one after the other.
-A job with a callback is released from the job table after its callback returns.
+A job with a callback is released from the job table after its callback returns; during the callback the runner's
+``last_error`` on that thread is the job's message.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class JobScheduler:
         self._ready: dict[int, Job] = {}
         self._callbacks: SimpleQueue[Job | None] = SimpleQueue()
         self._callback_threads: list[threading.Thread] = []
+        self.before_callback: Callable[[str], None] | None = None  # given the job's message (last_error) first
         self._idle_callback_threads = 0
         self._queued_callbacks = 0
 
@@ -222,6 +224,8 @@ class JobScheduler:
                 self._idle_callback_threads -= 1
                 self._queued_callbacks -= 1
             try:
+                if self.before_callback is not None:
+                    self.before_callback(job.error)
                 job.callback(JobHandle(job.status, job.job_id))  # type: ignore[misc]
             except Exception:  # noqa: BLE001 - a raising callback must not kill the thread
                 log.exception("callback of job %d raised", job.job_id)

@@ -84,6 +84,7 @@ class Runner:
                 default.engine if default is not None else None)
             self._jobs = JobScheduler(max_concurrent, self.options.async_threadpool_depth or max_concurrent,
                                       self.options.callback_order, self._stats)
+            self._jobs.before_callback = self._set_last_error
         except BaseException:
             if self._variants is not None:
                 self._variants.close()
@@ -226,6 +227,9 @@ class Runner:
         return sub_tensor(parent, info, offset)
 
     # ---------------------------------------------------------------- execution (never raises)
+    def _set_last_error(self, message: str) -> None:
+        self._tls.error = message
+
     def _fail(self, status: StatusCode, message: str) -> StatusCode:
         self._tls.error = message
         if status is not StatusCode.SUCCESS:
@@ -277,8 +281,8 @@ class Runner:
 
         RESOURCE_UNAVAILABLE when ``max_concurrent_runs`` jobs are in flight (transient: wait for one and retry).
         The tensors must stay alive and unchanged until the job ends. ``callback(JobHandle)`` runs on one of the
-        runner's threads when the job ends (option ``callback_order``); a job with a callback is released after
-        its callback returns."""
+        runner's threads when the job ends (option ``callback_order``), with the job's message in ``last_error``;
+        a job with a callback is released after its callback returns."""
         try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")

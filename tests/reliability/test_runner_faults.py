@@ -1,6 +1,7 @@
 """Fault handling of the Runner contract itself, on the numpy test backend."""
 
 import _thread
+import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +24,16 @@ def io(runner, value=1.0):
             [[NpuTensor(y, np.zeros(y.shape, np.float32))]])
 
 
-def test_keyboard_interrupt_reaches_a_waiting_main_thread(axpy_model):
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler, for the test: a suite started with SIGINT ignored (a background job, nohup)
+    inherits SIG_IGN, and then _thread.interrupt_main() does nothing (it simulates a signal Python handles)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_keyboard_interrupt_reaches_a_waiting_main_thread(axpy_model, sigint_raises):
     with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=1500), CPU) as r:
         ins, outs = io(r)
         job = r.execute_async(ins, outs)

@@ -1,0 +1,167 @@
+"""InferQueue: a pool of N slots over one runner, in the style of OpenVINO's ``AsyncInferQueue``.
+
+Each slot owns its output tensors (allocated by the runner once) and runs one job at a time through the runner's
+``execute_async``. ``start_async`` takes the next free slot, blocking only while every slot is busy; when a job
+ends its slot's callback runs (on one of the runner's callback threads) with the slot and the job's user data, and
+the slot is free again. ``wait_all`` waits for every job started. Inputs are numpy arrays (wrapped, not copied:
+keep them unchanged until the job ends) or NpuTensors.
+
+    queue = InferQueue(runner, jobs=4)
+    queue.set_callback(lambda slot, frame_no: results.append((frame_no, slot.results())))
+    for k, frame in enumerate(frames):
+        queue.start_async({"x": frame}, userdata=k)
+    queue.wait_all()
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .runner import Runner
+from .tensor import NpuTensor
+from .types import JobHandle, NpuError, StatusCode, TensorDirection, TensorType
+
+SlotCallback = Callable[["QueueSlot", Any], None]
+
+
+class QueueSlot:
+    """One slot of an InferQueue: its output tensors and what its last job did."""
+
+    def __init__(self, index: int, outputs: list[NpuTensor]) -> None:
+        self.index = index
+        self.outputs = outputs
+        self.status = StatusCode.SUCCESS  # of the last job that ended on this slot
+        self.error = ""  # its message, where it failed
+        self.userdata: Any = None
+        self._inputs: list[NpuTensor] = []  # kept alive while the job runs
+
+    def results(self) -> dict[str, np.ndarray]:
+        """The last job's outputs, by name: views of the slot's tensors (the slot's next job overwrites them)."""
+        return {t.info.name: t.result() for t in self.outputs}
+
+
+class InferQueue:
+    """N slots of tensors over one runner; ``start_async`` blocks only while every slot is busy."""
+
+    def __init__(self, runner: Runner, jobs: int = 0, tensor_type: TensorType = TensorType.CPU,
+                 output_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+        """``jobs``: the number of slots (0: the runner's ``max_concurrent_runs``). ``tensor_type``: the view of the
+        slots' output tensors. ``output_shapes``: shapes for outputs whose dims the model leaves open (their largest
+        shape: a job writes its result at the start of the tensor, see ``NpuTensor.result_info``)."""
+        if not isinstance(runner, Runner):
+            raise ValueError(f"InferQueue needs a Runner, got {type(runner).__name__}")
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+            raise ValueError(f"InferQueue: jobs must be an integer >= 0, got {jobs!r}")
+        self.runner = runner
+        n = jobs or runner.max_concurrent_runs
+        given = dict(output_shapes or {})
+        infos = runner.get_tensors_info(TensorDirection.OUTPUT, TensorType(tensor_type))
+        unknown = sorted(set(given) - {i.name for i in infos})
+        if unknown:
+            raise ValueError(f"InferQueue: output_shapes names {unknown}; the model's outputs are "
+                             f"{[i.name for i in infos]}")
+        shaped = []
+        for info in infos:
+            if info.name in given:
+                info = info.replace(shape=tuple(given[info.name]))
+            elif not info.is_static:
+                raise ValueError(f"InferQueue: output {info.name!r} has dims the model leaves open "
+                                 f"({info.describe()}): give output_shapes={{{info.name!r}: (...)}}, its largest shape")
+            shaped.append(info)
+        self._in_infos = {i.name: i for i in runner.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)}
+        self.slots = [QueueSlot(k, [runner.allocate_npu_tensor(i) for i in shaped]) for k in range(n)]
+        self._callback: SlotCallback | None = None
+        self._free = list(range(n))
+        self._busy = 0
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, index: int) -> QueueSlot:
+        return self.slots[index]
+
+    def set_callback(self, callback: SlotCallback | None) -> None:
+        """``callback(slot, userdata)`` after each job ends (check ``slot.status``); it may start the next job.
+        An exception in it is logged and does not stop the queue."""
+        if callback is not None and not callable(callback):
+            raise ValueError(f"InferQueue: callback {callback!r} is not callable")
+        self._callback = callback
+
+    def is_ready(self) -> bool:
+        """Whether a slot is free (start_async would not block)."""
+        with self._cond:
+            return bool(self._free)
+
+    def start_async(self, inputs: Mapping[str, Any] | Sequence[NpuTensor], userdata: Any = None) -> int:
+        """Start a job on the next free slot (waiting for one while all are busy); its slot index.
+
+        ``inputs``: {name: numpy array} in the model's own view, or NpuTensors in either view. Raises NpuError
+        when the runner refuses the job (its StatusCode and message)."""
+        tensors = self._tensors(inputs)
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            k = self._free.pop()
+            self._busy += 1
+        slot = self.slots[k]
+        slot.userdata, slot._inputs = userdata, tensors
+        while True:
+            job = self.runner.execute_async([tensors], [slot.outputs], lambda handle, s=slot: self._ended(s, handle))
+            if job.status is not StatusCode.RESOURCE_UNAVAILABLE:
+                break
+            # every run of the runner is taken (by its other users): wait for one of ours, or give others a moment
+            with self._cond:
+                self._cond.wait(0.001)
+        if job.status is not StatusCode.SUCCESS:
+            message = self.runner.last_error
+            self._release(slot)
+            raise NpuError(f"{job.status.name}: {message}")
+        return k
+
+    def _tensors(self, inputs: Mapping[str, Any] | Sequence[NpuTensor]) -> list[NpuTensor]:
+        if isinstance(inputs, Mapping):
+            unknown = sorted(set(inputs) - set(self._in_infos))
+            missing = sorted(set(self._in_infos) - set(inputs))
+            if unknown or missing:
+                raise ValueError(f"InferQueue.start_async: unknown inputs {unknown} and missing inputs {missing}; "
+                                 f"the model's inputs are {list(self._in_infos)}")
+            tensors = []
+            for name, value in inputs.items():
+                if isinstance(value, NpuTensor):
+                    tensors.append(value)
+                    continue
+                a = np.require(value, requirements="C")
+                info = self._in_infos[name]
+                if a.dtype != info.numpy_dtype:
+                    raise ValueError(f"input {name!r}: dtype {a.dtype}, expected {info.numpy_dtype}")
+                tensors.append(NpuTensor(info.replace(shape=a.shape), a))
+            return tensors
+        if not all(isinstance(t, NpuTensor) for t in inputs):
+            raise ValueError("InferQueue.start_async takes {name: array} or a list of NpuTensors")
+        return list(inputs)
+
+    def _ended(self, slot: QueueSlot, handle: JobHandle) -> None:
+        slot.status = handle.status
+        slot.error = self.runner.last_error  # the job's message, on this (callback) thread
+        try:
+            if self._callback is not None:
+                self._callback(slot, slot.userdata)
+        finally:
+            self._release(slot)
+
+    def _release(self, slot: QueueSlot) -> None:
+        slot._inputs = []
+        with self._cond:
+            self._free.append(slot.index)
+            self._busy -= 1
+            self._cond.notify_all()
+
+    def wait_all(self, timeout_s: float | None = None) -> bool:
+        """Wait until every started job has ended and its callback returned; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._busy == 0, timeout_s)
