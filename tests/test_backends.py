@@ -176,7 +176,7 @@ def test_device_views_on_cpu_are_the_models_own(backend):
         np.testing.assert_array_equal(y.numpy(), raw(backend, "ocr_cls", x, static=True))
         ins, outs = cpu_io(r, "ocr_cls", x)  # CPU-labelled tensors on the HW ports: the same layout, no copy
         execute(r, ins, outs)
-        assert r.stats["copies"] == (0 if backend == "OPENVINO" else 2)  # ORT: the [N, 2] output is copied out
+        assert r.stats["copies"] == 0
 
 
 NPU_VIEW = {"OPENVINO": (lambda s: (s[0], s[2], s[3], s[1]), DataType.FP16, MemoryLayout.NHWC),
@@ -227,7 +227,7 @@ def test_bound_memory_is_used_in_place(backend):
         other.numpy()[...] = frame(SHAPES["ocr_cls"], seed=4)
         execute(r, [other], [y])
         np.testing.assert_array_equal(y.numpy(), results[0])
-        assert r.stats["copies"] == (0 if backend == "OPENVINO" else 3)
+        assert r.stats["copies"] == 0
 
 
 def test_run_gives_new_arrays_equal_to_the_engines(backend):

@@ -19,7 +19,7 @@ is too small it raises ``OutputTooSmallError``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,29 +58,54 @@ class OpenedModel:
 
 
 class Engine(ABC):
-    """One compiled model: its ports (inputs as compiled, outputs as the engine produces them) and its runs."""
+    """One compiled model: its ports (inputs as compiled, outputs as the engine produces them) and its runs.
+
+    An engine whose model keeps variables between runs (OpenVINO's ReadValue / Assign) names them in
+    ``state_names`` and keeps each stream's values in a context of its own (``open_context``); runs of a stream
+    pass its context. Runs without a context share the engine's pool.
+    """
 
     inputs: list[Port]
     outputs: list[Port]
+    state_names: list[str] = []
 
     @abstractmethod
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> Any:
         """Prepare tensors (engine views, port order) for runs; the runner keeps the result while they live."""
 
     @abstractmethod
-    def run(self, binding: Any) -> ResultShapes:
+    def run(self, binding: Any, context: Any = None) -> ResultShapes:
         """One inference on the calling thread; the output shapes where a port's shape is open (else None).
-        Raise on failure. Called from many threads at once."""
+        Raise on failure. Called from many threads at once (one at a time per context)."""
 
-    def start(self, binding: Any, done: Done) -> bool:
+    def start(self, binding: Any, done: Done, context: Any = None) -> bool:
         """Start one inference on the engine's own asynchronous machinery and return at once; call
         ``done(error, shapes)`` (on any thread, quickly: no user code) when it ends. False when the engine cannot
         start one now (the runner then runs the job on its own workers with ``run``)."""
         return False
 
     @abstractmethod
-    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run_arrays(self, arrays: Sequence[np.ndarray], context: Any = None) -> list[np.ndarray]:
         """One inference on numpy arrays in the engine's views (C-contiguous, the ports' dtypes); new arrays out."""
+
+    # -- variables kept by the engine (stateful models) ---------------------------------------------------
+    def open_context(self) -> Any:
+        """Where one stream's variables live (None for an engine without any)."""
+        return None
+
+    def close_context(self, context: Any) -> None:  # noqa: B027 - nothing to release without variables
+        pass
+
+    def get_state(self, context: Any) -> dict[str, np.ndarray]:
+        """A copy of a context's variables, by name."""
+        return {}
+
+    def set_state(self, context: Any, state: Mapping[str, np.ndarray]) -> None:
+        if state:
+            raise NpuError(f"this engine keeps no variables; {sorted(state)} cannot be set")
+
+    def reset_state(self, context: Any) -> None:  # noqa: B027 - nothing to reset without variables
+        """Set a context's variables to their initial values."""
 
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
         """Release the engine (the runner calls it once, after every run on it has ended)."""

@@ -105,10 +105,13 @@ class JobScheduler:
         self._queued_callbacks = 0
 
     # -- submission ------------------------------------------------------------------------------------
-    def submit(self, work: Work, start: Start | None, callback: Callback | None) -> Job:
+    def submit(self, work: Work, start: Start | None, callback: Callback | None,
+               on_accept: Callable[[], None] | None = None) -> Job:
         """Register a job and start it on the engine (``start``) or queue it for the workers (``work``).
 
-        StatusError RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
+        ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
+        its job's place in line there, so that places follow the queue's order). StatusError RESOURCE_UNAVAILABLE
+        when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
         with self._lock:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
@@ -122,6 +125,8 @@ class JobScheduler:
             self._jobs[job.job_id] = job
             self._running += 1
             self._stats.add("jobs_submitted")
+            if on_accept is not None:
+                on_accept()
             if start is None:
                 self._enqueue(job, work)
                 return job

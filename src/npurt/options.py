@@ -26,7 +26,7 @@ OPTION_KEYS = (
     "device", "fallback", "input_tensor_type", "output_tensor_type", "batch_size", "shapes",
     "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
     "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
-    "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads",
+    "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs",
 )
 PER_TENSOR_PREFIXES = ("input_tensor_type.", "output_tensor_type.")
 
@@ -64,6 +64,7 @@ class RunnerOptions:
     max_compiled_shapes: int = DEFAULT_MAX_COMPILED_SHAPES
     static_shapes: bool | None = None  # None: as the device needs (the NPU compiles static shapes only)
     num_threads: int | None = None  # None: the engine's choice for the hint and concurrency
+    state_pairs: Mapping[str, str] = field(default_factory=dict)  # input -> the output fed back as it (streams)
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""
@@ -132,6 +133,12 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
             kw[key] = kw["shape_sets"][0]
         elif key == "hw_view":
             kw[key] = _choice(key, value, HW_VIEWS, upper=False)
+        elif key == "state_pairs":
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in value.items()):
+                raise ValueError(f"option 'state_pairs' maps input names to the output names fed back as them, "
+                                 f"e.g. {{'state': 'stateN'}}; got {value!r}")
+            kw[key] = dict(value)
         elif key == "static_shapes":
             if not isinstance(value, bool):
                 raise ValueError(f"option 'static_shapes': {value!r} is not a bool")

@@ -37,6 +37,7 @@ from .ports import Port, PortFactory, PortSpec, Signature
 from .staging import Staging, record_shapes
 from .stats import RunnerStats
 from .status import StatusError, status_of
+from .streams import Stream, StreamRuns, StreamState, StreamTable
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
 from .types import (
     DeviceInfo,
@@ -95,8 +96,12 @@ class Runner:
             self._backend.refine_device_info(opened.device_info),
             hw_view="npu" if self._ports.npu_views else "device", shape_mode=self._variants.mode,
             engine_settings=tuple(sorted(self._backend.engine_settings().items())))
-        self._input_names = [s.name for s in self._in_specs]
-        self._output_names = [p.name for p in self._variants.ports(TensorDirection.OUTPUT)]
+        self._streams = StreamTable(self._check_state_pairs(), self._allocate_state)
+        carried_in, carried_out = set(self._streams.pairs), set(self._streams.pairs.values())
+        self._input_names = [s.name for s in self._in_specs if s.name not in carried_in]
+        self._input_dtypes = [s.data_type.numpy for s in self._in_specs if s.name not in carried_in]
+        self._output_names = [s.name for s in self._out_specs if s.name not in carried_out]
+        self._stream_runs = StreamRuns(self, self._streams)
         self._closed = False
         _open_runners.add(self)
 
@@ -104,6 +109,23 @@ class Runner:
         """The LRU dropped an engine: the plans and run() shortcuts that use it go with it."""
         self._planner.forget_variant(variant)
         self._run_variants = {k: v for k, v in self._run_variants.items() if v is not variant}
+
+    def _check_state_pairs(self) -> dict[str, str]:
+        """Option state_pairs: each carried input and the output fed back as it must be the model's, alike."""
+        pairs = dict(self.options.state_pairs)
+        ins, outs = {s.name: s for s in self._in_specs}, {s.name: s for s in self._out_specs}
+        for i, o in pairs.items():
+            if i not in ins or o not in outs:
+                raise ValueError(f"option 'state_pairs': {i!r} <- {o!r}: the model has inputs {sorted(ins)} and "
+                                 f"outputs {sorted(outs)}")
+            if ins[i].data_type is not outs[o].data_type or len(ins[i].shape) != len(outs[o].shape):
+                raise ValueError(f"option 'state_pairs': input {i!r} ({ins[i].data_type.name} "
+                                 f"{ins[i].shape_text()}) cannot take output {o!r} ({outs[o].data_type.name} "
+                                 f"{outs[o].shape_text()})")
+        return pairs
+
+    def _allocate_state(self, info: NpuTensorInfo) -> NpuTensor:
+        return allocate_tensor(info, MemoryType.XRT_BO, self.options.memory_provider)
 
     def _check_option_names(self) -> None:
         names = {TensorDirection.INPUT: {s.name for s in self._in_specs},
@@ -123,8 +145,12 @@ class Runner:
             raise NpuError(f"runner for {self.model_path.name} is closed")
 
     def _query_ports(self, direction: TensorDirection) -> list[Port]:
+        """The ports an app passes tensors for: the model's, but those a stream carries (option state_pairs)."""
         assert self._variants is not None
-        return self._variants.ports(TensorDirection(direction))
+        direction = TensorDirection(direction)
+        carried = set(self._streams.pairs) if direction is TensorDirection.INPUT else set(self._streams.pairs.values())
+        ports = self._variants.ports(direction)
+        return [p for p in ports if p.name not in carried] if carried else ports
 
     def get_tensors_info(self, direction: TensorDirection, tensor_type: TensorType = TensorType.HW
                          ) -> list[NpuTensorInfo]:
@@ -143,7 +169,8 @@ class Runner:
     def get_port(self, name: str) -> Port:
         """Both views of a port and which one the engine consumes."""
         self._require_open()
-        for port in self._query_ports(TensorDirection.INPUT) + self._query_ports(TensorDirection.OUTPUT):
+        assert self._variants is not None
+        for port in self._variants.ports(TensorDirection.INPUT) + self._variants.ports(TensorDirection.OUTPUT):
             if port.name == name:
                 return port
         raise ValueError(f"no tensor named {name!r}; the model has inputs {self._input_names} and outputs "
@@ -154,10 +181,10 @@ class Runner:
         return self.get_port(name).quant
 
     def get_num_input_tensors(self) -> int:
-        return len(self._in_specs)
+        return len(self._input_names)
 
     def get_num_output_tensors(self) -> int:
-        return len(self._out_specs)
+        return len(self._output_names)
 
     def get_batch_size(self) -> int:
         """The number of batch slots one execute takes (option batch_size)."""
@@ -237,22 +264,25 @@ class Runner:
         return status
 
     def _execute_plan(self, plan: Plan, inputs: Sequence[Sequence[NpuTensor]],
-                      outputs: Sequence[Sequence[NpuTensor]]) -> tuple[StatusCode, str]:
+                      outputs: Sequence[Sequence[NpuTensor]], stream: StreamState | None = None
+                      ) -> tuple[StatusCode, str]:
         for b, slot in enumerate(plan):
             slot.variant.touch()
             try:
+                engine = slot.variant.engine
+                context = None if stream is None else self._stream_runs.context(stream, engine)
                 if slot.binding is not None and not slot.sync:
-                    shapes = slot.variant.engine.run(slot.binding)
+                    shapes = engine.run(slot.binding, context)
                     if shapes:
                         record_shapes([outputs[b][k] for k in slot.out_order], shapes)
                 else:
-                    self._staging.run(slot, *slot.tensors(inputs[b], outputs[b]))
+                    self._staging.run(slot, *slot.tensors(inputs[b], outputs[b]), context)
             except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
                 return status_of(e, b)
         return StatusCode.SUCCESS, ""
 
-    def execute(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]]
-                ) -> StatusCode:
+    def execute(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
+                stream: Stream | int | None = None) -> StatusCode:
         """Run one batch synchronously: ``inputs[b][i]``, ``outputs[b][j]`` (batch slot b, tensors matched to
         ports by ``info.name``).
 
@@ -260,12 +290,18 @@ class Runner:
         a staging tensor (one counted copy each way). An output whose shape only the run tells gets the data at
         the start of its memory, and its ``result_info`` says the shape; INVALID_OUTPUT (with the shape needed in
         ``last_error``) where the memory is too small. INVALID_INPUT / INVALID_OUTPUT for wrong tensors, the
-        engine's failures as RUNTIME_ERROR, UNSUPPORTED or OUT_OF_MEMORY, FAILURE once closed."""
+        engine's failures as RUNTIME_ERROR, UNSUPPORTED or OUT_OF_MEMORY, FAILURE once closed.
+
+        ``stream`` (see ``open_stream``): the run takes its place in the stream's line, reads its state and leaves
+        the next state there; on a model with state and no stream given, the default stream."""
         try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
-            plan = self._planner.plan(inputs, outputs)
-            status, message = self._execute_plan(plan, inputs, outputs)
+            if stream is not None or self._stream_runs.stateful:
+                status, message = self._stream_runs.execute(stream, inputs, outputs)
+            else:
+                plan = self._planner.plan(inputs, outputs)
+                status, message = self._execute_plan(plan, inputs, outputs)
         except StatusError as e:
             status, message = e.status, str(e)
         except BaseException as e:  # noqa: BLE001 - execution never raises (VART-ML contract)
@@ -276,21 +312,26 @@ class Runner:
         return self._fail(status, message)
 
     def execute_async(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
-                      callback: Callable[[JobHandle], Any] | None = None) -> JobHandle:
+                      callback: Callable[[JobHandle], Any] | None = None,
+                      stream: Stream | int | None = None) -> JobHandle:
         """Submit one batch and return at once: ``JobHandle(SUCCESS, job_id)``, or a failure status with job id 0.
 
         RESOURCE_UNAVAILABLE when ``max_concurrent_runs`` jobs are in flight (transient: wait for one and retry).
         The tensors must stay alive and unchanged until the job ends. ``callback(JobHandle)`` runs on one of the
         runner's threads when the job ends (option ``callback_order``), with the job's message in ``last_error``;
-        a job with a callback is released after its callback returns."""
+        a job with a callback is released after its callback returns. ``stream``: the job runs in the stream's
+        line, after the stream's earlier runs."""
         try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
             if callback is not None and not callable(callback):
                 raise StatusError(StatusCode.INVALID_INPUT, f"callback {callback!r} is not callable")
-            plan = self._planner.plan(inputs, outputs)
-            job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs),
-                                    self._engine_start(plan, outputs), callback)
+            if stream is not None or self._stream_runs.stateful:
+                job = self._stream_runs.submit(stream, inputs, outputs, callback)
+            else:
+                plan = self._planner.plan(inputs, outputs)
+                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs),
+                                        self._engine_start(plan, outputs), callback)
         except StatusError as e:
             self._fail(e.status, str(e))
             return JobHandle(e.status, 0)
@@ -361,12 +402,20 @@ class Runner:
         return JobHandle(status, job_id)
 
     # ---------------------------------------------------------------- convenience (raises)
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], stream: Stream | int | None = None) -> dict[str, np.ndarray]:
         """Run on numpy arrays in the CPU views (the model's own); new arrays out, of the shapes the run produced.
 
         Raises ValueError for wrong inputs and NpuError for failures. The arrays reach the engine without a copy
-        where they are C-contiguous and of the port's dtype, and the ports take them as they are."""
+        where they are C-contiguous and of the port's dtype, and the ports take them as they are. ``stream``: as
+        for execute (the state a stream carries is neither passed nor returned)."""
         self._require_open()
+        if stream is not None or self._stream_runs.stateful:
+            return self._stream_runs.run(stream, feeds)
+        arrays = self._feed_arrays(feeds)
+        return dict(zip(self._output_names, self._run_arrays(arrays)))
+
+    def _feed_arrays(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """run()'s inputs as C-contiguous arrays of the ports' dtypes, in the app's port order (ValueError else)."""
         if not isinstance(feeds, Mapping):
             raise ValueError(f"run() takes a dict of input name -> array, got {type(feeds).__name__}")
         names = self._input_names
@@ -379,28 +428,32 @@ class Runner:
             missing = [n for n in names if n not in feeds]
             raise ValueError(f"run(): unknown inputs {unknown} and missing inputs {missing}; the model's inputs "
                              f"are {names}")
-        specs = self._in_specs
+        dtypes = self._input_dtypes
         for i, a in enumerate(arrays):
             if type(a) is not np.ndarray or not a.flags.c_contiguous:
                 a = arrays[i] = np.require(a, requirements="C")  # keeps 0-d inputs 0-d
-            if a.dtype != specs[i].data_type.numpy:
-                raise ValueError(f"input {names[i]!r}: dtype {a.dtype}, expected {specs[i].data_type.numpy} "
-                                 f"({specs[i].data_type.name}); convert it explicitly")
+            if a.dtype != dtypes[i]:
+                raise ValueError(f"input {names[i]!r}: dtype {a.dtype}, expected {dtypes[i]}; convert it explicitly")
+        return arrays
+
+    def _run_arrays(self, arrays: list[np.ndarray], stream: StreamState | None = None) -> list[np.ndarray]:
+        """One run of the model's inputs (all of them, in order) on numpy arrays: its outputs, in order."""
         signature = tuple(a.shape for a in arrays)
         variant = self._run_variants.get(signature, False)
         if variant is False:
             variant = self._run_variant(signature)
         if variant is None:
-            return self._run_through_execute(signature, arrays)
+            return self._run_through_execute(signature, arrays, stream)
         variant.touch()
         try:
-            results = variant.engine.run_arrays(arrays)
+            context = None if stream is None else self._stream_runs.context(stream, variant.engine)
+            results = variant.engine.run_arrays(arrays, context)
         except Exception as e:  # noqa: BLE001 - the engine's error, in the contract's words
             self._stats.executed(False)
             status, message = status_of(e)
             raise NpuError(f"{status.name}: {message}") from None
         self._stats.executed(True)
-        return dict(zip(self._output_names, results))
+        return results
 
     def _run_variant(self, signature: Signature) -> Variant | None:
         """The variant run() gives arrays to directly for these shapes (None: some port converts views)."""
@@ -418,17 +471,69 @@ class Runner:
         self._run_variants[signature] = result
         return result
 
-    def _run_through_execute(self, signature: Signature, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """run() where ports take HW views that differ from the model's: CPU tensors, converted by execute."""
+    def _run_through_execute(self, signature: Signature, arrays: list[np.ndarray], stream: StreamState | None
+                             ) -> list[np.ndarray]:
+        """run() where ports take HW views that differ from the model's: CPU tensors, converted by the plan."""
         assert self._variants is not None
         variant = self._variants.get(signature)
         ins = [NpuTensor(p.cpu.replace(shape=a.shape), a) for p, a in zip(variant.inputs, arrays)]
-        results = {p.name: np.empty(p.cpu.shape, p.cpu.numpy_dtype) for p in variant.outputs}
-        outs = [NpuTensor(p.cpu, results[p.name]) for p in variant.outputs]
-        status = self.execute([ins], [outs])
+        results = [np.empty(p.cpu.shape, p.cpu.numpy_dtype) for p in variant.outputs]
+        outs = [NpuTensor(p.cpu, r) for p, r in zip(variant.outputs, results)]
+        try:
+            plan = self._planner.plan([ins], [outs])
+            status, message = self._execute_plan(plan, [ins], [outs], stream)
+        except StatusError as e:
+            status, message = e.status, str(e)
+        self._stats.executed(status is StatusCode.SUCCESS)
         if status is not StatusCode.SUCCESS:
-            raise NpuError(f"{status.name}: {self.last_error}")
+            raise NpuError(f"{status.name}: {message}")
         return results
+
+    # ---------------------------------------------------------------- streams
+    def open_stream(self) -> Stream:
+        """A new stream: an independent sequence of runs with state of its own (carried pairs of option
+        state_pairs, and the variables of a stateful model), starting from the initial state."""
+        self._require_open()
+        return Stream(self, self._streams.open())
+
+    def reset_stream(self, stream: Stream | int | None = None) -> StatusCode:
+        """Back to the initial state (after the stream's runs already submitted). INVALID_INPUT for an unknown or
+        closed stream."""
+        return self._stream_op(stream, self._stream_runs.reset)
+
+    def set_stream_state(self, stream: Stream | int | None, state: Mapping[str, np.ndarray]) -> StatusCode:
+        """Restore a state (as ``get_stream_state`` gave it; copied in). INVALID_INPUT for an unknown stream, names
+        the stream does not carry, or arrays of the wrong shape or dtype."""
+        return self._stream_op(stream, lambda st: self._stream_runs.set_state(st, state))
+
+    def close_stream(self, stream: Stream | int) -> StatusCode:
+        """Close a stream once its submitted runs have ended, and free its state; the default stream stays."""
+        if stream is None or stream == 0:
+            return self._fail(StatusCode.INVALID_INPUT, "the default stream (0) cannot be closed")
+        return self._stream_op(stream, self._stream_runs.close)
+
+    def get_stream_state(self, stream: Stream | int | None = None) -> dict[str, np.ndarray]:
+        """A copy of a stream's state, by name: its carried inputs and the model's variables (as of the stream's
+        runs already submitted). ValueError for an unknown or closed stream."""
+        self._require_open()
+        return self._stream_runs.get_state(self._streams.get(stream))
+
+    def _stream_op(self, stream: Stream | int | None, op: Callable[[StreamState], None]) -> StatusCode:
+        try:
+            if self._closed:
+                raise StatusError(StatusCode.FAILURE, "the runner is closed")
+            op(self._stream_state(stream))
+        except StatusError as e:
+            return self._fail(e.status, str(e))
+        except (ValueError, NpuError) as e:
+            return self._fail(StatusCode.INVALID_INPUT, str(e))
+        return self._fail(StatusCode.SUCCESS, "")
+
+    def _stream_state(self, stream: Stream | int | None) -> StreamState:
+        try:
+            return self._streams.get(stream)
+        except ValueError as e:
+            raise StatusError(StatusCode.INVALID_INPUT, str(e)) from None
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -438,6 +543,7 @@ class Runner:
         self._closed = True  # from here on nothing new starts
         _open_runners.discard(self)
         try:
+            self._stream_runs.close()  # runs waiting for their stream's turn end now, with FAILURE
             self._jobs.close()
         finally:
             self._planner.clear()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from . import formats
 from .engine import ResultShapes
@@ -68,13 +69,15 @@ class Staging:
         self._stats = stats
         self._lock = threading.Lock()
 
-    def run(self, slot: SlotPlan, ins: list[NpuTensor], outs: list[NpuTensor]) -> None:
-        """One slot: convert inputs into staging, run on the engine's views, convert outputs back."""
+    def run(self, slot: SlotPlan, ins: list[NpuTensor], outs: list[NpuTensor], context: Any = None) -> None:
+        """One slot: convert inputs into staging, run on the engine's views (in ``context``: a stream's),
+        convert outputs back."""
         variant = slot.variant
         engine = variant.engine
         if slot.direct:  # only the bracket: DMA-BUF memory that the engine reads and writes on the CPU
             with CpuAccess(ins, outs):
-                record_shapes(outs, engine.run(slot.binding if slot.binding is not None else engine.bind(ins, outs)))
+                binding = slot.binding if slot.binding is not None else engine.bind(ins, outs)
+                record_shapes(outs, engine.run(binding, context))
             return
         borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]] = []
         try:
@@ -88,7 +91,7 @@ class Staging:
                 engine_outs[j] = self._borrow(variant, TensorDirection.OUTPUT, j, variant.outputs[j].engine,
                                               borrowed)
             with CpuAccess(engine_ins, engine_outs):
-                engine.run(engine.bind(engine_ins, engine_outs))  # staged ports are static: no result shapes
+                engine.run(engine.bind(engine_ins, engine_outs), context)  # staged ports are static: no shapes
             for j in slot.convert_out:
                 self.convert(engine_outs[j], outs[j], variant.outputs[j].quant)
         finally:

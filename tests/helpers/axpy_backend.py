@@ -41,7 +41,7 @@ class AxpyEngine(Engine):
         # the memory (numpy views), never the NpuTensor objects: a runner's plan cache keeps bindings
         return (inputs[0].info, inputs[0].numpy(), outputs[0].info, outputs[0].raw_bytes())
 
-    def run(self, binding: Any) -> Any:
+    def run(self, binding: Any, context: Any = None) -> Any:
         x_info, x_mem, y_info, y_bytes = binding
         y = self._compute(x_info, x_mem)
         if self.dynamic:
@@ -52,7 +52,7 @@ class AxpyEngine(Engine):
         self._store(y, y_info, y_bytes)
         return None
 
-    def start(self, binding: Any, done: Done) -> bool:
+    def start(self, binding: Any, done: Done, context: Any = None) -> bool:
         if not self.model.get("engine_async"):
             return False
 
@@ -69,7 +69,7 @@ class AxpyEngine(Engine):
             self.backend.started += 1
         return True
 
-    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run_arrays(self, arrays: Sequence[np.ndarray], context: Any = None) -> list[np.ndarray]:
         (x,) = arrays
         return [self._compute(self.inputs[0].engine.replace(shape=x.shape), x)]
 

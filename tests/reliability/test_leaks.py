@@ -36,12 +36,7 @@ def test_execute_async_wait_cycles(backend):
         assert threads() == nthreads
         assert pool_workers() <= r.max_concurrent_runs  # the pool is bounded, not leaking
         assert rss_bytes() - rss < RSS_MARGIN, f"RSS grew by {(rss_bytes() - rss) >> 10} KiB"
-        stats = r.stats
-        if backend is RunnerType.OPENVINO:
-            assert stats["copies"] == 0
-        else:  # ONNX Runtime decides the output's batch dim at run time: it writes its own memory, copied out
-            assert stats["copies"] == stats["executes"] + stats["jobs_completed"]
-            assert stats["bytes_copied"] == 8 * stats["copies"]
+        assert r.stats["copies"] == 0
 
 
 def test_allocate_export_import_close_cycles():

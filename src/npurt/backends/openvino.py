@@ -17,7 +17,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from queue import Empty, SimpleQueue
 from typing import Any
 
@@ -227,10 +227,11 @@ class _Request:
     """One InferRequest, the ov.Tensors it holds per port, and (once async is used) the thread that reports the
     end of its asynchronous runs."""
 
-    __slots__ = ("request", "held", "engine", "go", "done", "fills", "thread", "closing")
+    __slots__ = ("request", "held", "engine", "go", "done", "fills", "thread", "closing", "pooled")
 
-    def __init__(self, engine: OpenVINOEngine) -> None:
+    def __init__(self, engine: OpenVINOEngine, pooled: bool = True) -> None:
         self.engine = engine
+        self.pooled = pooled  # in the engine's pool, or a stream's own (its variables are the stream's state)
         self.request = engine.compiled_model.create_infer_request()
         self.held: list[Any] = [None] * len(engine.ov_ports)  # the ov.Tensor each port points at
         self.go = threading.Lock()  # released by start(): the reporting thread waits for the run
@@ -255,8 +256,8 @@ class _Request:
         if engine.dynamic_outputs:
             shapes = [None] * len(engine.outputs)
             for j, p in zip(engine.bound_outputs, engine.ov_outputs):
-                if not engine.outputs[j].is_static:
-                    shapes[j] = tuple(self.request.get_tensor(p).shape)
+                if not engine.outputs[j].is_static:  # the numpy view's shape: ~1 us, Tensor.shape ~15 us
+                    shapes[j] = self.request.get_tensor(p).data.shape
         for j, src, dst, shape in fills:
             n = src.nbytes
             if n > dst.nbytes:
@@ -290,7 +291,8 @@ class _Request:
             except BaseException as e:  # noqa: BLE001 - the run's failure is the job's status
                 error = self.engine.translate(e)
             done, self.done, self.fills = self.done, None, []
-            self.engine.release(self)  # free before the job ends: its callback may start the next one
+            if self.pooled:
+                self.engine.release(self)  # free before the job ends: its callback may start the next one
             if done is not None:
                 done(error, shapes)
             done = error = None  # the job's tensors must not live on here until the next run
@@ -340,10 +342,13 @@ class OpenVINOEngine(Engine):
             self.optimal_requests = 1
         self.limit = max(1, limit)  # requests made at most
         self.made: list[_Request] = []
+        self.contexts: list[_Request] = []  # streams' own requests
         self._free: SimpleQueue[_Request] = SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
-        self._free.put(self._new())  # one up front: the first run pays no request creation
+        first = self._new()  # one up front: the first run pays no request creation
+        self.state_names = [state.name for state in first.request.query_state()]
+        self._free.put(first)
 
     def _new(self) -> _Request:
         request = _Request(self)
@@ -389,8 +394,8 @@ class OpenVINOEngine(Engine):
         else:
             _infer(request.request, {}, True, True)
 
-    def run(self, binding: _Binding) -> ResultShapes:
-        request = self.acquire()
+    def run(self, binding: _Binding, context: _Request | None = None) -> ResultShapes:
+        request = context or self.acquire()
         assert request is not None
         try:
             request.point(binding.wrapped)
@@ -401,10 +406,11 @@ class OpenVINOEngine(Engine):
         except Exception as e:
             raise self.translate(e) from None
         finally:
-            self.release(request)
+            if request.pooled:
+                self.release(request)
 
-    def start(self, binding: _Binding, done: Done) -> bool:
-        request = self.acquire(block=False)
+    def start(self, binding: _Binding, done: Done, context: _Request | None = None) -> bool:
+        request = context or self.acquire(block=False)
         if request is None:
             return False
         self.started_async = True
@@ -412,12 +418,13 @@ class OpenVINOEngine(Engine):
             request.point(binding.wrapped)
             request.start(done, binding.fills)
         except Exception:
-            self.release(request)  # it never started
+            if request.pooled:
+                self.release(request)  # it never started
             raise
         return True
 
-    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        request = self.acquire()
+    def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
+        request = context or self.acquire()
         assert request is not None
         try:
             r, held = request.request, request.held
@@ -448,7 +455,47 @@ class OpenVINOEngine(Engine):
         except Exception as e:
             raise self.translate(e) from None
         finally:
-            self.release(request)
+            if request.pooled:
+                self.release(request)
+
+    # -- variables (stateful models: ReadValue / Assign) -----------------------------------------------------
+    def open_context(self) -> _Request | None:
+        """A stream's own infer request: OpenVINO keeps a model's variables per request."""
+        if not self.state_names:
+            return None
+        with self._lock:
+            request = _Request(self, pooled=False)
+            self.contexts.append(request)
+        return request
+
+    def close_context(self, context: _Request | None) -> None:
+        if context is not None:
+            context.stop()
+            with self._lock:
+                if context in self.contexts:
+                    self.contexts.remove(context)
+
+    def get_state(self, context: _Request | None) -> dict[str, np.ndarray]:
+        if context is None:
+            return {}
+        return {v.name: np.array(v.state.data) for v in context.request.query_state()}
+
+    def set_state(self, context: _Request | None, state: Mapping[str, np.ndarray]) -> None:
+        if context is None:
+            super().set_state(context, state)
+            return
+        variables = {v.name: v for v in context.request.query_state()}
+        for name, value in state.items():
+            variable = variables[name]
+            want = tuple(variable.state.shape)
+            a = np.ascontiguousarray(value, dtype=variable.state.data.dtype)
+            if a.shape != want:
+                raise ValueError(f"state {name!r}: shape {list(a.shape)}, expected {list(want)}")
+            variable.state = ov.Tensor(a)  # OpenVINO copies it into the request's own state
+
+    def reset_state(self, context: _Request | None) -> None:
+        if context is not None:
+            context.request.reset_state()
 
     def translate(self, e: BaseException) -> BaseException:
         """OpenVINO's capacity error for a dynamic output as OutputTooSmallError; the rest as they are."""
@@ -468,9 +515,9 @@ class OpenVINOEngine(Engine):
             if self._closed:
                 return
             self._closed = True
-        for request in self.made:
+        for request in (*self.made, *self.contexts):
             request.stop()
-        self.made = []
+        self.made, self.contexts = [], []
         while True:
             try:
                 self._free.get_nowait()

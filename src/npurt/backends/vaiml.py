@@ -117,17 +117,26 @@ def _cores() -> int:
 class _Binding:
     """An IOBinding of a set of tensors (by address), and where outputs produced by ONNX Runtime must go."""
 
-    __slots__ = ("io", "lock", "copies", "inputs", "outputs")
+    __slots__ = ("io", "lock", "copies", "guessed", "inputs", "outputs")
 
-    def __init__(self, io: Any, copies: list[tuple[int, int, int]], inputs: list, outputs: list) -> None:
+    def __init__(self, io: Any, copies: list[tuple[int, int, int]], guessed: list[tuple[int, tuple[int, ...]]],
+                 inputs: list, outputs: list) -> None:
         self.io = io
         self.lock = threading.Lock()  # an IOBinding serves one run at a time
-        self.copies = copies  # (output index, address, capacity) of outputs whose shape the run decides
-        self.inputs, self.outputs = inputs, outputs  # (shape, address) per port, to bind again if busy
+        self.copies = copies  # (output index, address, capacity) of outputs ONNX Runtime writes into its own memory
+        self.guessed = guessed  # (output index, shape) of open-shaped outputs bound in place with the tensor's shape
+        self.inputs, self.outputs = inputs, outputs  # (shape, address) per port, to bind again
 
 
 class OrtEngine(Engine):
-    """One ONNX Runtime session (shared by the variants it serves) and the ports of one variant."""
+    """One ONNX Runtime session (shared by the variants it serves) and the ports of one variant.
+
+    An output whose shape the run decides is bound in place with the shape of the caller's tensor (a carried state,
+    an output allocated for the shape the app expects): ONNX Runtime writes it there when the run produces that
+    shape. When a run produces another shape ONNX Runtime refuses the run before writing; the engine then runs
+    again with that output in ONNX Runtime's own memory, copies the result out (counted), and binds such outputs
+    that way from then on.
+    """
 
     def __init__(self, session: ort.InferenceSession, inputs: list[Port], outputs: list[Port], count_copy: Any
                  ) -> None:
@@ -138,62 +147,79 @@ class OrtEngine(Engine):
         self.in_types = [(p.name, onnx_edit.onnx_type(p.engine.data_type, p.name)) for p in inputs]
         self.out_types = [(p.name, onnx_edit.onnx_type(p.engine.data_type, p.name)) for p in outputs]
         self.out_names = [p.name for p in outputs]
+        self.in_place = [True] * len(outputs)  # whether an open-shaped output is still bound in place
+        self.quiet = ort.RunOptions()
+        self.quiet.log_severity_level = 4  # a refused guess is no error worth a log line: it is run again
         self.bindings_made = 0  # for tests and diagnostics
 
     def _io(self, inputs: Sequence[tuple[tuple[int, ...], int]], outputs: Sequence[tuple[tuple[int, ...], int]]
-            ) -> tuple[Any, list[tuple[int, int, int]]]:
+            ) -> _Binding:
         io = self.session.io_binding()
         c_io, device = io._iobinding, self.cpu._get_c_device()  # the C++ binding: no per-call Python checks
         for (name, etype), (shape, address) in zip(self.in_types, inputs):
             c_io.bind_input(name, device, etype, list(shape), address)
-        copies = []
+        copies, guessed = [], []
         for j, ((name, etype), port, (shape, address)) in enumerate(zip(self.out_types, self.outputs, outputs)):
-            if port.is_static:
+            if port.is_static or self.in_place[j]:
                 c_io.bind_output(name, device, etype, list(shape), address)
-            else:  # the run decides the shape: ONNX Runtime allocates, and the result is copied out
+                if not port.is_static:
+                    guessed.append((j, shape))
+            else:  # ONNX Runtime allocates, and the result is copied out
                 io.bind_output(name, "cpu")
                 copies.append((j, address, int(np.prod(shape)) * np.dtype(port.engine.numpy_dtype).itemsize))
         self.bindings_made += 1
-        return io, copies
+        return _Binding(io, copies, guessed, list(inputs), list(outputs))
 
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> _Binding:
-        ins = [(t.info.shape, t.get_virtual_address()) for t in inputs]
-        outs = [(t.info.shape, t.get_virtual_address()) for t in outputs]
-        io, copies = self._io(ins, outs)
-        return _Binding(io, copies, ins, outs)
+        return self._io([(t.info.shape, t.get_virtual_address()) for t in inputs],
+                        [(t.info.shape, t.get_virtual_address()) for t in outputs])
 
-    def run(self, binding: _Binding) -> ResultShapes:
+    def run(self, binding: _Binding, context: Any = None) -> ResultShapes:
         session = self.session
         if session is None:
             raise NpuError("the runner is closed")
-        if binding.lock.acquire(False):
-            io, copies = binding.io, binding.copies
-            try:
-                return self._run(session, io, copies)
-            finally:
-                binding.lock.release()
-        io, copies = self._io(binding.inputs, binding.outputs)  # the same tensors on two threads at once
-        return self._run(session, io, copies)
+        if not binding.lock.acquire(False):  # the same tensors on two threads at once: a binding of its own
+            return self._run(session, self._io(binding.inputs, binding.outputs))
+        try:
+            result = self._run(session, binding)
+            if binding.guessed and result is _REFUSED:
+                fresh = self._io(binding.inputs, binding.outputs)
+                binding.io, binding.copies, binding.guessed = fresh.io, fresh.copies, fresh.guessed
+                result = self._run(session, binding)
+            return result  # type: ignore[return-value]
+        finally:
+            binding.lock.release()
 
-    def _run(self, session: ort.InferenceSession, io: Any, copies: list[tuple[int, int, int]]) -> ResultShapes:
-        session._sess.run_with_iobinding(io._iobinding, None)  # releases the GIL
-        if not copies:
+    def _run(self, session: ort.InferenceSession, binding: _Binding) -> Any:
+        if binding.guessed:
+            try:
+                session._sess.run_with_iobinding(binding.io._iobinding, self.quiet)  # releases the GIL
+            except Exception:  # noqa: BLE001 - the run produced other shapes than guessed (or failed: it says so)
+                for j, _ in binding.guessed:
+                    self.in_place[j] = False
+                return _REFUSED
+        else:
+            session._sess.run_with_iobinding(binding.io._iobinding, None)  # releases the GIL
+        if not binding.copies and not binding.guessed:
             return None
-        values = io.get_outputs()
         shapes: list[tuple[int, ...] | None] = [None] * len(self.outputs)
-        for j, address, capacity in copies:
-            value = values[j]
-            shape = tuple(value.shape())
-            nbytes = int(np.prod(shape)) * np.dtype(self.outputs[j].engine.numpy_dtype).itemsize
-            if nbytes > capacity:
-                raise OutputTooSmallError(self.outputs[j].name, shape, nbytes, capacity)
-            if nbytes:
-                ctypes.memmove(address, value.data_ptr(), nbytes)
-                self.count_copy(nbytes)
-            shapes[j] = shape
+        for j, shape in binding.guessed:
+            shapes[j] = tuple(shape)
+        if binding.copies:
+            values = binding.io.get_outputs()
+            for j, address, capacity in binding.copies:
+                value = values[j]
+                shape = tuple(value.shape())
+                nbytes = int(np.prod(shape)) * np.dtype(self.outputs[j].engine.numpy_dtype).itemsize
+                if nbytes > capacity:
+                    raise OutputTooSmallError(self.outputs[j].name, shape, nbytes, capacity)
+                if nbytes:
+                    ctypes.memmove(address, value.data_ptr(), nbytes)
+                    self.count_copy(nbytes)
+                shapes[j] = shape
         return shapes
 
-    def run_arrays(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run_arrays(self, arrays: Sequence[np.ndarray], context: Any = None) -> list[np.ndarray]:
         session = self.session
         if session is None:
             raise NpuError("the runner is closed")
@@ -201,6 +227,9 @@ class OrtEngine(Engine):
 
     def close(self) -> None:
         self.session = None  # type: ignore[assignment]
+
+
+_REFUSED = object()  # a run that ONNX Runtime refused because an output bound in place has another shape
 
 
 # ---------------------------------------------------------------------------------------- backend
