@@ -198,7 +198,7 @@ class BenchReport:
     model: str
     model_label: str
     settings: BenchSettings
-    not_installed: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # backend -> why it was not measured
     input_notes: list[str] = field(default_factory=list)  # input shapes picked for a dynamic model
     results: list[BackendBench] = field(default_factory=list)
 
@@ -348,7 +348,7 @@ def _bench_as_report(report: BenchReport) -> Report:
                 + (f", hint {s.performance_hint}" if s.performance_hint else ""))
     out = Report(title=f"Model     {report.model_label}", notes=[settings])
     out.notes += [f"          {n}" for n in report.input_notes]
-    out.notes += [f"          {name}: {why}" for name, why in report.not_installed.items()]
+    out.notes += [f"          {name}: {why}" for name, why in report.skipped.items()]
     for entry in report.results:
         out.tables.append(_backend_table(entry))
     return out

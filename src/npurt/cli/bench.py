@@ -94,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
     if choice.unresolved:
         raise ask_for_shapes(choice.unresolved, "measure")
     backends, missing = _backends(args.backend)
+    if model.format != "onnx" and args.backend.upper() == "BOTH" and "VAIML" in backends:
+        backends.remove("VAIML")  # ONNX Runtime reads ONNX only
+        missing["VAIML"] = f"not measured: ONNX Runtime reads ONNX models only, {path.name} is {model.format}"
+    if not backends:
+        raise CliError(f"no installed backend reads {path.name} ({model.format})")
     time_s = args.time if args.time is not None else (None if args.niter is not None else 3.0)
     budget = Budget(niter=args.niter, time_s=time_s, warmup=args.warmup)
     progress = Progress(enabled=not args.no_progress)
@@ -106,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                                tensor_type=tensor_type.name, hw_view=args.hw_view, performance_hint=args.hint,
                                cache_dir=args.cache_dir, compare_raw=args.compare_raw, load_runs=args.load_runs,
                                seed=args.seed),
-        not_installed=missing,
+        skipped=missing,
         input_notes=[f"input {n} has dynamic dims {model.input(n).shape_text()}: measured at "  # type: ignore[union-attr]
                      f"{list(s)} (the open batch dim as 1; --shape pins another)" for n, s in choice.picked.items()])
     for name in backends:
