@@ -7,23 +7,25 @@ For each conversion the runners do between a CPU view and a HW view (and its rev
   measured in the same run, taking turns with the kernel).
 
 Bandwidth counts bytes read plus bytes written; "% memcpy" compares the conversion's bandwidth with that of
-the copy. Targets (issue 6): native >= 10x numpy, >= 40% of memcpy bandwidth.
+the copy. Each time is the median of ``--repeat`` calls, the kernel and the copy taking turns (``npurt.bench``).
+Targets (issue 6), for every conversion: native >= 10x numpy, >= 40% of memcpy bandwidth; and the native result
+equals numpy's, byte for byte.
 
-    python benchmarks/convert.py [--repeat N] [--isa avx512|avx2|portable]
+    python -m benchmarks.convert [--quick] [--repeat N] [--isa avx512|avx2|portable] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import time
+import sys
 from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 
+from benchmarks import finish, parser
 from npurt import DataType, MemoryLayout, NpuTensor, NpuTensorInfo, QuantParameters, TensorType, _native, formats
+from npurt.bench import Budget, CallSubject, Report, Table, Target, measure_latency
 
 N, C, H, W = 1, 3, 1080, 1920
 L, D = MemoryLayout, DataType
@@ -56,52 +58,44 @@ def tensor(layout: MemoryLayout, dtype: DataType, fill: np.random.Generator | No
     return t
 
 
-def timed(fns: list[Callable[[], None]], repeat: int) -> list[float]:
-    """Median wall time in ms of each function over ``repeat`` rounds, after one warm-up.
-
-    The functions take turns within each round, so that on a shared machine they see the same load.
-    """
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, acc in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
-    return [statistics.median(acc) * 1e3 for acc in times]
+def medians_ms(fns: list[tuple[str, Callable[[], object]]], repeat: int) -> list[float]:
+    """Median wall time in ms of each function over ``repeat`` rounds (one call each, taking turns), after one
+    warm-up call."""
+    budget = Budget(niter=repeat, time_s=None, warmup=1, blocks=repeat, settle=0)
+    return [s.p50_ms for s in measure_latency([CallSubject(label, fn) for label, fn in fns], budget)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--isa", default="auto", help="kernel instruction set (default: the best this CPU has)")
-    args = ap.parse_args()
+def main() -> int:
+    p = parser(__doc__)
+    p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--isa", default="auto", help="kernel instruction set (default: the best this CPU has)")
+    args = p.parse_args()
+    repeat = 9 if args.quick else args.repeat
     _native.set_convert_isa(args.isa)
     rng = np.random.default_rng(0)
-    print(f"frame {N}x{C}x{H}x{W}, kernels: {_native.convert_isa()}, one thread, median of {args.repeat}, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    header = (f"{'conversion':28s} {'numpy ms':>9s} {'native ms':>9s} {'copy ms':>8s} {'vs numpy':>9s} "
-              f"{'GB/s':>6s} {'copy GB/s':>9s} {'% memcpy':>8s}")
-    print(header)
-    print("-" * len(header))
-    worst_speedup, worst_bw = float("inf"), float("inf")
+    report = Report(f"conversion kernels: frame {N}x{C}x{H}x{W}, kernels: {_native.convert_isa()}, one thread, "
+                    f"median of {repeat}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    table = Table(["conversion", "numpy ms", "native ms", "copy ms", "vs numpy", "GB/s", "copy GB/s", "% memcpy"],
+                  formats=["", "{:.2f}", "{:.2f}", "{:.2f}", "{:.1f}x", "{:.1f}", "{:.1f}", "{:.0f}%"])
+    report.tables.append(table)
     for name, sl, sd, dl, dd, quant in CASES:
         src, dst, ref = tensor(sl, sd, rng), tensor(dl, dd), tensor(dl, dd)
         frame = max(src, dst, key=lambda t: t.nbytes).raw_bytes()  # copy the larger side: the frame's bytes
         frame_copy = np.empty_like(frame)
-        (t_numpy,) = timed([partial(formats.convert_reference, src, ref, quant=quant)], max(3, args.repeat // 3))
-        t_native, t_copy = timed([partial(formats.convert, src, dst, quant=quant),
-                                  partial(np.copyto, frame_copy, frame)], args.repeat)
+        (t_numpy,) = medians_ms([("numpy", partial(formats.convert_reference, src, ref, quant=quant))],
+                                max(3, repeat // 3))
+        t_native, t_copy = medians_ms([("native", partial(formats.convert, src, dst, quant=quant)),
+                                       ("copy", partial(np.copyto, frame_copy, frame))], repeat)
         if not np.array_equal(dst.raw_bytes(), ref.raw_bytes()):
-            raise SystemExit(f"{name}: native result differs from numpy")
+            report.problems.append(f"{name}: the native result differs from numpy's")
         moved = src.nbytes + dst.nbytes
         bw, copy_bw = moved / t_native / 1e6, 2 * frame.nbytes / t_copy / 1e6
-        worst_speedup, worst_bw = min(worst_speedup, t_numpy / t_native), min(worst_bw, bw / copy_bw)
-        print(f"{name:28s} {t_numpy:9.2f} {t_native:9.2f} {t_copy:8.2f} {t_numpy / t_native:8.1f}x "
-              f"{bw:6.1f} {copy_bw:9.1f} {100 * bw / copy_bw:7.0f}%")
-    print(f"worst: {worst_speedup:.1f}x numpy (target 10x), {100 * worst_bw:.0f}% of memcpy bandwidth (target 40%)")
+        table.add(name, t_numpy, t_native, t_copy, t_numpy / t_native, bw, copy_bw, 100 * bw / copy_bw)
+        report.targets.append(Target(f"{name}: native vs numpy", t_numpy / t_native, 10, at_most=False, unit="x"))
+        report.targets.append(Target(f"{name}: native bandwidth", 100 * bw / copy_bw, 40, at_most=False,
+                                     unit="% of memcpy"))
+    return finish(report, args.json)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

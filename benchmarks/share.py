@@ -7,157 +7,175 @@
 - multiprocessing.shared_memory: the sender copies the frame into a shared block attached once by both
   sides, sends a small message over a multiprocessing Pipe; the receiver reads one element and acks.
 
-Each is timed from the send to the ack, at 1 MB, at a 1x3x1080x1920 float32 frame (24.9 MB) and at 100 MB.
+Each is timed from the send to the ack (``npurt.bench.measure_latency``: the Queue and the shared block take turns
+in blocks; npurt.share, a thousand times faster, is measured on its own with more iterations), at 1 MB, at a
+1x3x1080x1920 float32 frame (24.9 MB) and at 100 MB.
 Targets (issue 3): npurt.share >= 50x faster than the Queue at the frame size, and its time at 100 MB within
 2x of its time at 1 MB (hand-off time must not depend on size).
 
-    python benchmarks/share.py [--quick]
+    python -m benchmarks.share [--quick] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import socket
-import statistics
 import sys
 import tempfile
-import time
 from multiprocessing import shared_memory
+from typing import Any
 
 import numpy as np
 
+from benchmarks import finish, parser
 from npurt import DataType, NpuTensorInfo, TensorType
+from npurt.bench import Budget, CallSubject, Report, Table, Target, measure_latency
 from npurt.share import recv_tensors, send_tensors
 from npurt.tensor import allocate_tensor
 
 SIZES = [("1 MB", (1, 1, 512, 512)), ("1x3x1080x1920", (1, 3, 1080, 1920)), ("100 MB", (1, 25, 1000, 1000))]
+STOP = -1  # tells a worker to end
 
 
-def share_worker(path: str, iterations: int) -> None:
+def share_worker(path: str) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    for _ in range(iterations):
-        (t,) = recv_tensors(sock)
+    while True:
+        try:
+            (t,) = recv_tensors(sock)
+        except ConnectionError:  # the sender closed the socket: done
+            break
         float(t.numpy().flat[0])  # the receiver really reads the memory
         sock.sendall(b"k")
         del t
     sock.close()
 
 
-def queue_worker(q_in: mp.Queue, q_out: mp.Queue, iterations: int) -> None:
-    for _ in range(iterations):
+def queue_worker(q_in: mp.Queue, q_out: mp.Queue) -> None:
+    while True:
         a = q_in.get()
+        if isinstance(a, int) and a == STOP:
+            break
         float(a.flat[0])
         q_out.put(1)
 
 
-def shm_worker(name: str, shape: tuple[int, ...], conn, iterations: int) -> None:
+def shm_worker(name: str, shape: tuple[int, ...], conn: Any) -> None:
     block = shared_memory.SharedMemory(name=name)
     view = np.ndarray(shape, np.float32, buffer=block.buf)
-    for _ in range(iterations):
-        conn.recv()
+    while conn.recv() != STOP:
         float(view.flat[0])
         conn.send(1)
     del view
     block.close()
 
 
-def time_share(ctx, shape: tuple[int, ...], iterations: int) -> tuple[list[float], str]:
-    info = NpuTensorInfo(name="frame", data_type=DataType.FLOAT32, shape=shape, tensor_type=TensorType.CPU)
-    frame = allocate_tensor(info)
-    frame.numpy()[...] = 1.0
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "s")
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(path)
-        server.listen(1)
-        worker = ctx.Process(target=share_worker, args=(path, iterations))
-        worker.start()
-        conn, _ = server.accept()
-        times = []
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            send_tensors(conn, [frame])
-            if conn.recv(1) != b"k":
-                raise RuntimeError("share worker died")
-            times.append(time.perf_counter() - t0)
-        worker.join()
-        conn.close()
-        server.close()
-    return times, frame.provider
+class ShareHandOff:
+    """npurt.share: a tensor's fd over an AF_UNIX socket to a worker that maps it, reads and acks."""
+
+    def __init__(self, ctx: Any, shape: tuple[int, ...]) -> None:
+        info = NpuTensorInfo(name="frame", data_type=DataType.FLOAT32, shape=shape, tensor_type=TensorType.CPU)
+        self.frame = allocate_tensor(info)
+        self.frame.numpy()[...] = 1.0
+        self.tmp = tempfile.TemporaryDirectory()
+        path = os.path.join(self.tmp.name, "s")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(1)
+        self.worker = ctx.Process(target=share_worker, args=(path,))
+        self.worker.start()
+        self.conn, _ = self.server.accept()
+
+    def __call__(self) -> None:
+        send_tensors(self.conn, [self.frame])
+        if self.conn.recv(1) != b"k":
+            raise RuntimeError("share worker died")
+
+    def close(self) -> None:
+        self.conn.close()
+        self.worker.join()
+        self.server.close()
+        self.tmp.cleanup()
 
 
-def time_queue(ctx, shape: tuple[int, ...], iterations: int) -> list[float]:
-    frame = np.ones(shape, np.float32)
-    q_in, q_out = ctx.Queue(), ctx.Queue()
-    worker = ctx.Process(target=queue_worker, args=(q_in, q_out, iterations))
-    worker.start()
-    times = []
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        q_in.put(frame)
-        q_out.get()
-        times.append(time.perf_counter() - t0)
-    worker.join()
-    return times
+class QueueHandOff:
+    """multiprocessing.Queue: the array pickled through a pipe; the worker reads and acks."""
+
+    def __init__(self, ctx: Any, shape: tuple[int, ...]) -> None:
+        self.frame = np.ones(shape, np.float32)
+        self.q_in, self.q_out = ctx.Queue(), ctx.Queue()
+        self.worker = ctx.Process(target=queue_worker, args=(self.q_in, self.q_out))
+        self.worker.start()
+
+    def __call__(self) -> None:
+        self.q_in.put(self.frame)
+        self.q_out.get()
+
+    def close(self) -> None:
+        self.q_in.put(STOP)
+        self.worker.join()
 
 
-def time_shm(ctx, shape: tuple[int, ...], iterations: int) -> list[float]:
-    frame = np.ones(shape, np.float32)
-    block = shared_memory.SharedMemory(create=True, size=frame.nbytes)
-    try:
-        view = np.ndarray(shape, np.float32, buffer=block.buf)
-        mine, theirs = ctx.Pipe()
-        worker = ctx.Process(target=shm_worker, args=(block.name, shape, theirs, iterations))
-        worker.start()
-        view[...] = 0  # first touch outside the timing, as a long-lived block would be
-        times = []
-        for i in range(iterations):
-            t0 = time.perf_counter()
-            np.copyto(view, frame)
-            mine.send(i)
-            mine.recv()
-            times.append(time.perf_counter() - t0)
-        worker.join()
-        del view
-    finally:
-        block.close()
-        block.unlink()
-    return times
+class SharedMemoryHandOff:
+    """multiprocessing.shared_memory: copy into a block both sides attached once, a message, an ack."""
+
+    def __init__(self, ctx: Any, shape: tuple[int, ...]) -> None:
+        self.frame = np.ones(shape, np.float32)
+        self.block = shared_memory.SharedMemory(create=True, size=self.frame.nbytes)
+        self.view = np.ndarray(shape, np.float32, buffer=self.block.buf)
+        self.view[...] = 0  # first touch outside the timing, as a long-lived block would be
+        self.mine, theirs = ctx.Pipe()
+        self.worker = ctx.Process(target=shm_worker, args=(self.block.name, shape, theirs))
+        self.worker.start()
+
+    def __call__(self) -> None:
+        np.copyto(self.view, self.frame)
+        self.mine.send(0)
+        self.mine.recv()
+
+    def close(self) -> None:
+        self.mine.send(STOP)
+        self.worker.join()
+        del self.view
+        self.block.close()
+        self.block.unlink()
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    args = parser.parse_args()
+    args = parser(__doc__).parse_args()
     ctx = mp.get_context("spawn")
     scale = 0.25 if args.quick else 1.0
-    rows = []
-    provider = "?"
+    report = Report(f"hand-off to another process and ack, p50 of each ({os.cpu_count()} CPUs, python "
+                    f"{sys.version.split()[0]})")
+    table = Table(["size", "bytes", "npurt.share us", "(p90 us)", "mp.Queue ms", "shm copy ms", "Queue/npurt",
+                   "shm/npurt"], formats=["", "", "{:.0f}", "{:.0f}", "{:.2f}", "{:.2f}", "{:.0f}x", "{:.0f}x"])
+    report.tables.append(table)
+    share_p50 = {}
     for label, shape in SIZES:
         nbytes = int(np.prod(shape)) * 4
-        big = nbytes > 50e6
         n_share = max(20, int(300 * scale))
-        n_copy = max(4, int((8 if big else 30 if nbytes > 2e6 else 100) * scale))
-        share, provider = time_share(ctx, shape, n_share)
-        queue = time_queue(ctx, shape, n_copy)
-        shm = time_shm(ctx, shape, n_copy)
-        rows.append((label, nbytes, statistics.median(share), statistics.median(queue), statistics.median(shm),
-                     sorted(share)[int(0.9 * len(share))]))
-    print(f"hand-off to another process and ack, median of each (npurt provider: {provider}; "
-          f"{os.cpu_count()} CPUs, python {sys.version.split()[0]})")
-    print(f"{'size':>14} {'bytes':>11} {'npurt.share':>12} {'(p90)':>9} {'mp.Queue':>10} {'shm copy':>10} "
-          f"{'Queue/npurt':>12} {'shm/npurt':>10}")
-    for label, nbytes, share, queue, shm, share_p90 in rows:
-        print(f"{label:>14} {nbytes:>11} {share * 1e6:>9.0f} us {share_p90 * 1e6:>6.0f} us {queue * 1e3:>7.2f} ms "
-              f"{shm * 1e3:>7.2f} ms {queue / share:>11.0f}x {shm / share:>9.0f}x")
-    frame = rows[1]
-    size_ratio = rows[2][2] / rows[0][2]
-    print(f"npurt.share vs Queue at {frame[0]}: {frame[3] / frame[2]:.0f}x (target >= 50x)")
-    print(f"npurt.share at 100 MB / at 1 MB: {size_ratio:.2f} (target <= 2)")
-    return 0
+        n_copy = max(4, int((8 if nbytes > 50e6 else 30 if nbytes > 2e6 else 100) * scale))
+        share = ShareHandOff(ctx, shape)
+        try:
+            (s,) = measure_latency([CallSubject("npurt.share", share)], Budget(niter=n_share, time_s=None, warmup=3))
+        finally:
+            share.close()
+        queue, shm = QueueHandOff(ctx, shape), SharedMemoryHandOff(ctx, shape)
+        try:
+            q, m = measure_latency([CallSubject("mp.Queue", queue), CallSubject("shared_memory", shm)],
+                                   Budget(niter=n_copy, time_s=None, warmup=1, blocks=min(n_copy, 10), settle=0))
+        finally:
+            queue.close()
+            shm.close()
+        share_p50[label] = s.p50_ms
+        table.add(label, nbytes, s.p50_ms * 1e3, s.p90_ms * 1e3, q.p50_ms, m.p50_ms, q.p50_ms / s.p50_ms,
+                  m.p50_ms / s.p50_ms)
+        if label == "1x3x1080x1920":
+            report.targets.append(Target("npurt.share against mp.Queue at the frame size", q.p50_ms / s.p50_ms, 50,
+                                         at_most=False, unit="x"))
+    report.targets.append(Target("npurt.share at 100 MB / at 1 MB", share_p50["100 MB"] / share_p50["1 MB"], 2))
+    return finish(report, args.json)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,61 @@ def auto_order(classes: dict[str, type[Backend]] | None = None) -> list[tuple[st
     return [(n, True) for n in ordered if npu[n]] + [(n, False) for n in ordered if not npu[n]]
 
 
+@dataclass(frozen=True)
+class AutoChoice:
+    """How RunnerType.AUTO chose a backend: the order it tried, the one that loaded the model, and why the ones
+    before it could not."""
+
+    order: tuple[tuple[str, bool], ...]  # (backend, whether it sees its NPU), as auto_order() gives them
+    backend: str
+    failures: tuple[tuple[str, str], ...] = ()  # (backend, why it could not load the model), in the order tried
+
+    @property
+    def sees_npu(self) -> bool:
+        return dict(self.order).get(self.backend, False)
+
+    def explain(self) -> str:
+        """One line: why this backend."""
+        if self.sees_npu:
+            return f"{self.backend} sees its NPU"
+        names = ", ".join(n for n, _ in self.order)
+        return (f"no installed backend sees an NPU; {self.backend} is the first of {names} that loads the model"
+                if not any(npu for _, npu in self.order) else
+                f"no backend that sees an NPU loads the model; {self.backend} is the first of {names} that does")
+
+
+class AutoLoadError(NpuError):
+    """No backend could load the model under RunnerType.AUTO; ``failures`` holds (backend, why) for each tried."""
+
+    def __init__(self, message: str, failures: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+def create_auto(model_path: str | Path, options: Mapping[str, Any] | None = None,
+                classes: dict[str, type[Backend]] | None = None) -> tuple[Runner, AutoChoice]:
+    """RunnerType.AUTO with its reasons: try the backends in ``auto_order()`` and return the first runner that
+    loads, with how it was chosen. ValueError (a bad argument) stops at once; AutoLoadError when none loads."""
+    classes = _registry.classes() if classes is None else classes
+    order = tuple(auto_order(classes))
+    if not order:
+        errors = _registry.errors()
+        raise AutoLoadError("no npurt backend is installed" + "".join(
+            f"; {n} failed to load: {e}" for n, e in sorted(errors.items())))
+    failures: list[tuple[str, str]] = []
+    for name, _ in order:
+        try:
+            runner = Runner(classes[name], model_path, options)
+        except ValueError:
+            raise  # a bad argument is bad for every backend
+        except Exception as e:  # noqa: BLE001 - try the next backend, report all at the end
+            failures.append((name, str(e)))
+            continue
+        return runner, AutoChoice(order, name, tuple(failures))
+    raise AutoLoadError("no backend could run the model: " + "; ".join(f"{n}: {why}" for n, why in failures),
+                        tuple(failures))
+
+
 class RunnerFactory:
     """Creates runners for the registered backends."""
 
@@ -111,19 +167,7 @@ class RunnerFactory:
     @staticmethod
     def _create_auto(classes: dict[str, type[Backend]], model_path: str | Path,
                      options: Mapping[str, Any] | None) -> Runner:
-        order = auto_order(classes)
-        if not order:
-            raise NpuError("no npurt backend is installed" + "".join(
-                f"; {n} failed to load: {e}" for n, e in _registry.errors().items()))
-        failures = []
-        for name, _ in order:
-            try:
-                return Runner(classes[name], model_path, options)
-            except ValueError:
-                raise  # a bad argument is bad for every backend
-            except Exception as e:  # noqa: BLE001 - try the next backend, report all at the end
-                failures.append(f"{name}: {e}")
-        raise NpuError("no backend could run the model: " + "; ".join(failures))
+        return create_auto(model_path, options, classes)[0]
 
     @staticmethod
     def register_backend(name: str, cls: type[Backend]) -> None:

@@ -1,0 +1,30 @@
+"""npurt's benchmark scripts, run from the repository root as ``python -m benchmarks.<name> [--quick] [--json]``.
+
+Each measures through ``npurt.bench`` (the same engine as `npurt bench`), states what it compares and its targets in
+its docstring, prints a ``Report`` and exits 1 when a target is missed. What they share beyond the engine is here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from npurt.bench import Report, render
+from npurt.bench.subjects import let_engine_threads_end
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A script's argument parser: its docstring as the description, with --quick and --json."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a smoke run: fewer iterations (under about 30 s)")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    return p
+
+
+def finish(report: Report, as_json: bool = False) -> int:
+    """Print the report; the exit status: 1 when a target was missed."""
+    let_engine_threads_end()  # closed runners' threads end before the interpreter does
+    print(render(report, as_json=as_json))
+    if report.missed and as_json:
+        print("targets missed: " + "; ".join(report.missed), file=sys.stderr)
+    return report.exit_code
