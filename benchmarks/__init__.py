@@ -10,7 +10,6 @@ import argparse
 import sys
 
 from npurt.bench import Report, render
-from npurt.bench.subjects import let_engine_threads_end
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -23,7 +22,6 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 def finish(report: Report, as_json: bool = False) -> int:
     """Print the report; the exit status: 1 when a target was missed."""
-    let_engine_threads_end()  # closed runners' threads end before the interpreter does
     print(render(report, as_json=as_json))
     if report.missed and as_json:
         print("targets missed: " + "; ".join(report.missed), file=sys.stderr)

@@ -264,19 +264,6 @@ def engine_floor(runner: Runner, ins: Sequence[NpuTensor], outs: Sequence[NpuTen
     raise ValueError(f"no engine floor known for {type(engine).__name__}")
 
 
-def let_engine_threads_end(timeout_s: float = 2.0) -> None:
-    """Wait for closed runners' OpenVINO request threads to end; call it before the interpreter exits.
-
-    ``execute_async`` on OpenVINO starts a daemon thread per infer request, which ``OpenVINORequest.stop()`` wakes
-    without joining; one still dropping its infer request while the interpreter finalizes takes the process down
-    (std::terminate, exit status 134: about one exit in five after an async measurement here). The fix belongs in
-    ``backends/openvino.py`` (join in ``stop()``); until then `npurt` and the benchmark scripts wait here."""
-    deadline = time.monotonic() + timeout_s
-    for thread in threading.enumerate():
-        if thread.name == "npurt-ov-request" and thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
-
-
 __all__ = ["ONNXRUNTIME_CALL", "OPENVINO_CALL", "RawOnnxRuntimeSubject", "RawOpenVINOSubject", "RunnerSubject",
-           "engine_floor", "execute_or_raise", "let_engine_threads_end", "output_shapes_of", "random_array",
+           "engine_floor", "execute_or_raise", "output_shapes_of", "random_array",
            "random_feeds", "runner_feeds", "runner_tensors"]

@@ -39,15 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    finally:
-        from ..bench.subjects import let_engine_threads_end
-
-        let_engine_threads_end()
-
-
-def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
