@@ -116,6 +116,7 @@ class Backend(ABC):
 
     name: ClassVar[str] = ""
     target: ClassVar[str] = ""  # the NPU's HW view family (formats.hw_view): "OPENVINO" or "VAIML"
+    model_is_a_file: ClassVar[bool] = True  # False where the "model path" names something else (a served model)
 
     def __init__(self, model_path: Path, options: RunnerOptions) -> None:
         self.model_path = model_path

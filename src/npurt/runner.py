@@ -63,7 +63,7 @@ class Runner:
         self._closed = True  # until fully constructed, so that a failed __init__ leaves nothing to close
         self.options: RunnerOptions = parse_options(options)
         self.model_path = Path(model_path)
-        if not self.model_path.exists():
+        if backend.model_is_a_file and not self.model_path.exists():
             raise ValueError(f"model file not found: {self.model_path}")
         self.log = RunnerLog(self.options.log_level)
         self._tls = threading.local()
