@@ -68,6 +68,7 @@ class Engine(ABC):
     inputs: list[Port]
     outputs: list[Port]
     state_names: list[str] = []
+    cache_metadata: Mapping[str, Any] = {}  # set by a compile that wrote what npurt's cache keeps (JSON)
 
     @abstractmethod
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> Any:
@@ -134,9 +135,24 @@ class Backend(ABC):
         """Select the device and read the model's own inputs and outputs (by name and order)."""
 
     @abstractmethod
-    def compile(self, inputs: list[Port], ports: PortFactory) -> Engine:
+    def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
         """An engine for these input ports (dims DYNAMIC_DIM where the engine is to take any size), with the
-        CPU<->HW conversion of HW-view ports built in; its output ports made with ``ports.make``."""
+        CPU<->HW conversion of HW-view ports built in; its output ports made with ``ports.make``.
+
+        ``store``: also write what npurt's compiled-model cache keeps into this file, and what it needs besides
+        (JSON) into the engine's ``cache_metadata`` (only where ``cache_key`` gave a key)."""
+
+    def cache_key(self, inputs: list[Port]) -> dict[str, Any] | None:
+        """What an engine compiled for these inputs depends on besides the model's content: the engine and its
+        version, the device and its driver and compiler versions, the ports' views and shapes where they change
+        the result, every setting that changes compilation (JSON-able). None: nothing goes into npurt's cache."""
+        return None
+
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
+                      ports: PortFactory) -> Engine:
+        """The engine from what ``compile(..., store=...)`` wrote; raise if it cannot be loaded (the runner then
+        compiles again and replaces the entry)."""
+        raise NpuError(f"{self.name} keeps nothing in npurt's cache")
 
     def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:
         """``open``'s device info with what compiling showed (which provider took the nodes, a late fallback)."""

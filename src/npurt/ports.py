@@ -34,6 +34,7 @@ ONNX_DATA_TYPES = {
     6: DataType.INT32, 7: DataType.INT64, 9: DataType.BOOLEAN, 10: DataType.FP16, 11: DataType.FLOAT64,
     12: DataType.UINT32, 13: DataType.UINT64, 16: DataType.BF16,
 }
+DATA_TYPES_ONNX = {d: t for t, d in ONNX_DATA_TYPES.items()}
 
 
 @dataclass(frozen=True)

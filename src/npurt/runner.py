@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -73,7 +74,9 @@ class Runner:
         self._backend.count_copy = self._stats.copy
         self._variants: ShapeVariants | None = None
         try:
+            t0 = time.perf_counter()
             opened = self._backend.open()
+            open_ms = (time.perf_counter() - t0) * 1e3
             self._in_specs, self._out_specs = list(opened.inputs), list(opened.outputs)
             self._check_option_names()
             self._ports = PortFactory(self.options, self._backend.target, opened.device_info.attached)
@@ -95,7 +98,8 @@ class Runner:
         self._device_info = dataclasses.replace(
             self._backend.refine_device_info(opened.device_info),
             hw_view="npu" if self._ports.npu_views else "device", shape_mode=self._variants.mode,
-            engine_settings=tuple(sorted(self._backend.engine_settings().items())))
+            engine_settings=tuple(sorted(self._backend.engine_settings().items())),
+            load_steps=(("open the model", open_ms), *self._variants.load_steps))
         self._streams = StreamTable(self._check_state_pairs(), self._allocate_state)
         carried_in, carried_out = set(self._streams.pairs), set(self._streams.pairs.values())
         self._input_names = [s.name for s in self._in_specs if s.name not in carried_in]

@@ -16,11 +16,17 @@ dims the model leaves open and nothing pins show as DYNAMIC_DIM.
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
+from .cache import CompiledModelCache
 from .engine import Backend, Engine, OpenedModel
+from .logs import LOGGER
 from .options import RunnerOptions
 from .ports import Port, PortFactory, Signature
 from .stats import RunnerStats
@@ -76,6 +82,14 @@ class ShapeVariants:
         self._lru: dict[Signature, Variant] = {}
         self._dynamic: Variant | None = None
         self._live: weakref.WeakSet[Variant] = weakref.WeakSet()  # every variant not yet collected, for close()
+        self._cache = CompiledModelCache(options.cache_dir) if options.cache_dir is not None else None
+        # the options that change what a compile makes, besides the backend's settings (part of the cache key)
+        self._views = {"hw_view": options.hw_view, "npu_views": ports.npu_views,
+                       "input_tensor_type": options.input_tensor_type.name,
+                       "output_tensor_type": options.output_tensor_type.name,
+                       "tensor_types": sorted(f"{d.name}.{n}={t.name}" for (d, n), t in options.tensor_types.items()),
+                       "hw_format": sorted((n, str(f)) for n, f in options.hw_format.items())}
+        self.load_steps: list[tuple[str, float]] = []  # (what happened, ms) per compile or cache load
         self._model_ports = {TensorDirection.INPUT: ports.make_all(self._specs, TensorDirection.INPUT),
                              TensorDirection.OUTPUT: ports.make_all(self._out_specs, TensorDirection.OUTPUT)}
         self._pinned = [self._signature_of(s, "option 'shapes'") for s in options.shape_sets]
@@ -169,12 +183,49 @@ class ShapeVariants:
         return variant
 
     def _compile(self, ports: list[Port], signature: Signature | None) -> Variant:
-        engine = self._backend.compile(ports, self._ports)
-        self._stats.add("compiles")
+        t0 = time.perf_counter()
+        engine, step = self._compile_or_load(ports)
+        self.load_steps.append((step, (time.perf_counter() - t0) * 1e3))
         variant = Variant(engine, signature)
         self._live.add(variant)
         weakref.finalize(variant, engine.close)  # an evicted engine closes once no plan uses it any more
         return variant
+
+    def _compile_or_load(self, ports: list[Port]) -> tuple[Engine, str]:
+        """An engine for these input ports: from npurt's compiled-model cache where it holds one (option
+        cache_dir), else compiled (and stored there)."""
+        backend, cache = self._backend, self._cache
+        parts = backend.cache_key(ports) if cache is not None else None
+        if cache is None or parts is None:
+            self._stats.add("compiles")
+            return backend.compile(ports, self._ports), "compiled"
+        key = cache.key(backend.model_path, {**parts, "views": self._views})
+        entry = cache.find(key)
+        refused = entry.problem if entry is not None else ""
+        if entry is not None and not refused:
+            try:
+                return backend.load_compiled(entry.blob, entry.metadata, ports, self._ports), "loaded from the cache"
+            except Exception as e:  # noqa: BLE001 - a refused entry is compiled again and replaced
+                refused = f"the engine could not load it ({type(e).__name__}: {e})"
+        if refused:
+            LOGGER.warning("npurt: cache entry %s for %s refused: %s; compiling again", key.id,
+                           backend.model_path.name, refused)
+        self._stats.add("compiles")
+        try:
+            cache.root.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=".blob-", dir=cache.root)
+        except OSError as e:  # read-only, full: compile without the cache (warned once)
+            return backend.compile(ports, self._ports), f"compiled ({cache.unwritable(e)})"
+        os.close(fd)
+        blob = Path(name)
+        try:
+            engine = backend.compile(ports, self._ports, store=blob)
+            why_not = cache.store(key, blob, engine.cache_metadata, backend.model_path) \
+                if blob.exists() and blob.stat().st_size else "the engine wrote nothing to keep"
+        finally:
+            blob.unlink(missing_ok=True)
+        step = "compiled" + (f" (cache entry refused: {refused})" if refused else "")
+        return engine, step + (f" (not stored: {why_not})" if why_not else " and stored in the cache")
 
     def _insert(self, signature: Signature, variant: Variant) -> None:
         evicted = []
@@ -237,3 +288,4 @@ class ShapeVariants:
                 errors.append(f"{type(e).__name__}: {e}")
         if errors:
             raise NpuError("closing the engines failed: " + "; ".join(errors))
+

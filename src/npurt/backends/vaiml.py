@@ -21,19 +21,18 @@ import os
 import platform
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
-from .. import devices, onnx_edit, qdq
+from .. import devices, modelfile
 from ..engine import Backend, Engine, OpenedModel, OutputTooSmallError, ResultShapes
-from ..ports import Port, PortFactory, PortSpec
+from ..ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, spec_of_onnx_port
 from ..tensor import NpuTensor
-from ..types import DataType, DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection
+from ..types import DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection
 
 log = logging.getLogger("npurt")
 
@@ -48,16 +47,6 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-
-# ONNX Runtime's type strings (NodeArg.type) for the element types npurt carries
-_ORT_TYPES = {
-    "tensor(float)": DataType.FLOAT32, "tensor(float16)": DataType.FP16, "tensor(bfloat16)": DataType.BF16,
-    "tensor(double)": DataType.FLOAT64, "tensor(int8)": DataType.INT8, "tensor(uint8)": DataType.UINT8,
-    "tensor(int16)": DataType.INT16, "tensor(uint16)": DataType.UINT16, "tensor(int32)": DataType.INT32,
-    "tensor(uint32)": DataType.UINT32, "tensor(int64)": DataType.INT64, "tensor(uint64)": DataType.UINT64,
-    "tensor(bool)": DataType.BOOLEAN,
-}
-
 
 # ---------------------------------------------------------------------------------------- discovery
 def _accel_nodes() -> list[str]:
@@ -79,20 +68,6 @@ def npu_unavailable_reason() -> str:
             f"Ryzen AI SDK's onnxruntime build; "
             + (f"accel nodes {accel}" if accel else "no /dev/accel nodes")
             + ("; amdxdna driver loaded" if driver else "; amdxdna driver not loaded (/sys/module/amdxdna absent)"))
-
-
-def _arg_spec(arg: Any, what: str) -> PortSpec:
-    """A session input or output (NodeArg) as a PortSpec; NpuUnsupportedError for what npurt cannot carry."""
-    dtype = _ORT_TYPES.get(arg.type)
-    if dtype is None:
-        kind = "a tensor of strings" if arg.type == "tensor(string)" else f"of type {arg.type}"
-        raise NpuUnsupportedError(f"{what} {arg.name!r} is {kind}, which npurt does not carry (it carries numeric "
-                                  "and boolean tensors; sequences, maps and optionals are out of scope)")
-    if arg.shape is None:
-        raise NpuUnsupportedError(f"{what} {arg.name!r} has no shape (unknown rank) in the model")
-    shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
-    names = tuple(d if isinstance(d, str) and d else None for d in arg.shape)
-    return PortSpec(arg.name, dtype, shape, dim_names=names)
 
 
 def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
@@ -144,8 +119,8 @@ class OrtEngine(Engine):
         self.inputs, self.outputs = inputs, outputs
         self.count_copy = count_copy
         self.cpu = ort.OrtDevice.make("cpu", 0)
-        self.in_types = [(p.name, onnx_edit.onnx_type(p.engine.data_type, p.name)) for p in inputs]
-        self.out_types = [(p.name, onnx_edit.onnx_type(p.engine.data_type, p.name)) for p in outputs]
+        self.in_types = [(p.name, DATA_TYPES_ONNX[p.engine.data_type]) for p in inputs]
+        self.out_types = [(p.name, DATA_TYPES_ONNX[p.engine.data_type]) for p in outputs]
         self.out_names = [p.name for p in outputs]
         self.in_place = [True] * len(outputs)  # whether an open-shaped output is still bound in place
         self.quiet = ort.RunOptions()
@@ -241,9 +216,9 @@ class VaimlBackend(Backend):
 
     def __init__(self, model_path: Path, options: Any) -> None:
         super().__init__(model_path, options)
-        self._sessions: dict[bytes | str, ort.InferenceSession] = {}  # by model (file or edited bytes' digest)
+        self._sessions: dict[str, ort.InferenceSession] = {}  # by model (the file's path, or edited bytes' digest)
         self._lock = threading.Lock()
-        self._model: onnx.ModelProto | None = None
+        self._model: Any = None  # the ONNX graph, where the NPU's views are built into it
         self.placement: tuple[tuple[str, int], ...] = ()
         self.npu_took_nothing: str | None = None  # why the Vitis AI EP ran nothing, where it did not
 
@@ -269,43 +244,56 @@ class VaimlBackend(Backend):
                         "precision; the CPU provider computes in the model's types)", self.options.inference_precision)
         if self.model_path.suffix.lower() == ".xml":
             raise NpuError(f"{BACKEND_NAME} reads ONNX models; {self.model_path.name} is an OpenVINO IR model")
+        # The model's own ports, read from the file without loading it (a session or the cache loads it later).
+        try:
+            onnx_info = modelfile.read_onnx_ports(self.model_path)
+        except ValueError as e:
+            raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
+        ins = [spec_of_onnx_port(p, "input") for p in onnx_info.inputs]
+        outs = [spec_of_onnx_port(p, "output") for p in onnx_info.outputs]
         if self.npu_views:
             # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
+            from .. import qdq
+
             self._model = self._read_model()
             boundaries = qdq.find_boundaries(self._model)
-            ins = qdq.annotate_specs([onnx_edit.value_spec(v, "input") for v in
-                                      onnx_edit.graph_inputs(self._model.graph)], boundaries)
-            outs = qdq.annotate_specs([onnx_edit.value_spec(v, "output") for v in self._model.graph.output],
-                                      boundaries)
-        else:
-            # The model as it is: the session's ports are the model's own.
-            session = self._session(str(self.model_path), str(self.model_path))
-            ins = [_arg_spec(a, "input") for a in session.get_inputs()]
-            outs = [_arg_spec(a, "output") for a in session.get_outputs()]
+            ins, outs = qdq.annotate_specs(ins, boundaries), qdq.annotate_specs(outs, boundaries)
         self._out_specs = outs
         info = DeviceInfo(requested=self.options.device, attached=sel.attached, engine="ONNX Runtime",
                           engine_version=ort.__version__, fell_back=sel.fell_back, reason=sel.reason,
                           skipped=sel.skipped, full_name=VITISAI_EP if self.on_npu else CPU_EP)
         return OpenedModel(info, ins, outs, dynamic_shapes=not self.on_npu)
 
-    def compile(self, inputs: list[Port], ports: PortFactory) -> Engine:
+    # -- compiling --------------------------------------------------------------------------------------------
+    def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
         if self._model is None:  # the model as it is: one session serves every variant
-            session = self._session(str(self.model_path), str(self.model_path))
-            # Output dims are what the session knows before a run: where it cannot tell (even for pinned input
-            # shapes), the run decides them, and a probe on made-up inputs would be a guess.
-            shapes = [_arg_shape(spec, arg) for spec, arg in zip(self._out_specs, session.get_outputs())]
-            outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
-                       for spec, shape in zip(self._out_specs, shapes)]
-            return OrtEngine(session, inputs, outputs, self.count_copy)
+            session = self._session(str(self.model_path), str(self.model_path), optimized_to=store)
+            return self._engine(session, inputs, ports, store)
         # The NPU's views: built into the graph for static input shapes (as the Vitis AI EP compiles them).
+        from .. import onnx_edit
+
         shapes = self._output_shapes(inputs)
         outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
                    for spec, shape in zip(self._out_specs, shapes)]
         data = onnx_edit.edited_model(self._model, inputs, outputs, fix_shapes=True).SerializeToString()
-        session = self._session(data, hashlib.sha256(data).hexdigest())
-        return OrtEngine(session, inputs, outputs, self.count_copy)
+        session = self._session(data, hashlib.sha256(data).hexdigest(), optimized_to=store)
+        return self._engine(session, inputs, ports, store, outputs)
 
-    def _read_model(self) -> onnx.ModelProto:
+    def _engine(self, session: ort.InferenceSession, inputs: list[Port], ports: PortFactory, store: Path | None,
+                outputs: list[Port] | None = None) -> OrtEngine:
+        if outputs is None:
+            # Output dims are what the session knows before a run: where it cannot tell (even for pinned input
+            # shapes), the run decides them, and a probe on made-up inputs would be a guess.
+            outputs = [ports.make(spec.with_shape(_arg_shape(spec, arg)), TensorDirection.OUTPUT)
+                       for spec, arg in zip(self._out_specs, session.get_outputs())]
+        engine = OrtEngine(session, inputs, outputs, self.count_copy)
+        if store is not None:
+            engine.cache_metadata = {"outputs": [list(p.cpu.shape) for p in outputs]}
+        return engine
+
+    def _read_model(self) -> Any:
+        import onnx
+
         try:
             return onnx.load(str(self.model_path))
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
@@ -313,7 +301,8 @@ class VaimlBackend(Backend):
 
     def _output_shapes(self, inputs: list[Port]) -> list[tuple[int, ...]]:
         """Static output shapes for static inputs, from shape inference (the NPU needs them static)."""
-        assert self._model is not None
+        from .. import onnx_edit
+
         shapes = onnx_edit.output_shapes(self._model, inputs)
         if any(s is None for s in shapes):
             # ONNX's shape inference could not tell (an operator it does not know): ask ONNX Runtime, whose graph
@@ -334,6 +323,29 @@ class VaimlBackend(Backend):
         return dataclasses.replace(info, placement=self.placement or info.placement,
                                    fell_back=info.fell_back or self.npu_took_nothing is not None,
                                    reason=self.npu_took_nothing or info.reason)
+
+    # -- npurt's compiled-model cache: ONNX Runtime's optimized model -------------------------------------------
+    def cache_key(self, inputs: list[Port]) -> dict[str, Any] | None:
+        if self.on_npu:
+            return None  # the Vitis AI EP keeps its own compiled models (cache_dir / cache_key provider options)
+        so = self._session_options_object()
+        parts: dict[str, Any] = {
+            "backend": self.name, "engine": ort.__version__, "device": "CPU", "cpu": _cpu_fingerprint(),
+            "optimization": str(so.graph_optimization_level),
+            "session": sorted((k, str(v)) for k, v in self._session_options.items())}
+        if self._model is not None:  # the views built into the graph depend on the input ports
+            parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
+        return parts
+
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
+                      ports: PortFactory) -> Engine:
+        key = str(self.model_path) if self._model is None else f"cache:{stored}"
+        session = self._session(str(stored), key, optimized=True)
+        outputs = None
+        if self._model is not None:
+            outputs = [ports.make(spec.with_shape(tuple(shape)), TensorDirection.OUTPUT)
+                       for spec, shape in zip(self._out_specs, metadata["outputs"], strict=True)]
+        return self._engine(session, inputs, ports, None, outputs)
 
     # -- sessions ---------------------------------------------------------------------------------------
     def _session_options_object(self) -> ort.SessionOptions:
@@ -389,17 +401,20 @@ class VaimlBackend(Backend):
             settings["performance_hint"] = self.options.performance_hint
         return settings
 
-    def _session(self, source: bytes | str, key: str) -> ort.InferenceSession:
+    def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False
+                 ) -> ort.InferenceSession:
+        """The session for a model (the file, edited bytes, or an optimized model from npurt's cache), made once
+        per backend; ``optimized_to``: write ONNX Runtime's optimized model there (for the cache)."""
         with self._lock:
             session = self._sessions.get(key)
             if session is not None:
                 return session
-            session = self._new_session(source)
+            session = self._new_session(source, optimized_to, optimized)
             self._sessions[key] = session
             self._record_placement(session)
             return session
 
-    def _new_session(self, source: bytes | str) -> ort.InferenceSession:
+    def _new_session(self, source: bytes | str, optimized_to: Path | None, optimized: bool) -> ort.InferenceSession:
         so = self._session_options_object()
         providers: list[Any] = [CPU_EP]
         if self.on_npu:
@@ -409,42 +424,20 @@ class VaimlBackend(Backend):
                 digest = hashlib.sha256(source if isinstance(source, bytes) else Path(source).read_bytes())
                 vitis.setdefault("cache_key", f"npurt-{digest.hexdigest()[:32]}")
             providers = [(VITISAI_EP, vitis), CPU_EP]
-        cached: Path | None = None
-        tmp: Path | None = None
-        if self.options.cache_dir is not None and not self.on_npu:
-            # ORT cannot serialize a model with nodes compiled by an EP, so this cache is for the CPU provider;
-            # the Vitis AI EP keeps its own (cache_dir / cache_key above).
-            data = source if isinstance(source, bytes) else Path(source).read_bytes()
-            level = so.graph_optimization_level
-            key = hashlib.sha256(data + repr((ort.__version__, str(level), _cpu_fingerprint(),
-                                              self.intra_op_threads())).encode()).hexdigest()[:32]
-            cached = Path(self.options.cache_dir) / f"vaiml-{key}.onnx"
-            if cached.exists():
-                source = str(cached)
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
-            else:
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cached.with_name(f"{cached.stem}.{os.getpid()}.{threading.get_ident()}.tmp.onnx")
-                so.optimized_model_filepath = str(tmp)
-                if self.options.log_level != "DEBUG":
-                    so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: it is keyed so
+        if optimized:
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
+        elif optimized_to is not None:
+            so.optimized_model_filepath = str(optimized_to)
+            if self.options.log_level != "DEBUG":
+                so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: the cache key says so
         try:
-            session = ort.InferenceSession(source, so, providers=providers)
+            return ort.InferenceSession(source, so, providers=providers)
         except Exception as e:  # noqa: BLE001 - the engine's refusal, in npurt's exception type
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
             if self.on_npu and self.options.fallback == "error":
                 raise NpuError(f"{BACKEND_NAME}: the session cannot run entirely on {VITISAI_EP} "
                                f"(fallback='error' forbids CPU nodes): {e}") from None
             raise NpuError(f"{BACKEND_NAME}: cannot create the session for {self.model_path.name}: "
                            f"{type(e).__name__}: {e}") from None
-        if tmp is not None and cached is not None:
-            try:
-                os.replace(tmp, cached)  # atomic: concurrent runners never read half a model
-            except OSError as e:
-                log.warning("VAIML: cannot store the optimized model in %s: %s", cached, e)
-                tmp.unlink(missing_ok=True)
-        return session
 
     def _record_placement(self, session: ort.InferenceSession) -> None:
         """Which provider took how many nodes, from the session's own graph assignment; on the NPU, its checks."""

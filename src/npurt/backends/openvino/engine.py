@@ -1,0 +1,355 @@
+"""OpenVINO engines: a compiled model, its pool of infer requests, bindings of tensors, and the threads that report
+the end of asynchronous runs.
+
+A binding wraps each tensor's memory in an ``ov.Tensor`` once; a request is pointed at it with ``set_tensor`` only
+when it held something else, so a tensor in its port's view is never copied on the host. Outputs whose shape only
+the run tells are written into the bound memory (OpenVINO reshapes a tensor within its capacity) and their shapes
+reported. OpenVINO's Python callbacks are not called when an inference fails, so each request that runs
+asynchronously has a thread that blocks in ``request.wait()`` (GIL released) and reports the end, failures included:
+nothing polls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from queue import Empty, SimpleQueue
+from typing import Any
+
+import numpy as np
+import openvino as ov
+from openvino import _pyopenvino
+
+from ...engine import Done, Engine, OutputTooSmallError, ResultShapes
+from ...ports import Port
+from ...tensor import NpuTensor
+from .model_ports import ModelPorts
+
+# The C++ methods under the Python wrappers: no Python data dispatch per call. infer(inputs, share_outputs,
+# decode_strings) releases the GIL while inferring.
+_infer = _pyopenvino.InferRequest.infer
+_start_async = _pyopenvino.InferRequest.start_async
+
+
+class _Binding:
+    """A set of tensors as OpenVINO takes them: an ov.Tensor over each one's memory (ports OpenVINO has), and the
+    outputs the engine must fill itself (inputs passed through), as (output index, source bytes, target bytes)."""
+
+    __slots__ = ("wrapped", "fills")
+
+    def __init__(self, wrapped: list[ov.Tensor], fills: list[tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]]
+                 ) -> None:
+        self.wrapped = wrapped
+        self.fills = fills
+
+
+class _Request:
+    """One InferRequest, the ov.Tensors it holds per port, and (once async is used) the thread that reports the
+    end of its asynchronous runs."""
+
+    __slots__ = ("request", "held", "engine", "go", "done", "fills", "thread", "closing", "pooled")
+
+    def __init__(self, engine: OpenVINOEngine, pooled: bool = True) -> None:
+        self.engine = engine
+        self.pooled = pooled  # in the engine's pool, or a stream's own (its variables are the stream's state)
+        self.request = engine.compiled_model.create_infer_request()
+        self.held: list[Any] = [None] * len(engine.ov_ports)  # the ov.Tensor each port points at
+        self.go = threading.Lock()  # released by start(): the reporting thread waits for the run
+        self.go.acquire()
+        self.done: Done | None = None
+        self.fills: list = []
+        self.thread: threading.Thread | None = None
+        self.closing = False
+
+    def point(self, wrapped: Sequence[Any]) -> None:
+        """Point the request's ports at a binding's tensors, where it holds others."""
+        held, ports, request = self.held, self.engine.ov_ports, self.request
+        for k, t in enumerate(wrapped):
+            if held[k] is not t:
+                request.set_tensor(ports[k], t)
+                held[k] = t
+
+    def finish(self, fills: Sequence[tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]]) -> ResultShapes:
+        """After a run: fill the passed-through outputs; the shapes of outputs the run decided."""
+        engine = self.engine
+        shapes: list[tuple[int, ...] | None] | None = None
+        if engine.dynamic_outputs:
+            shapes = [None] * len(engine.outputs)
+            for j, p in zip(engine.bound_outputs, engine.ov_outputs):
+                if not engine.outputs[j].is_static:  # the numpy view's shape: ~1 us, Tensor.shape ~15 us
+                    shapes[j] = self.request.get_tensor(p).data.shape
+        for j, src, dst, shape in fills:
+            n = src.nbytes
+            if n > dst.nbytes:
+                raise OutputTooSmallError(engine.outputs[j].name, shape, n, dst.nbytes)
+            dst[:n] = src
+            engine.count_copy(n)
+            if not engine.outputs[j].is_static:
+                shapes = shapes if shapes is not None else [None] * len(engine.outputs)
+                shapes[j] = shape
+        return shapes
+
+    def start(self, done: Done, fills: list) -> None:
+        self.done, self.fills = done, fills
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._report, name="npurt-ov-request", daemon=True)
+            self.thread.start()
+        _start_async(self.request, {}, None)
+        self.go.release()
+
+    def _report(self) -> None:
+        """Block in wait() (GIL released) for each started run; hand its end to the runner."""
+        while True:
+            self.go.acquire()
+            if self.closing:
+                return
+            error: BaseException | None = None
+            shapes: ResultShapes = None
+            try:
+                self.request.wait()
+                shapes = self.finish(self.fills)
+            except BaseException as e:  # noqa: BLE001 - the run's failure is the job's status
+                error = self.engine.translate(e)
+            done, self.done, self.fills = self.done, None, []
+            if self.pooled:
+                self.engine.release(self)  # free before the job ends: its callback may start the next one
+            if done is not None:
+                done(error, shapes)
+            done = error = None  # the job's tensors must not live on here until the next run
+
+    def stop(self) -> None:
+        """End the reporting thread and wait for it: a thread left inside OpenVINO at interpreter exit aborts the
+        process ("terminate called without an active exception")."""
+        thread = self.thread
+        if thread is None:
+            return
+        self.closing = True
+        try:
+            self.go.release()
+        except RuntimeError:  # a run was started and not yet picked up: the thread sees closing after it
+            pass
+        if thread is not threading.current_thread():
+            thread.join()
+
+
+class OpenVINOEngine(Engine):
+    """A compiled model and its pool of infer requests."""
+
+    def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], pm: ModelPorts,
+                 device: str, properties: dict[str, Any], limit: int, count_copy: Any) -> None:
+        self.compiled_model = compiled_model
+        self.inputs, self.outputs = inputs, outputs
+        self.device = device
+        self.properties = properties
+        self.count_copy = count_copy
+        compiled_in, compiled_out = list(compiled_model.inputs), list(compiled_model.outputs)
+        # the model's ports OpenVINO has (inputs it kept, outputs it computes), in the model's order
+        self.bound_inputs = [i for i, k in enumerate(pm.param_of) if k is not None]
+        self.bound_outputs = [j for j, a in enumerate(pm.alias_of) if a is None]
+        self.aliases = [(j, a) for j, a in enumerate(pm.alias_of) if a is not None]
+        self.ov_inputs = [compiled_in[pm.param_of[i]] for i in self.bound_inputs]  # type: ignore[index]
+        self.ov_outputs = [compiled_out[pm.result_of[j]] for j in self.bound_outputs]
+        self.ov_ports = self.ov_inputs + self.ov_outputs
+        self.element_types = [p.get_element_type() for p in self.ov_ports]
+        self.dynamic_outputs = any(not p.is_static for p in outputs)
+        # run_arrays' output tensors start empty where the run decides the shape (OpenVINO then sizes them)
+        self.output_shapes = [ov.Shape([0 if d < 0 else d for d in outputs[j].engine.shape])
+                              for j in self.bound_outputs]
+        self.started_async = False  # whether start() has used OpenVINO's asynchronous execution
+        try:
+            self.optimal_requests = max(1, int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        except RuntimeError:
+            self.optimal_requests = 1
+        self.limit = max(1, limit)  # requests made at most
+        self.made: list[_Request] = []
+        self.contexts: list[_Request] = []  # streams' own requests
+        self._free: SimpleQueue[_Request] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._state_names: list[str] | None = None
+
+    @property
+    def state_names(self) -> list[str]:  # type: ignore[override]
+        """The model's variables (ReadValue / Assign), asked of a request on first use (a load makes none)."""
+        if self._state_names is None:
+            request = self.acquire()
+            assert request is not None
+            try:
+                self._state_names = [state.name for state in request.request.query_state()]
+            finally:
+                self.release(request)
+        return self._state_names
+
+    def _new(self) -> _Request:
+        request = _Request(self)
+        self.made.append(request)
+        return request
+
+    def acquire(self, block: bool = True) -> _Request | None:
+        """A free request; a new one while fewer than ``limit`` exist; else wait for one (None if not ``block``)."""
+        try:
+            return self._free.get_nowait()
+        except Empty:
+            pass
+        with self._lock:
+            if len(self.made) < self.limit:
+                return self._new()
+        if not block:
+            return None
+        return self._free.get()  # requests of ended asynchronous runs come back by themselves
+
+    def release(self, request: _Request) -> None:
+        self._free.put(request)
+
+    @property
+    def requests(self) -> list[ov.InferRequest]:
+        return [r.request for r in self.made]
+
+    # -- the engine interface ------------------------------------------------------------------------------
+    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> _Binding:
+        # Shares the memory (no copy): the bytes reinterpreted with the engine's shape and element type.
+        tensors = [inputs[i] for i in self.bound_inputs] + [outputs[j] for j in self.bound_outputs]
+        wrapped = [ov.Tensor(t.raw_bytes(), list(t.info.shape), et) for t, et in zip(tensors, self.element_types)]
+        fills = [(j, inputs[a].raw_bytes(), outputs[j].raw_bytes(), inputs[a].info.shape) for j, a in self.aliases]
+        return _Binding(wrapped, fills)
+
+    def _infer(self, request: _Request) -> None:
+        if self.started_async:
+            # Once start() has used OpenVINO's asynchronous execution, run() goes there too: OpenVINO's CPU plugin,
+            # given both infer() on callers' threads and start_async() on one compiled model, grows its memory by
+            # ~50 MiB steps under CPU contention (seen with plain OpenVINO: +300 to +550 MiB over 20,000 mixed
+            # calls beside two busy loops; flat with either kind alone).
+            _start_async(request.request, {}, None)
+            request.request.wait()
+        else:
+            _infer(request.request, {}, True, True)
+
+    def run(self, binding: _Binding, context: _Request | None = None) -> ResultShapes:
+        request = context or self.acquire()
+        assert request is not None
+        try:
+            request.point(binding.wrapped)
+            self._infer(request)
+            return request.finish(binding.fills)
+        except OutputTooSmallError:
+            raise
+        except Exception as e:
+            raise self.translate(e) from None
+        finally:
+            if request.pooled:
+                self.release(request)
+
+    def start(self, binding: _Binding, done: Done, context: _Request | None = None) -> bool:
+        request = context or self.acquire(block=False)
+        if request is None:
+            return False
+        self.started_async = True
+        try:
+            request.point(binding.wrapped)
+            request.start(done, binding.fills)
+        except Exception:
+            if request.pooled:
+                self.release(request)  # it never started
+            raise
+        return True
+
+    def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
+        request = context or self.acquire()
+        assert request is not None
+        try:
+            r, held = request.request, request.held
+            k = 0
+            for port, i, et in zip(self.ov_inputs, self.bound_inputs, self.element_types):
+                a = arrays[i]
+                # shares the array's memory; this constructor also takes read-only arrays (shared_memory=True
+                # refuses them)
+                t = held[k] = ov.Tensor(a, shared_memory=True) if a.flags.writeable else ov.Tensor(a, list(a.shape), et)
+                r.set_tensor(port, t)
+                k += 1
+            # Outputs in new tensors of OpenVINO's own per call: it sizes them to what the run produces (from an
+            # empty shape), and each result array keeps its tensor alive: nothing is copied.
+            outs = []
+            for port, shape, et in zip(self.ov_outputs, self.output_shapes, self.element_types[k:]):
+                t = held[k] = ov.Tensor(et, shape)
+                r.set_tensor(port, t)
+                outs.append(t)
+                k += 1
+            self._infer(request)
+            results: list[np.ndarray] = [None] * len(self.outputs)  # type: ignore[list-item]
+            for j, t in zip(self.bound_outputs, outs):
+                results[j] = t.data
+            for j, a in self.aliases:  # an input passed through: a copy of it
+                results[j] = arrays[a].copy()
+                self.count_copy(arrays[a].nbytes)
+            return results
+        except Exception as e:
+            raise self.translate(e) from None
+        finally:
+            if request.pooled:
+                self.release(request)
+
+    # -- variables (stateful models: ReadValue / Assign) -----------------------------------------------------
+    def open_context(self) -> _Request | None:
+        """A stream's own infer request: OpenVINO keeps a model's variables per request."""
+        if not self.state_names:
+            return None
+        with self._lock:
+            request = _Request(self, pooled=False)
+            self.contexts.append(request)
+        return request
+
+    def close_context(self, context: _Request | None) -> None:
+        if context is not None:
+            context.stop()
+            with self._lock:
+                if context in self.contexts:
+                    self.contexts.remove(context)
+
+    def get_state(self, context: _Request | None) -> dict[str, np.ndarray]:
+        if context is None:
+            return {}
+        return {v.name: np.array(v.state.data) for v in context.request.query_state()}
+
+    def set_state(self, context: _Request | None, state: Mapping[str, np.ndarray]) -> None:
+        if context is None:
+            super().set_state(context, state)
+            return
+        variables = {v.name: v for v in context.request.query_state()}
+        for name, value in state.items():
+            variable = variables[name]
+            want = tuple(variable.state.shape)
+            a = np.ascontiguousarray(value, dtype=variable.state.data.dtype)
+            if a.shape != want:
+                raise ValueError(f"state {name!r}: shape {list(a.shape)}, expected {list(want)}")
+            variable.state = ov.Tensor(a)  # OpenVINO copies it into the request's own state
+
+    def reset_state(self, context: _Request | None) -> None:
+        if context is not None:
+            context.request.reset_state()
+
+    def translate(self, e: BaseException) -> BaseException:
+        """OpenVINO's capacity error for a dynamic output as OutputTooSmallError; the rest as they are."""
+        text = str(e)
+        if "Could set new shape" in text and "m_capacity" in text:
+            shape = text.rsplit("Could set new shape:", 1)[-1].strip().splitlines()[0].strip("[] ")
+            try:
+                needed = tuple(int(d) for d in shape.split(","))
+            except ValueError:
+                needed = ()
+            name = next((p.name for p in self.outputs if not p.is_static), "?")
+            return OutputTooSmallError(name, needed) if needed else e
+        return e
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for request in (*self.made, *self.contexts):
+            request.stop()
+        self.made, self.contexts = [], []
+        while True:
+            try:
+                self._free.get_nowait()
+            except Empty:
+                break

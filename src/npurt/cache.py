@@ -1,0 +1,248 @@
+"""npurt's compiled-model cache (option ``cache_dir``): what a backend compiled, kept so that a later load skips the
+compile. Backends only say what an entry depends on and what to keep (OpenVINO: its exported compiled model; ONNX
+Runtime: its optimized model); everything else is here.
+
+An entry is a directory ``<cache_dir>/npurt-v1/<key>/`` holding ``blob`` (what the backend keeps) and
+``manifest.json`` (the key's parts in full, the blob's size and CRC-32, the backend's own metadata). The key is a
+hash of: the model's content, the backend, the engine and its version, the device (and its driver and compiler
+versions where the engine reports them), the input shapes and views, and every setting that changes compilation.
+The model's content hash is computed once per file identity (path, size, mtime, inode) and kept in
+``files.json``, so that a warm load hashes nothing.
+
+Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
+another engine or driver version, or forged, is refused), and its blob has the recorded size; CRC-32s are checked by
+``verify`` (``npurt cache verify``), not on every load. A refused entry is reported, compiled again and replaced.
+Entries are written into a temporary directory and renamed into place, so two processes filling one entry at once
+never leave half of one (the second rename loses and is dropped). A cache directory that cannot be written (read-only,
+full disk) degrades to compiling, with one warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .logs import LOGGER
+
+FORMAT = 1
+ROOT_NAME = f"npurt-v{FORMAT}"
+MANIFEST = "manifest.json"
+BLOB = "blob"
+INDEX = "files.json"
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What an entry depends on (``parts``, JSON) and its id (a hash of them)."""
+
+    parts: Mapping[str, Any]
+    id: str
+
+    @classmethod
+    def of(cls, parts: Mapping[str, Any]) -> CacheKey:
+        text = json.dumps(parts, sort_keys=True, default=str)
+        return cls(json.loads(text), hashlib.sha256(text.encode()).hexdigest()[:32])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry found in a cache directory."""
+
+    path: Path
+    manifest: Mapping[str, Any] | None  # None where it does not parse
+    problem: str = ""  # why it would not be used, "" for a sound entry
+
+    @property
+    def blob(self) -> Path:
+        return self.path / BLOB
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return (self.manifest or {}).get("metadata", {})
+
+
+@dataclass
+class Outcome:
+    """What the cache did for one compile: for device_info.load_steps and the log."""
+
+    step: str  # "compiled", "loaded from the cache", "compiled (cache entry refused: ...)"
+    ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def model_identity(path: Path) -> dict[str, Any]:
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+            "device": st.st_dev}
+
+
+class CompiledModelCache:
+    """One cache directory. Thread-safe; safe for several processes sharing the directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.entries_dir = self.root / ROOT_NAME
+        self._lock = threading.Lock()
+        self._writable: bool | None = None
+        self._warned = False
+
+    # -- keys -----------------------------------------------------------------------------------------------
+    def content_hash(self, model: Path) -> str:
+        """The model's SHA-256, from the index when the file has not changed since it was hashed. An ONNX model with
+        external data adds the identities of the files beside it (its data lives in them)."""
+        identity = model_identity(model)
+        name = json.dumps(identity, sort_keys=True)
+        index = self._read_index()
+        known = index.get(name)
+        if not isinstance(known, dict):
+            h = hashlib.sha256()
+            with open(model, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            known = {"sha256": h.hexdigest(), "external": _uses_external_data(model)}
+            index[name] = known
+            self._write_index(index)
+        if not known.get("external"):
+            return str(known["sha256"])
+        siblings = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model.parent.iterdir()
+                          if p.is_file() and p != model)
+        return hashlib.sha256(json.dumps([known["sha256"], siblings]).encode()).hexdigest()
+
+    def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
+        return CacheKey.of({"format": FORMAT, "model": self.content_hash(model), **parts})
+
+    # -- entries ------------------------------------------------------------------------------------------
+    def find(self, key: CacheKey) -> Entry | None:
+        """The entry for a key, if there is one (check ``problem`` before using it)."""
+        path = self.entries_dir / key.id
+        if not path.is_dir():
+            return None
+        return self._inspect(path, key)
+
+    def _inspect(self, path: Path, key: CacheKey | None = None) -> Entry:
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError) as e:
+            return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            return Entry(path, None, f"its manifest is not format {FORMAT}")
+        if key is not None and manifest.get("key") != key.parts:
+            theirs = manifest.get("key") or {}
+            differ = sorted(k for k in set(theirs) | set(key.parts) if theirs.get(k) != key.parts.get(k))
+            return Entry(path, manifest, f"its manifest was written for other {', '.join(differ) or 'parts'} "
+                                         "(a foreign or forged entry)")
+        try:
+            size = (path / BLOB).stat().st_size
+        except OSError:
+            return Entry(path, manifest, "its blob is missing")
+        want = manifest.get("blob", {}).get("size")
+        if size != want:
+            return Entry(path, manifest, f"its blob has {size} bytes, the manifest says {want} (truncated)")
+        return Entry(path, manifest)
+
+    def store(self, key: CacheKey, blob: Path, metadata: Mapping[str, Any], model: Path) -> str:
+        """Move ``blob`` (a file the backend wrote) into the entry for ``key``, with its manifest; "" when stored,
+        else why not (the cache then stays as it was)."""
+        try:
+            self.entries_dir.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.entries_dir))
+        except OSError as e:
+            return self.unwritable(e)
+        try:
+            size = blob.stat().st_size
+            shutil.move(str(blob), tmp / BLOB)
+            crc = _crc32(tmp / BLOB)
+            manifest = {"format": FORMAT, "key": key.parts, "blob": {"size": size, "crc32": crc},
+                        "metadata": dict(metadata), "model_path": str(model), "created": time.time()}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
+            final = self.entries_dir / key.id
+            existing = final.is_dir() and self._inspect(final, key)
+            if existing and existing.problem:
+                shutil.rmtree(final, ignore_errors=True)  # a refused entry is replaced
+            try:
+                os.rename(tmp, final)
+            except OSError:  # another process stored it first: its entry serves as well
+                shutil.rmtree(tmp, ignore_errors=True)
+            return ""
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return self.unwritable(e)
+
+    def unwritable(self, e: OSError) -> str:
+        """Why the cache cannot be written (warned once per cache)."""
+        reason = f"cannot write the cache directory {self.root}: {e.strerror or e}"
+        with self._lock:
+            if not self._warned:
+                self._warned = True
+                LOGGER.warning("npurt: %s; compiling without caching", reason)
+        return reason
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry, sound or not (``npurt cache list``)."""
+        if not self.entries_dir.is_dir():
+            return
+        for path in sorted(self.entries_dir.iterdir()):
+            if path.is_dir() and not path.name.startswith(".tmp-"):
+                entry = self._inspect(path)
+                if not entry.problem and entry.manifest is not None and CacheKey.of(entry.manifest["key"]).id != \
+                        path.name:
+                    entry = Entry(path, entry.manifest, "its directory name does not match its key")
+                yield entry
+
+    def verify(self, entry: Entry) -> str:
+        """Why an entry is unsound ("" if sound), its blob's CRC-32 checked."""
+        if entry.problem or entry.manifest is None:
+            return entry.problem
+        if _crc32(entry.blob) != entry.manifest.get("blob", {}).get("crc32"):
+            return "its blob's CRC-32 differs from the manifest's (corrupted)"
+        return ""
+
+    def remove(self, entry: Entry) -> None:
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+    # -- the identity index -----------------------------------------------------------------------------------
+    def _read_index(self) -> dict[str, Any]:
+        try:
+            index = json.loads((self.root / INDEX).read_text())
+            return index if isinstance(index, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _write_index(self, index: dict[str, Any]) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".files-", dir=self.root)
+            with os.fdopen(fd, "w") as f:
+                json.dump(index, f)
+            os.replace(tmp, self.root / INDEX)  # atomic: readers see the old index or the new one
+        except OSError as e:
+            self.unwritable(e)
+
+
+def _uses_external_data(model: Path) -> bool:
+    if model.suffix.lower() != ".onnx":
+        return model.suffix.lower() == ".xml"  # an IR's weights are its .bin beside it
+    from .modelfile import read_onnx_ports
+
+    try:
+        return read_onnx_ports(model).uses_external_data
+    except ValueError:
+        return False
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            crc = zlib.crc32(chunk, crc)
+    return crc
