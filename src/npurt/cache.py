@@ -10,8 +10,8 @@ The model's content hash is computed once per file identity (path, size, mtime, 
 ``files.json``, so that a warm load hashes nothing.
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
-another engine or driver version, or forged, is refused), and its blob has the recorded size; CRC-32s are checked by
-``verify`` (``npurt cache verify``), not on every load. A refused entry is reported, compiled again and replaced.
+another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32 (checked on
+the bytes the backend then loads: ~1 ms per MB). A refused entry is reported, compiled again and replaced.
 Entries are written into a temporary directory and renamed into place, so two processes filling one entry at once
 never leave half of one (the second rename loses and is dropped). A cache directory that cannot be written (read-only,
 full disk) degrades to compiling, with one warning.
@@ -150,9 +150,10 @@ class CompiledModelCache:
             return Entry(path, manifest, f"its blob has {size} bytes, the manifest says {want} (truncated)")
         return Entry(path, manifest)
 
-    def store(self, key: CacheKey, blob: Path, metadata: Mapping[str, Any], model: Path) -> str:
-        """Move ``blob`` (a file the backend wrote) into the entry for ``key``, with its manifest; "" when stored,
-        else why not (the cache then stays as it was)."""
+    def store(self, key: CacheKey, blob: Path, metadata: Mapping[str, Any], model: Path, replace: bool = False
+              ) -> str:
+        """Move ``blob`` (a file the backend wrote) into the entry for ``key``, with its manifest (``replace``: over
+        an entry that was refused); "" when stored, else why not (the cache then stays as it was)."""
         try:
             self.entries_dir.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.entries_dir))
@@ -166,8 +167,7 @@ class CompiledModelCache:
                         "metadata": dict(metadata), "model_path": str(model), "created": time.time()}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
             final = self.entries_dir / key.id
-            existing = final.is_dir() and self._inspect(final, key)
-            if existing and existing.problem:
+            if final.is_dir() and (replace or self._inspect(final, key).problem):
                 shutil.rmtree(final, ignore_errors=True)  # a refused entry is replaced
             try:
                 os.rename(tmp, final)
@@ -198,6 +198,16 @@ class CompiledModelCache:
                         path.name:
                     entry = Entry(path, entry.manifest, "its directory name does not match its key")
                 yield entry
+
+    def read(self, entry: Entry) -> bytes:
+        """An entry's blob, checked against its manifest (ValueError naming what is wrong)."""
+        data = entry.blob.read_bytes()
+        want = (entry.manifest or {}).get("blob", {})
+        if len(data) != want.get("size"):
+            raise ValueError(f"its blob has {len(data)} bytes, the manifest says {want.get('size')} (truncated)")
+        if zlib.crc32(data) != want.get("crc32"):
+            raise ValueError("its blob's CRC-32 differs from the manifest's (corrupted)")
+        return data
 
     def verify(self, entry: Entry) -> str:
         """Why an entry is unsound ("" if sound), its blob's CRC-32 checked."""

@@ -25,22 +25,36 @@ class _Registry:
         self._scanned = False
 
     def _scan(self) -> None:
+        """Load every entry point (AUTO and the listings need them all)."""
         if self._scanned:
             return
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            name = ep.name.upper()
-            if name in self._classes:
-                continue
-            try:
-                cls = ep.load()
-            except Exception as e:  # noqa: BLE001 - a broken backend must not hide the others
-                self._errors[name] = f"{type(e).__name__}: {e}"
-                continue
-            if not (isinstance(cls, type) and issubclass(cls, Backend)):
-                self._errors[name] = f"entry point {ep.value} is not an npurt.engine.Backend subclass"
-                continue
-            self._classes[name] = cls
+            self._load(ep)
         self._scanned = True
+
+    def _load(self, ep: metadata.EntryPoint) -> None:
+        name = ep.name.upper()
+        if name in self._classes or name in self._errors:
+            return
+        try:
+            cls = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken backend must not hide the others
+            self._errors[name] = f"{type(e).__name__}: {e}"
+            return
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            self._errors[name] = f"entry point {ep.value} is not an npurt.engine.Backend subclass"
+            return
+        self._classes[name] = cls
+
+    def get(self, name: str) -> type[Backend] | None:
+        """One backend by name, loading only its own entry point: a runner of one engine does not import the
+        others (each engine's import costs a program's start-up 0.1 to 0.3 s)."""
+        with self._lock:
+            if name not in self._classes and not self._scanned:
+                for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                    if ep.name.upper() == name:
+                        self._load(ep)
+            return self._classes.get(name)
 
     def register(self, name: str, cls: type[Backend]) -> None:
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
@@ -151,11 +165,11 @@ class RunnerFactory:
     def create_runner(runner_type: RunnerType | str, model_path: str | Path,
                       options: Mapping[str, Any] | None = None) -> Runner:
         name = _type_name(runner_type)
-        classes = _registry.classes()
         if name == RunnerType.AUTO.name:
-            return RunnerFactory._create_auto(classes, model_path, options)
-        cls = classes.get(name)
+            return RunnerFactory._create_auto(_registry.classes(), model_path, options)
+        cls = _registry.get(name)
         if cls is None:
+            classes = _registry.classes()
             errors = _registry.errors()
             if name in errors:
                 raise NpuError(f"backend {name} is installed but failed to load: {errors[name]}")

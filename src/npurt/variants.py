@@ -204,9 +204,14 @@ class ShapeVariants:
         refused = entry.problem if entry is not None else ""
         if entry is not None and not refused:
             try:
-                return backend.load_compiled(entry.blob, entry.metadata, ports, self._ports), "loaded from the cache"
-            except Exception as e:  # noqa: BLE001 - a refused entry is compiled again and replaced
-                refused = f"the engine could not load it ({type(e).__name__}: {e})"
+                blob = cache.read(entry)
+            except (OSError, ValueError) as e:
+                refused = str(e)
+            else:
+                try:
+                    return backend.load_compiled(blob, entry.metadata, ports, self._ports), "loaded from the cache"
+                except Exception as e:  # noqa: BLE001 - a refused entry is compiled again and replaced
+                    refused = f"the engine could not load it ({type(e).__name__}: {e})"
         if refused:
             LOGGER.warning("npurt: cache entry %s for %s refused: %s; compiling again", key.id,
                            backend.model_path.name, refused)
@@ -217,13 +222,18 @@ class ShapeVariants:
         except OSError as e:  # read-only, full: compile without the cache (warned once)
             return backend.compile(ports, self._ports), f"compiled ({cache.unwritable(e)})"
         os.close(fd)
-        blob = Path(name)
+        stored = Path(name)
         try:
-            engine = backend.compile(ports, self._ports, store=blob)
-            why_not = cache.store(key, blob, engine.cache_metadata, backend.model_path) \
-                if blob.exists() and blob.stat().st_size else "the engine wrote nothing to keep"
+            try:
+                engine = backend.compile(ports, self._ports, store=stored)
+            except Exception as e:  # noqa: BLE001 - writing what the cache keeps failed (a full disk): without
+                engine = backend.compile(ports, self._ports)
+                why_not = f"the engine could not write it ({type(e).__name__}: {e})"
+            else:
+                why_not = cache.store(key, stored, engine.cache_metadata, backend.model_path, replace=bool(refused)) \
+                    if stored.exists() and stored.stat().st_size else "the engine wrote nothing to keep"
         finally:
-            blob.unlink(missing_ok=True)
+            stored.unlink(missing_ok=True)
         step = "compiled" + (f" (cache entry refused: {refused})" if refused else "")
         return engine, step + (f" (not stored: {why_not})" if why_not else " and stored in the cache")
 

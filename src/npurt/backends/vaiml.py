@@ -337,10 +337,10 @@ class VaimlBackend(Backend):
             parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
         return parts
 
-    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
+    def load_compiled(self, stored: bytes, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
-        key = str(self.model_path) if self._model is None else f"cache:{stored}"
-        session = self._session(str(stored), key, optimized=True)
+        key = str(self.model_path) if self._model is None else f"cache:{hashlib.sha256(stored).hexdigest()}"
+        session = self._session(stored, key, optimized=True)
         outputs = None
         if self._model is not None:
             outputs = [ports.make(spec.with_shape(tuple(shape)), TensorDirection.OUTPUT)

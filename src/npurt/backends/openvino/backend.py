@@ -194,7 +194,11 @@ class OpenVINOBackend(Backend):
                                         TensorDirection.OUTPUT)
         engine = self._engine(compiled_model, inputs, outputs, pm, properties)
         if store is not None:
-            store.write_bytes(compiled_model.export_model().getvalue())
+            try:
+                store.write_bytes(compiled_model.export_model().getvalue())
+            except OSError:  # a full disk: nothing is kept, the engine serves all the same
+                store.write_bytes(b"") if store.exists() else None
+                return engine
             engine.cache_metadata = {"param_of": pm.param_of, "result_of": pm.result_of, "alias_of": pm.alias_of,
                                      "outputs": [list(p.cpu.shape) for p in outputs]}
         return engine
@@ -230,10 +234,10 @@ class OpenVINOBackend(Backend):
                                               p.engine.describe()] for p in inputs],
                 "properties": {k: str(v) for k, v in sorted(self.properties().items()) if k != "CACHE_DIR"}}
 
-    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
+    def load_compiled(self, stored: bytes, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
         properties = self.properties()
-        compiled_model = core().import_model(stored.read_bytes(), self.device, properties)
+        compiled_model = core().import_model(stored, self.device, properties)
         pm = ModelPorts(list(metadata["param_of"]), list(metadata["result_of"]), list(metadata["alias_of"]))
         outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
                    for spec, shape in zip(self.out_specs, metadata["outputs"], strict=True)]

@@ -1,0 +1,87 @@
+"""`npurt cache list | verify | clear`: the entries of npurt's compiled-model cache (option cache_dir)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import EXIT_ERROR, CliError
+
+DEFAULT_DIR_ENV = "NPURT_CACHE_DIR"
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get(DEFAULT_DIR_ENV) or Path.home() / ".cache" / "npurt" / "compiled")
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("cache", parents=[common], help="list, verify or clear the compiled-model cache",
+                       description="The entries of npurt's compiled-model cache (the runner option cache_dir): what "
+                                   "each holds, whether it is sound (verify also checks every blob's CRC-32) and "
+                                   "whether its model file changed since (stale).")
+    p.add_argument("action", choices=("list", "verify", "clear"), help="list entries, verify them, or remove them")
+    p.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help=f"the cache directory (default: ${DEFAULT_DIR_ENV}, else ~/.cache/npurt/compiled)")
+    p.add_argument("--stale", action="store_true", help="with clear: remove only unsound and stale entries")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def describe(cache: Any, entry: Any, check_blob: bool) -> dict[str, Any]:
+    """One entry as the command shows it: what it holds and its state (ok, unsound: why, stale: why)."""
+    manifest = entry.manifest or {}
+    key = manifest.get("key", {})
+    problem = cache.verify(entry) if check_blob else entry.problem
+    state = "ok"
+    if problem:
+        state = f"unsound: {problem}"
+    else:
+        model = Path(manifest.get("model_path", ""))
+        if not model.is_file():
+            state = "stale: its model file is gone"
+        elif cache.content_hash(model) != key.get("model"):
+            state = "stale: its model file changed since"
+    return {"entry": entry.path.name, "backend": key.get("backend"), "engine": key.get("engine"),
+            "device": key.get("device"), "model": manifest.get("model_path"),
+            "bytes": manifest.get("blob", {}).get("size"), "created": manifest.get("created"), "state": state}
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cache import CompiledModelCache
+
+    root = Path(args.cache_dir) if args.cache_dir else default_dir()
+    if root.exists() and not root.is_dir():
+        raise CliError(f"{root} is not a directory")
+    cache = CompiledModelCache(root)
+    rows = [(entry, describe(cache, entry, check_blob=args.action != "list")) for entry in cache.entries()]
+    if args.action == "clear":
+        removed = [row for entry, row in rows if not args.stale or row["state"] != "ok"]
+        for entry, row in rows:
+            if row in removed:
+                cache.remove(entry)
+        print(json.dumps({"removed": removed}, indent=2) if args.json else
+              f"removed {len(removed)} of {len(rows)} entries from {root}")
+        return 0
+    if args.json:
+        print(json.dumps({"cache_dir": str(root), "entries": [row for _, row in rows]}, indent=2))
+    else:
+        print(format_rows(root, [row for _, row in rows]))
+    bad = [row for _, row in rows if row["state"].startswith("unsound")]
+    return EXIT_ERROR if args.action == "verify" and bad else 0
+
+
+def format_rows(root: Path, rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return f"{root}: no entries"
+    out = [f"{root}: {len(rows)} entries"]
+    for r in rows:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])) if r["created"] else "?"
+        size = f"{(r['bytes'] or 0) / 2**20:.1f} MiB"
+        out.append(f"  {r['entry'][:12]}  {r['backend'] or '?':<9} {str(r['engine'] or '?').split('-')[0]:<11} "
+                   f"{r['device'] or '?':<4} {size:>9}  {created}  {r['model'] or '?'}")
+        out.append(f"  {'':12}  {r['state']}")
+    return "\n".join(out)

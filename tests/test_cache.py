@@ -1,0 +1,190 @@
+"""npurt's compiled-model cache (option cache_dir) and its failure modes: never a crash, never the wrong model.
+
+Every case runs both backends on the embedded default model (a small digits classifier), and on the PP-OCR
+classifier where two different models are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npurt import RunnerFactory
+from npurt.cache import CompiledModelCache
+from npurt.models import DEFAULT_MODEL, default_samples
+from tests.helpers.models import model_or_skip
+
+ROOT = Path(__file__).resolve().parents[1]
+X = default_samples()[0][:4]
+
+
+@pytest.fixture(params=["OPENVINO", "VAIML"])
+def backend(request) -> str:
+    return request.param
+
+
+def load(backend: str, cache: Path, model: Path = DEFAULT_MODEL):
+    return RunnerFactory.create_runner(backend, model, {"device": "CPU", "cache_dir": str(cache)})
+
+
+def step(runner) -> str:
+    return runner.device_info.load_steps[-1][0]
+
+
+def reference(backend: str) -> np.ndarray:
+    with RunnerFactory.create_runner(backend, DEFAULT_MODEL, {"device": "CPU"}) as r:
+        return r.run({"image": X})["scores"]
+
+
+def entry_dirs(cache: Path) -> list[Path]:
+    return [p for p in (cache / "npurt-v1").iterdir() if p.is_dir()]
+
+
+def test_a_second_load_comes_from_the_cache_with_the_same_results(backend, tmp_path):
+    with load(backend, tmp_path) as r:
+        assert step(r) == "compiled and stored in the cache" and r.stats["compiles"] == 1
+    with load(backend, tmp_path) as r:
+        assert step(r) == "loaded from the cache" and r.stats["compiles"] == 0
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))
+    (entry,) = entry_dirs(tmp_path)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["key"]["backend"] == backend and manifest["blob"]["size"] == (entry / "blob").stat().st_size
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted", "foreign", "garbage manifest"])
+def test_a_damaged_entry_is_refused_compiled_again_and_replaced(backend, tmp_path, caplog, damage):
+    with load(backend, tmp_path):
+        pass
+    (entry,) = entry_dirs(tmp_path)
+    blob, manifest = entry / "blob", entry / "manifest.json"
+    data = blob.read_bytes()
+    if damage == "truncated":
+        blob.write_bytes(data[: len(data) // 2])
+    elif damage == "corrupted":  # the same size, one byte flipped
+        blob.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    elif damage == "foreign":  # a manifest written by another engine version (forged)
+        m = json.loads(manifest.read_text())
+        m["key"]["engine"] = "0.0.1-another"
+        manifest.write_text(json.dumps(m))
+    else:
+        manifest.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="npurt"), load(backend, tmp_path) as r:
+        assert step(r).startswith("compiled (cache entry refused:")
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))
+    assert "refused" in caplog.text
+    with load(backend, tmp_path) as r:  # the entry was replaced by a sound one
+        assert step(r) == "loaded from the cache"
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))
+
+
+def test_another_models_entry_is_never_loaded(backend, tmp_path):
+    """An entry moved under another model's key (a forged cache) is refused: its manifest names other parts."""
+    other = model_or_skip("ocr_cls")
+    with load(backend, tmp_path, other):
+        pass
+    (theirs,) = entry_dirs(tmp_path)
+    with load(backend, tmp_path):
+        pass
+    ours = next(p for p in entry_dirs(tmp_path) if p != theirs)
+    shutil.rmtree(ours)
+    shutil.copytree(theirs, ours)
+    with load(backend, tmp_path) as r:
+        assert "refused" in step(r) and "a foreign or forged entry" in step(r)
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))
+
+
+def test_a_changed_model_is_compiled_again(backend, tmp_path):
+    model = tmp_path / "m.onnx"
+    shutil.copy(DEFAULT_MODEL, model)
+    with load(backend, tmp_path / "c", model):
+        pass
+    shutil.copy(model_or_skip("ocr_cls"), model)  # another model under the same name
+    with load(backend, tmp_path / "c", model) as r:
+        assert step(r) == "compiled and stored in the cache"
+        assert r.get_tensors_info(0, 0)[0].name == "x"
+
+
+def test_an_unwritable_cache_directory_degrades_to_compiling(backend, tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="npurt"), load(backend, blocker / "cache") as r:
+        assert "cannot write" in step(r)
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))
+    assert "compiling without caching" in caplog.text
+
+
+def _child(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
+def test_a_full_disk_leaves_no_half_entry(backend, tmp_path):
+    """Writing the entry fails part way (a file-size limit stands in for a full disk): the runner compiles and
+    runs, the cache holds no half entry, and the next load compiles and stores a sound one."""
+    done = _child(f"""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+        from npurt import RunnerFactory
+        from npurt.models import DEFAULT_MODEL, default_samples
+        r = RunnerFactory.create_runner({backend!r}, DEFAULT_MODEL, {{"device": "CPU", "cache_dir": {str(tmp_path)!r}}})
+        print("STEP", r.device_info.load_steps[-1][0])
+        print("SUM", float(r.run({{"image": default_samples()[0][:4]}})["scores"].sum()))
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "cannot write" in done.stdout or "not stored" in done.stdout, done.stdout
+    entries = [p for p in (tmp_path / "npurt-v1").iterdir()] if (tmp_path / "npurt-v1").exists() else []
+    assert not entries or all((p / "manifest.json").is_file() for p in entries if not p.name.startswith(".tmp"))
+    assert not any(p.name.startswith(".tmp") for p in entries)
+    with load(backend, tmp_path) as r:
+        assert step(r) == "compiled and stored in the cache"
+
+
+def test_two_processes_filling_one_entry(backend, tmp_path):
+    code = f"""
+        from npurt import RunnerFactory
+        from npurt.models import DEFAULT_MODEL
+        r = RunnerFactory.create_runner({backend!r}, DEFAULT_MODEL, {{"device": "CPU", "cache_dir": {str(tmp_path)!r}}})
+        print(r.device_info.load_steps[-1][0])
+    """
+    children = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(2)]
+    outs = [c.communicate(timeout=120) for c in children]
+    assert all(c.returncode == 0 for c in children), [o[1] for o in outs]
+    (entry,) = entry_dirs(tmp_path)
+    assert not [p for p in (tmp_path / "npurt-v1").iterdir() if p.name.startswith(".tmp")]
+    assert CompiledModelCache(tmp_path).verify(next(CompiledModelCache(tmp_path).entries())) == ""
+    with load(backend, tmp_path) as r:
+        assert step(r) == "loaded from the cache"
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))
+
+
+def test_npurt_cache_list_verify_clear(tmp_path):
+    for backend in ("OPENVINO", "VAIML"):
+        with load(backend, tmp_path):
+            pass
+
+    def npurt(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "npurt", "cache", *args, "--cache-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+
+    listed = json.loads(npurt("list", "--json").stdout)
+    assert sorted(e["backend"] for e in listed["entries"]) == ["OPENVINO", "VAIML"]
+    assert all(e["state"] == "ok" for e in listed["entries"])
+    assert npurt("verify").returncode == 0
+    blob = next(tmp_path.rglob("blob"))
+    data = blob.read_bytes()
+    blob.write_bytes(data[:50] + bytes([data[50] ^ 1]) + data[51:])
+    bad = npurt("verify")
+    assert bad.returncode == 1 and "corrupted" in bad.stdout
+    assert "removed 1 of 2" in npurt("clear", "--stale").stdout
+    assert "removed 1 of 1" in npurt("clear").stdout
+    assert "no entries" in npurt("list").stdout
