@@ -102,10 +102,11 @@ class OnnxModelInfo:
         return tuple(p.name for p in self.outputs)
 
 
-def read_onnx_ports(path: str | os.PathLike[str]) -> OnnxModelInfo:
+def read_onnx_ports(path: str | os.PathLike[str], nodes: bool = True) -> OnnxModelInfo:
     """Read the ports of the ONNX model file at ``path`` (external data files are neither needed nor opened).
 
-    Raises ValueError when ``path`` is a directory, not a regular file or not an ONNX model, and OSError when it
+    ``nodes=False`` skips the nodes (a runner's load needs the ports only: a large model has thousands of nodes);
+    then ``operator_domains`` is empty and ``has_subgraphs`` False, unread. Raises ValueError when ``path`` is a directory, not a regular file or not an ONNX model, and OSError when it
     cannot be opened.
     """
     path = Path(path)
@@ -120,7 +121,7 @@ def read_onnx_ports(path: str | os.PathLike[str]) -> OnnxModelInfo:
             raise ValueError(f"{path} is not an ONNX model: the file is empty")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
             try:
-                return _read_model(view)
+                return _read_model(view, nodes)
             except ValueError as e:
                 raise ValueError(f"{path} is not an ONNX model: {e}") from None
 
@@ -353,24 +354,25 @@ _DIM_FIELDS = frozenset((_DIM_VALUE, _DIM_PARAM))
 class _Walk:
     """What the walk of all graphs (main graph and subgraphs) gathers."""
 
-    __slots__ = ("domains", "has_subgraphs", "uses_external_data")
+    __slots__ = ("domains", "has_subgraphs", "uses_external_data", "nodes")
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: bool = True) -> None:
+        self.nodes = nodes  # whether to walk the nodes (their domains, subgraphs and attribute tensors)
         self.domains: set[str] = set()
         self.has_subgraphs = False
         self.uses_external_data = False
 
 
-def _read_model(buf: memoryview) -> OnnxModelInfo:
+def _read_model(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
     try:
-        return _read_model_fields(buf)
+        return _read_model_fields(buf, nodes)
     except ValueError:
         if bytes(buf[:64]).lstrip().startswith(b"<"):
             raise ValueError("it is XML (an OpenVINO IR .xml?), not an ONNX protobuf") from None
         raise
 
 
-def _read_model_fields(buf: memoryview) -> OnnxModelInfo:
+def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
     ir_version: int | None = None
     graph: list[Span] = []
     opsets: dict[str, int] = {}
@@ -395,7 +397,7 @@ def _read_model_fields(buf: memoryview) -> OnnxModelInfo:
     if ir_version >= 3 and not opsets:
         raise ValueError(f"it has IR version {ir_version} but no opset_import (ModelProto field 8)")
 
-    walk = _Walk()
+    walk = _Walk(nodes)
     node_count, initializers, inputs, outputs = _walk_graph(buf, graph, 1, walk, main=True)
     return OnnxModelInfo(
         ir_version=ir_version,
@@ -447,7 +449,8 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
         for tag, a, b in _fields(buf, start, end, depth, _GRAPH_FIELDS if main else _SUBGRAPH_FIELDS):
             if tag == _GRAPH_NODE:
                 nodes += 1
-                _walk_node(buf, a, b, depth + 1, walk)
+                if walk.nodes:
+                    _walk_node(buf, a, b, depth + 1, walk)
             elif tag == _GRAPH_INITIALIZER:
                 name, external = _tensor_name_location(buf, [(a, b)], depth + 1, main)
                 walk.uses_external_data |= external

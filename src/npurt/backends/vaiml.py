@@ -246,7 +246,7 @@ class VaimlBackend(Backend):
             raise NpuError(f"{BACKEND_NAME} reads ONNX models; {self.model_path.name} is an OpenVINO IR model")
         # The model's own ports, read from the file without loading it (a session or the cache loads it later).
         try:
-            onnx_info = modelfile.read_onnx_ports(self.model_path)
+            onnx_info = modelfile.read_onnx_ports(self.model_path, nodes=False)
         except ValueError as e:
             raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
         ins = [spec_of_onnx_port(p, "input") for p in onnx_info.inputs]

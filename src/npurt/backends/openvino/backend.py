@@ -83,7 +83,7 @@ class OpenVINOBackend(Backend):
             # The ports are the ONNX model's own, whatever OpenVINO makes of them (see ModelPorts); OpenVINO reads the
             # model only to compile it (a load from npurt's cache never does).
             try:
-                onnx_info = modelfile.read_onnx_ports(self.model_path)
+                onnx_info = modelfile.read_onnx_ports(self.model_path, nodes=False)
             except ValueError as e:
                 raise NpuError(f"OpenVINO cannot read the model {self.model_path}: {e}") from None
             ins = [spec_of_onnx_port(p, "input") for p in onnx_info.inputs]
