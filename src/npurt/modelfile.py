@@ -106,8 +106,8 @@ def read_onnx_ports(path: str | os.PathLike[str], nodes: bool = True) -> OnnxMod
     """Read the ports of the ONNX model file at ``path`` (external data files are neither needed nor opened).
 
     ``nodes=False`` skips the nodes (a runner's load needs the ports only: a large model has thousands of nodes);
-    then ``operator_domains`` is empty and ``has_subgraphs`` False, unread. Raises ValueError when ``path`` is a directory, not a regular file or not an ONNX model, and OSError when it
-    cannot be opened.
+    then ``operator_domains`` is empty and ``has_subgraphs`` False, unread. Raises ValueError when ``path`` is a
+    directory, not a regular file or not an ONNX model, and OSError when it cannot be opened.
     """
     path = Path(path)
     mode = path.stat().st_mode
