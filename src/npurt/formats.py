@@ -1,6 +1,9 @@
-"""HW views: which layout / dtype / quantization each target uses, and conversion between views.
+"""Views: which layout / dtype / quantization each target's HW view uses, how a view lays a tensor out, and
+conversion between views. The one owner of layout rules: ``ViewLayout`` (how a view stores the logical tensor)
+and ``ViewMap`` (a port's CPU view to its HW view) are what the numpy reference, the native kernels, OpenVINO's
+PrePostProcessor and the ONNX graph edits all build their conversions from.
 
-The view rules (DESIGN.md, "HW views"):
+The NPU's view rules (docs/api.md, "HW views"); on CPU and GPU the HW view is the CPU view:
 
 | target   | 4-D float                          | other float       | int       | QDQ boundary             |
 |----------|------------------------------------|-------------------|-----------|--------------------------|
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,20 +41,100 @@ def default_layout(rank: int) -> MemoryLayout:
     return {2: MemoryLayout.NC, 3: MemoryLayout.NHW, 4: MemoryLayout.NCHW}.get(rank, MemoryLayout.UNKNOWN)
 
 
+@dataclass(frozen=True)
+class ViewLayout:
+    """How a view stores a tensor, relative to its logical axes (the CPU view's: the model's own order).
+
+    ``group``: a channel group of k lanes (0: none): the logical [N, C, H, W] is split into [N, C/k, k, H, W], C
+    padded with zeros up to a multiple of k. ``perm``: view axis i holds axis ``perm[i]`` of the logical tensor (of
+    its split when grouped).
+    """
+
+    group: int
+    perm: tuple[int, ...]
+
+    @classmethod
+    def of(cls, layout: MemoryLayout, rank: int, order: tuple[int, ...] = ()) -> ViewLayout:
+        if layout in CHANNEL_GROUP:
+            if rank != 4:
+                raise ValueError(f"{layout.name} needs a 4-D tensor, got rank {rank}")
+            return cls(CHANNEL_GROUP[layout], _HCWNC_PERMUTATION)
+        if layout is MemoryLayout.GENERIC and order:
+            return cls(0, tuple(order))
+        perm = _PERMUTATION.get(layout)
+        return cls(0, perm if perm is not None and rank == 4 else tuple(range(rank)))
+
+    @classmethod
+    def of_info(cls, info: NpuTensorInfo) -> ViewLayout:
+        return cls.of(info.memory_layout, len(info.shape) if info.memory_layout not in CHANNEL_GROUP else 4,
+                      info.memory_layout_order)
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.group and self.perm == tuple(range(len(self.perm)))
+
+    def split(self, logical: tuple[int, ...]) -> tuple[int, ...]:
+        """The logical shape as the view's axes index it: split [N, C/k, k, H, W] when grouped."""
+        if not self.group:
+            return tuple(logical)
+        n, c, h, w = logical
+        return (n, -1 if c < 0 else math.ceil(c / self.group), self.group, h, w)
+
+    def shape(self, logical: tuple[int, ...]) -> tuple[int, ...]:
+        """The view's shape of a tensor of logical shape ``logical`` (a dynamic dim stays dynamic)."""
+        split = self.split(logical)
+        return tuple(split[i] for i in self.perm)
+
+    def to_view(self, x: np.ndarray) -> np.ndarray:
+        """A logical array as the view lays it out (numpy reference)."""
+        if self.group:
+            n, c, h, w = x.shape
+            k = self.group
+            cp = math.ceil(c / k) * k
+            if cp != c:
+                x = np.concatenate([x, np.zeros((n, cp - c, h, w), x.dtype)], axis=1)
+            x = x.reshape(n, cp // k, k, h, w)
+        return x.transpose(self.perm)
+
+    def to_logical(self, a: np.ndarray, logical: tuple[int, ...]) -> np.ndarray:
+        """A view's array in logical order (numpy reference): padding lanes dropped."""
+        x = a.transpose(np.argsort(self.perm))
+        if self.group:
+            n, c, h, w = logical
+            x = x.reshape(n, -1, h, w)[:, :c]
+        return x
+
+    def strides(self, info: NpuTensorInfo) -> list[int]:
+        """Element strides of the logical axes (of the split when grouped) in a view's memory (native kernels)."""
+        strides = [0] * len(self.perm)
+        for view_axis, axis in enumerate(self.perm):
+            strides[axis] = info.strides[view_axis]
+        return strides
+
+
+@dataclass(frozen=True)
+class ViewMap:
+    """A port's map from its CPU view (the logical tensor) to its HW view: the layout and the element types."""
+
+    layout: ViewLayout
+    cpu_type: DataType
+    hw_type: DataType
+    logical: tuple[int, ...]
+
+    @classmethod
+    def of(cls, cpu: NpuTensorInfo, hw: NpuTensorInfo) -> ViewMap:
+        if not ViewLayout.of_info(cpu).is_identity:
+            raise ValueError(f"tensor {cpu.name!r}: a CPU view is in the model's own order, got {cpu.describe()}")
+        return cls(ViewLayout.of_info(hw), cpu.data_type, hw.data_type, cpu.shape)
+
+    @property
+    def converts(self) -> bool:
+        return not self.layout.is_identity or self.cpu_type is not self.hw_type
+
+
 def layout_shape(logical: tuple[int, ...], layout: MemoryLayout, order: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The shape of a tensor of logical (CPU) shape ``logical`` stored in ``layout``."""
-    if layout in CHANNEL_GROUP:
-        if len(logical) != 4:
-            raise ValueError(f"{layout.name} needs a 4-D tensor, got shape {list(logical)}")
-        k = CHANNEL_GROUP[layout]
-        n, c, h, w = logical
-        return (h, math.ceil(c / k), w, n, k)
-    if layout is MemoryLayout.GENERIC and order:
-        return tuple(logical[i] for i in order)
-    perm = _PERMUTATION.get(layout)
-    if perm is not None and len(logical) == 4:
-        return tuple(logical[i] for i in perm)
-    return tuple(logical)
+    return ViewLayout.of(layout, len(logical), order).shape(logical)
 
 
 def hw_view(cpu: NpuTensorInfo, target: str, *, quant_data_type: DataType | None = None,
@@ -103,49 +187,21 @@ def _from_float32(x: np.ndarray, dtype: DataType, quant: QuantParameters | None)
 
 
 def _logical_shape(src: NpuTensorInfo, dst: NpuTensorInfo) -> tuple[int, ...]:
+    """The logical shape two views of one tensor share (from a view that is not channel-grouped, if any)."""
     for info in (src, dst):
-        if info.memory_layout not in CHANNEL_GROUP and info.memory_layout is not MemoryLayout.GENERIC:
-            perm = _PERMUTATION.get(info.memory_layout)
-            if perm is not None and len(info.shape) == 4:
-                inv = np.argsort(perm)
-                return tuple(info.shape[i] for i in inv)
-            return info.shape
-    for info in (src, dst):
-        if info.memory_layout is MemoryLayout.GENERIC:
-            return tuple(info.shape[i] for i in np.argsort(info.memory_layout_order or range(len(info.shape))))
+        layout = ViewLayout.of_info(info)
+        if not layout.group:
+            return tuple(info.shape[i] for i in np.argsort(layout.perm))
     h, cg, w, n, k = src.shape  # both grouped: the padded channels are part of the tensor
     return (n, cg * k, h, w)
 
 
 def _view_to_logical(a: np.ndarray, info: NpuTensorInfo, logical: tuple[int, ...]) -> np.ndarray:
-    layout = info.memory_layout
-    if layout in CHANNEL_GROUP:
-        n, c, h, w = logical
-        full = a.transpose(np.argsort(_HCWNC_PERMUTATION)).reshape(n, -1, h, w)
-        return full[:, :c]
-    if layout is MemoryLayout.GENERIC and info.memory_layout_order:
-        return a.transpose(np.argsort(info.memory_layout_order))
-    perm = _PERMUTATION.get(layout)
-    if perm is not None and a.ndim == 4:
-        return a.transpose(np.argsort(perm))
-    return a
+    return ViewLayout.of_info(info).to_logical(a, logical)
 
 
 def _logical_to_view(x: np.ndarray, info: NpuTensorInfo) -> np.ndarray:
-    layout = info.memory_layout
-    if layout in CHANNEL_GROUP:
-        n, c, h, w = x.shape
-        k = CHANNEL_GROUP[layout]
-        cp = math.ceil(c / k) * k
-        if cp != c:
-            x = np.concatenate([x, np.zeros((n, cp - c, h, w), x.dtype)], axis=1)
-        return x.reshape(n, cp // k, k, h, w).transpose(_HCWNC_PERMUTATION)
-    if layout is MemoryLayout.GENERIC and info.memory_layout_order:
-        return x.transpose(info.memory_layout_order)
-    perm = _PERMUTATION.get(layout)
-    if perm is not None and x.ndim == 4:
-        return x.transpose(perm)
-    return x
+    return ViewLayout.of_info(info).to_view(x)
 
 
 # -- native path ------------------------------------------------------------------------------------------
@@ -159,24 +215,12 @@ _NATIVE_KINDS = frozenset(t for t, native in _NATIVE_TYPES.items() if native in 
 
 def _logical_strides(info: NpuTensorInfo, rank: int) -> list[int]:
     """Element strides of the logical (CPU-order) axes of a non-grouped view."""
-    layout = info.memory_layout
-    if layout is MemoryLayout.GENERIC and info.memory_layout_order:
-        order: tuple[int, ...] = info.memory_layout_order
-    else:
-        perm = _PERMUTATION.get(layout)
-        order = perm if perm is not None and rank == 4 else tuple(range(rank))
-    strides = [0] * rank
-    for view_axis, logical_axis in enumerate(order):
-        strides[logical_axis] = info.strides[view_axis]
-    return strides
+    return ViewLayout.of(info.memory_layout, rank, info.memory_layout_order).strides(info)
 
 
 def _grouped_strides(info: NpuTensorInfo) -> list[int]:
     """Element strides of the split axes [N, C/k, k, H, W] of an HCWNCk view [H, C/k, W, N, k]."""
-    strides = [0] * 5
-    for view_axis, split_axis in enumerate(_HCWNC_PERMUTATION):
-        strides[split_axis] = info.strides[view_axis]
-    return strides
+    return ViewLayout.of_info(info).strides(info)
 
 
 def native_plan(s: NpuTensorInfo, d: NpuTensorInfo, logical: tuple[int, ...]

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import formats, qdq
 from .ports import Port, PortSpec
-from .types import DataType, MemoryLayout, NpuUnsupportedError, TensorType
+from .types import DataType, NpuUnsupportedError, TensorType
 
 MIN_OPSET_FOR_EDITS = 13  # Cast to/from bfloat16 needs opset 13
 INTERNAL_SUFFIX = "__npurt_cpu"
@@ -142,43 +142,36 @@ class GraphEditor:
     def _steps_to_cpu(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
         """Nodes that turn the HW tensor into the model's (CPU) tensor: move data in the HW type, cast last."""
         hw, cpu, name = port.hw, port.cpu, port.name
+        view = formats.ViewMap.of(cpu, hw)
         steps: list[tuple[str, dict[str, Any], list[str]]] = []
-        layout = hw.memory_layout
-        if layout in formats.CHANNEL_GROUP:
+        inverse = tuple(int(i) for i in np.argsort(view.layout.perm))
+        if view.layout.group:
             n, c, h, w = cpu.shape
-            k = formats.CHANNEL_GROUP[layout]
-            padded = -(-c // k) * k
-            inverse = tuple(int(i) for i in np.argsort(formats._HCWNC_PERMUTATION))
-            steps += self._permute(name, hw.shape, inverse, (n, padded, h, w))
-            if padded != c:
+            split = view.layout.split(cpu.shape)
+            steps += self._permute(name, hw.shape, inverse, (n, split[1] * split[2], h, w))
+            if split[1] * split[2] != c:
                 steps.append(("Slice", {}, [self._const(name, [0]), self._const(name, [c]), self._const(name, [1])]))
-        else:
-            perm = _layout_perm(port)
-            if perm is not None:
-                inverse = tuple(int(i) for i in np.argsort(perm))
-                steps += self._permute(name, hw.shape, inverse, cpu.shape)
-        if hw.data_type != cpu.data_type:
+        elif not view.layout.is_identity:
+            steps += self._permute(name, hw.shape, inverse, cpu.shape)
+        if view.hw_type != view.cpu_type:
             steps.append(("Cast", {"to": onnx_type(cpu.data_type, name)}, []))
         return steps
 
     def _steps_to_hw(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
         """Nodes that turn the model's (CPU) tensor into the HW tensor: pad, cast, then move data in the HW type."""
         hw, cpu, name = port.hw, port.cpu, port.name
+        view = formats.ViewMap.of(cpu, hw)
         steps: list[tuple[str, dict[str, Any], list[str]]] = []
-        layout = hw.memory_layout
         moves: list[tuple[str, dict[str, Any], list[str]]] = []
-        if layout in formats.CHANNEL_GROUP:
-            n, c, h, w = cpu.shape
-            k = formats.CHANNEL_GROUP[layout]
-            groups = -(-c // k)
-            if groups * k != c:
-                steps.append(("Pad", {}, [self._const(name, [0, 0, 0, 0, 0, groups * k - c, 0, 0])]))
-            moves = self._permute(name, (n, groups, k, h, w), formats._HCWNC_PERMUTATION, hw.shape)
-        else:
-            perm = _layout_perm(port)
-            if perm is not None:
-                moves = self._permute(name, cpu.shape, perm, hw.shape)
-        if hw.data_type != cpu.data_type:
+        if view.layout.group:
+            split = view.layout.split(cpu.shape)
+            padding = split[1] * split[2] - cpu.shape[1]
+            if padding:
+                steps.append(("Pad", {}, [self._const(name, [0, 0, 0, 0, 0, padding, 0, 0])]))
+            moves = self._permute(name, split, view.layout.perm, hw.shape)
+        elif not view.layout.is_identity:
+            moves = self._permute(name, cpu.shape, view.layout.perm, hw.shape)
+        if view.hw_type != view.cpu_type:
             steps.append(("Cast", {"to": onnx_type(hw.data_type, name)}, []))
         return steps + moves
 
@@ -219,23 +212,6 @@ def onnx_type(dtype: DataType, name: str) -> int:
     if t is None:
         raise NpuUnsupportedError(f"tensor {name!r}: no ONNX element type for {dtype.name}")
     return t
-
-
-def _layout_perm(port: Port) -> tuple[int, ...] | None:
-    """The permutation from the CPU tensor's axes to the HW view's (None when they are the same)."""
-    hw, cpu = port.hw, port.cpu
-    if hw.memory_layout == cpu.memory_layout or hw.memory_layout is MemoryLayout.UNKNOWN:
-        return None
-    if hw.memory_layout is MemoryLayout.GENERIC and hw.memory_layout_order:
-        perm = tuple(hw.memory_layout_order)
-    elif hw.memory_layout is MemoryLayout.NHWC and cpu.memory_layout is MemoryLayout.NCHW:
-        perm = (0, 2, 3, 1)
-    elif hw.memory_layout is MemoryLayout.NCHW and cpu.memory_layout is MemoryLayout.NCHW:
-        perm = None
-    else:
-        raise NpuUnsupportedError(f"tensor {port.name!r}: cannot bake {cpu.memory_layout.name} -> "
-                                  f"{hw.memory_layout.name} into the ONNX graph")
-    return None if perm is None or perm == tuple(range(len(perm))) else perm
 
 
 def _reduce_transpose(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:

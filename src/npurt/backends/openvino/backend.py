@@ -9,10 +9,10 @@ from typing import Any
 import openvino as ov
 from openvino.preprocess import PrePostProcessor
 
-from ... import devices, modelfile
+from ... import devices, formats, modelfile
 from ...engine import Backend, Engine, OpenedModel
 from ...ports import Port, PortFactory, PortSpec, spec_of_onnx_port
-from ...types import DeviceInfo, MemoryLayout, NpuError, NpuUnsupportedError, TensorDirection, TensorType
+from ...types import DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from .discovery import (
     ENGINE,
     core,
@@ -25,25 +25,18 @@ from .discovery import (
 from .engine import OpenVINOEngine
 from .model_ports import ModelPorts, partial_shape, spec_shape
 
-_LAYOUT_NAMES = {MemoryLayout.NCHW: "NCHW", MemoryLayout.NHWC: "NHWC"}
-
 
 def _layout_pair(port: Port) -> tuple[str, str] | None:
-    """(tensor layout, model layout) for PrePostProcessor, None when the HW view keeps the CPU layout."""
-    cpu, hw = port.cpu, port.hw
-    if hw.memory_layout is MemoryLayout.GENERIC and hw.memory_layout_order:
-        order = hw.memory_layout_order
-        if order == tuple(range(len(order))):
-            return None
-        names = [f"d{i}" for i in range(len(order))]
-        return "[" + ",".join(names[i] for i in order) + "]", "[" + ",".join(names) + "]"
-    if hw.memory_layout in (cpu.memory_layout, MemoryLayout.UNKNOWN) and hw.shape == cpu.shape:
+    """(tensor layout, model layout) for PrePostProcessor, None where the HW view keeps the CPU view's order."""
+    layout = formats.ViewMap.of(port.cpu, port.hw).layout
+    if layout.group:
+        raise NpuUnsupportedError(
+            f"tensor {port.name!r}: the HW view {port.hw.describe()} groups channels, which OpenVINO's "
+            f"PrePostProcessor cannot build in (it permutes axes and converts element types)")
+    if layout.is_identity:
         return None
-    if len(cpu.shape) == 4 and hw.memory_layout in _LAYOUT_NAMES and cpu.memory_layout in _LAYOUT_NAMES:
-        return _LAYOUT_NAMES[hw.memory_layout], _LAYOUT_NAMES[cpu.memory_layout]
-    raise NpuUnsupportedError(
-        f"tensor {port.name!r}: the HW view {hw.describe()} cannot be built into an OpenVINO model "
-        f"(PrePostProcessor does layout permutations and element types; CPU view {cpu.describe()})")
+    names = [f"d{i}" for i in range(len(layout.perm))]
+    return "[" + ",".join(names[i] for i in layout.perm) + "]", "[" + ",".join(names) + "]"
 
 
 class OpenVINOBackend(Backend):
