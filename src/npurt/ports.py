@@ -137,3 +137,27 @@ class PortFactory:
 
     def make_all(self, specs: Sequence[PortSpec], direction: TensorDirection) -> list[Port]:
         return [self.make(s, direction) for s in specs]
+
+
+def check_port_options(options: RunnerOptions, ins: Sequence[PortSpec], outs: Sequence[PortSpec]) -> dict[str, str]:
+    """Options that name ports must name the model's: per-tensor views, hw_format, state_pairs (whose input and
+    output must also be alike). ValueError otherwise; the state pairs, checked."""
+    names = {TensorDirection.INPUT: {s.name for s in ins}, TensorDirection.OUTPUT: {s.name for s in outs}}
+    for direction, name in options.tensor_types:
+        if name not in names[direction]:
+            raise ValueError(f"option '{direction.name.lower()}_tensor_type.{name}': the model has no "
+                             f"{direction.name.lower()} {name!r} (it has {sorted(names[direction])})")
+    all_names = names[TensorDirection.INPUT] | names[TensorDirection.OUTPUT]
+    for name in options.hw_format:
+        if name not in all_names:
+            raise ValueError(f"option 'hw_format': the model has no tensor {name!r} (it has {sorted(all_names)})")
+    pairs = dict(options.state_pairs)
+    by_in, by_out = {s.name: s for s in ins}, {s.name: s for s in outs}
+    for i, o in pairs.items():
+        if i not in by_in or o not in by_out:
+            raise ValueError(f"option 'state_pairs': {i!r} <- {o!r}: the model has inputs {sorted(by_in)} and "
+                             f"outputs {sorted(by_out)}")
+        if by_in[i].data_type is not by_out[o].data_type or len(by_in[i].shape) != len(by_out[o].shape):
+            raise ValueError(f"option 'state_pairs': input {i!r} ({by_in[i].data_type.name} {by_in[i].shape_text()}) "
+                             f"cannot take output {o!r} ({by_out[o].data_type.name} {by_out[o].shape_text()})")
+    return pairs

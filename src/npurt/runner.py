@@ -29,15 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import ArrayRuns
 from .engine import Backend, Engine
 from .jobs import JobScheduler
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
 from .plans import Plan, Planner
-from .ports import Port, PortFactory, PortSpec, Signature
-from .staging import Staging, record_shapes
+from .ports import Port, PortFactory, PortSpec, check_port_options
+from .staging import Staging, engine_start, run_plan
 from .stats import RunnerStats
-from .status import StatusError, status_of
+from .status import StatusError
 from .streams import Stream, StreamRuns, StreamState, StreamTable
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
 from .types import (
@@ -51,9 +52,7 @@ from .types import (
     TensorDirection,
     TensorType,
 )
-from .variants import ShapeError, ShapeVariants, Variant
-
-RUN_CACHE_SIZE = 64  # input signatures remembered by run()
+from .variants import ShapeVariants, Variant
 
 
 class Runner:
@@ -69,7 +68,6 @@ class Runner:
         self.log = RunnerLog(self.options.log_level)
         self._tls = threading.local()
         self._stats = RunnerStats()
-        self._run_variants: dict[Signature, Variant | None] = {}  # run(): signature -> variant (None: not direct)
         self._backend = backend(self.model_path, self.options)
         self._backend.count_copy = self._stats.copy
         self._variants: ShapeVariants | None = None
@@ -78,7 +76,7 @@ class Runner:
             opened = self._backend.open()
             open_ms = (time.perf_counter() - t0) * 1e3
             self._in_specs, self._out_specs = list(opened.inputs), list(opened.outputs)
-            self._check_option_names()
+            pairs = check_port_options(self.options, self._in_specs, self._out_specs)
             self._ports = PortFactory(self.options, self._backend.target, opened.device_info.attached)
             self._variants = ShapeVariants(self._backend, opened, self._ports, self.options, self._stats)
             self._planner = Planner(self._variants, self.options.batch_size)
@@ -100,10 +98,11 @@ class Runner:
             hw_view="npu" if self._ports.npu_views else "device", shape_mode=self._variants.mode,
             engine_settings=tuple(sorted(self._backend.engine_settings().items())),
             load_steps=(("open the model", open_ms), *self._variants.load_steps))
-        self._streams = StreamTable(self._check_state_pairs(), self._allocate_state)
+        self._streams = StreamTable(pairs, self._allocate_state)
         carried_in, carried_out = set(self._streams.pairs), set(self._streams.pairs.values())
         self._input_names = [s.name for s in self._in_specs if s.name not in carried_in]
-        self._input_dtypes = [s.data_type.numpy for s in self._in_specs if s.name not in carried_in]
+        self._arrays = ArrayRuns(self, self._input_names,
+                                 [s.data_type.numpy for s in self._in_specs if s.name not in carried_in])
         self._output_names = [s.name for s in self._out_specs if s.name not in carried_out]
         self._stream_runs = StreamRuns(self, self._streams)
         self._closed = False
@@ -112,36 +111,10 @@ class Runner:
     def _forget_variant(self, variant: Variant) -> None:
         """The LRU dropped an engine: the plans and run() shortcuts that use it go with it."""
         self._planner.forget_variant(variant)
-        self._run_variants = {k: v for k, v in self._run_variants.items() if v is not variant}
-
-    def _check_state_pairs(self) -> dict[str, str]:
-        """Option state_pairs: each carried input and the output fed back as it must be the model's, alike."""
-        pairs = dict(self.options.state_pairs)
-        ins, outs = {s.name: s for s in self._in_specs}, {s.name: s for s in self._out_specs}
-        for i, o in pairs.items():
-            if i not in ins or o not in outs:
-                raise ValueError(f"option 'state_pairs': {i!r} <- {o!r}: the model has inputs {sorted(ins)} and "
-                                 f"outputs {sorted(outs)}")
-            if ins[i].data_type is not outs[o].data_type or len(ins[i].shape) != len(outs[o].shape):
-                raise ValueError(f"option 'state_pairs': input {i!r} ({ins[i].data_type.name} "
-                                 f"{ins[i].shape_text()}) cannot take output {o!r} ({outs[o].data_type.name} "
-                                 f"{outs[o].shape_text()})")
-        return pairs
+        self._arrays.forget(variant)
 
     def _allocate_state(self, info: NpuTensorInfo) -> NpuTensor:
         return allocate_tensor(info, MemoryType.XRT_BO, self.options.memory_provider)
-
-    def _check_option_names(self) -> None:
-        names = {TensorDirection.INPUT: {s.name for s in self._in_specs},
-                 TensorDirection.OUTPUT: {s.name for s in self._out_specs}}
-        for direction, name in self.options.tensor_types:
-            if name not in names[direction]:
-                raise ValueError(f"option '{direction.name.lower()}_tensor_type.{name}': the model has no "
-                                 f"{direction.name.lower()} {name!r} (it has {sorted(names[direction])})")
-        all_names = names[TensorDirection.INPUT] | names[TensorDirection.OUTPUT]
-        for name in self.options.hw_format:
-            if name not in all_names:
-                raise ValueError(f"option 'hw_format': the model has no tensor {name!r} (it has {sorted(all_names)})")
 
     # ---------------------------------------------------------------- queries (raise)
     def _require_open(self) -> None:
@@ -270,20 +243,8 @@ class Runner:
     def _execute_plan(self, plan: Plan, inputs: Sequence[Sequence[NpuTensor]],
                       outputs: Sequence[Sequence[NpuTensor]], stream: StreamState | None = None
                       ) -> tuple[StatusCode, str]:
-        for b, slot in enumerate(plan):
-            slot.variant.touch()
-            try:
-                engine = slot.variant.engine
-                context = None if stream is None else self._stream_runs.context(stream, engine)
-                if slot.binding is not None and not slot.sync:
-                    shapes = engine.run(slot.binding, context)
-                    if shapes:
-                        record_shapes([outputs[b][k] for k in slot.out_order], shapes)
-                else:
-                    self._staging.run(slot, *slot.tensors(inputs[b], outputs[b]), context)
-            except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
-                return status_of(e, b)
-        return StatusCode.SUCCESS, ""
+        context_of = None if stream is None else (lambda engine: self._stream_runs.context(stream, engine))
+        return run_plan(plan, inputs, outputs, self._staging, context_of)
 
     def execute(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
                 stream: Stream | int | None = None) -> StatusCode:
@@ -335,30 +296,12 @@ class Runner:
             else:
                 plan = self._planner.plan(inputs, outputs)
                 job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs),
-                                        self._engine_start(plan, outputs), callback)
+                                        engine_start(plan, outputs), callback)
         except StatusError as e:
             self._fail(e.status, str(e))
             return JobHandle(e.status, 0)
         self._tls.error = ""
         return JobHandle(StatusCode.SUCCESS, job.job_id)
-
-    @staticmethod
-    def _engine_start(plan: Plan, outputs: Sequence[Sequence[NpuTensor]]
-                      ) -> Callable[[Callable[[BaseException | None], None]], bool] | None:
-        """How to start a one-slot job with nothing to convert on the engine's own requests (None: workers)."""
-        if len(plan) != 1 or plan[0].binding is None or plan[0].sync:
-            return None
-        slot = plan[0]
-
-        def start(done: Callable[[BaseException | None], None]) -> bool:
-            def ended(error: BaseException | None, shapes: Any) -> None:
-                if error is None and shapes:
-                    record_shapes([outputs[0][k] for k in slot.out_order], shapes)
-                done(error)
-
-            return slot.variant.engine.start(slot.binding, ended)
-
-        return start
 
     def _timeout_s(self, timeout_ms: Any) -> float | None:
         if timeout_ms is None:
@@ -415,83 +358,8 @@ class Runner:
         self._require_open()
         if stream is not None or self._stream_runs.stateful:
             return self._stream_runs.run(stream, feeds)
-        arrays = self._feed_arrays(feeds)
-        return dict(zip(self._output_names, self._run_arrays(arrays)))
-
-    def _feed_arrays(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """run()'s inputs as C-contiguous arrays of the ports' dtypes, in the app's port order (ValueError else)."""
-        if not isinstance(feeds, Mapping):
-            raise ValueError(f"run() takes a dict of input name -> array, got {type(feeds).__name__}")
-        names = self._input_names
-        try:
-            arrays = [feeds[n] for n in names]
-        except KeyError:
-            arrays = []
-        if len(arrays) != len(feeds) or not arrays and names:
-            unknown = sorted(set(feeds) - set(names))
-            missing = [n for n in names if n not in feeds]
-            raise ValueError(f"run(): unknown inputs {unknown} and missing inputs {missing}; the model's inputs "
-                             f"are {names}")
-        dtypes = self._input_dtypes
-        for i, a in enumerate(arrays):
-            if type(a) is not np.ndarray or not a.flags.c_contiguous:
-                a = arrays[i] = np.require(a, requirements="C")  # keeps 0-d inputs 0-d
-            if a.dtype != dtypes[i]:
-                raise ValueError(f"input {names[i]!r}: dtype {a.dtype}, expected {dtypes[i]}; convert it explicitly")
-        return arrays
-
-    def _run_arrays(self, arrays: list[np.ndarray], stream: StreamState | None = None) -> list[np.ndarray]:
-        """One run of the model's inputs (all of them, in order) on numpy arrays: its outputs, in order."""
-        signature = tuple(a.shape for a in arrays)
-        variant = self._run_variants.get(signature, False)
-        if variant is False:
-            variant = self._run_variant(signature)
-        if variant is None:
-            return self._run_through_execute(signature, arrays, stream)
-        variant.touch()
-        try:
-            context = None if stream is None else self._stream_runs.context(stream, variant.engine)
-            results = variant.engine.run_arrays(arrays, context)
-        except Exception as e:  # noqa: BLE001 - the engine's error, in the contract's words
-            self._stats.executed(False)
-            status, message = status_of(e)
-            raise NpuError(f"{status.name}: {message}") from None
-        self._stats.executed(True)
-        return results
-
-    def _run_variant(self, signature: Signature) -> Variant | None:
-        """The variant run() gives arrays to directly for these shapes (None: some port converts views)."""
-        assert self._variants is not None
-        try:
-            variant = self._variants.get(signature)
-        except ShapeError as e:
-            raise ValueError(str(e)) from None
-        except Exception as e:  # noqa: BLE001 - the engine could not compile these shapes
-            raise NpuError(f"cannot compile the model for input shapes {[list(s) for s in signature]}: {e}") from None
-        direct = not any(p.view is TensorType.HW and p.converts for p in (*variant.inputs, *variant.outputs))
-        result = variant if direct else None
-        if len(self._run_variants) >= RUN_CACHE_SIZE:
-            self._run_variants.clear()
-        self._run_variants[signature] = result
-        return result
-
-    def _run_through_execute(self, signature: Signature, arrays: list[np.ndarray], stream: StreamState | None
-                             ) -> list[np.ndarray]:
-        """run() where ports take HW views that differ from the model's: CPU tensors, converted by the plan."""
-        assert self._variants is not None
-        variant = self._variants.get(signature)
-        ins = [NpuTensor(p.cpu.replace(shape=a.shape), a) for p, a in zip(variant.inputs, arrays)]
-        results = [np.empty(p.cpu.shape, p.cpu.numpy_dtype) for p in variant.outputs]
-        outs = [NpuTensor(p.cpu, r) for p, r in zip(variant.outputs, results)]
-        try:
-            plan = self._planner.plan([ins], [outs])
-            status, message = self._execute_plan(plan, [ins], [outs], stream)
-        except StatusError as e:
-            status, message = e.status, str(e)
-        self._stats.executed(status is StatusCode.SUCCESS)
-        if status is not StatusCode.SUCCESS:
-            raise NpuError(f"{status.name}: {message}")
-        return results
+        arrays = self._arrays.feeds(feeds)
+        return dict(zip(self._output_names, self._arrays.run(arrays)))
 
     # ---------------------------------------------------------------- streams
     def open_stream(self) -> Stream:
@@ -551,7 +419,7 @@ class Runner:
             self._jobs.close()
         finally:
             self._planner.clear()
-            self._run_variants.clear()
+            self._arrays.clear()
             try:
                 if self._variants is not None:
                     self._variants.close()

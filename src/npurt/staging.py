@@ -1,6 +1,8 @@
-"""Staging: running a batch slot whose tensors are not all in their port's view, and CPU-access brackets.
+"""Running plans: each batch slot on its engine, directly or through staging, and DMA-BUF CPU-access brackets.
 
-A tensor in the other view than its port's is converted by the native kernels into a staging tensor in the
+A slot whose tensors are all in their ports' views runs on the engine with its binding (no copy). Otherwise:
+
+a tensor in the other view than its port's is converted by the native kernels into a staging tensor in the
 engine's view (one copy, counted in the runner's stats), as VART-ML does for CPU tensors; outputs come back the
 same way. Staging tensors are allocated once per port and concurrent call, from the runner's memory provider, and
 reused.
@@ -12,16 +14,17 @@ start/end: ``CpuAccess`` is that bracket, in the style of libcamera's ``DmaSynce
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
 from . import formats
 from .engine import ResultShapes
-from .plans import SlotPlan
+from .plans import Plan, SlotPlan
 from .stats import RunnerStats
+from .status import status_of
 from .tensor import NpuTensor, allocate_tensor
-from .types import MemoryType, NpuTensorInfo, QuantParameters, TensorDirection
+from .types import MemoryType, NpuTensorInfo, QuantParameters, StatusCode, TensorDirection
 
 
 class CpuAccess:
@@ -117,3 +120,43 @@ class Staging:
         with CpuAccess((src,), (dst,)):
             formats.convert(src, dst, quant=quant)
         self._stats.copy(dst.nbytes)
+
+
+ContextOf = Callable[[Any], Any]  # an engine -> the context a run uses on it (a stream's), or None
+
+
+def run_plan(plan: Plan, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
+             staging: Staging, context_of: ContextOf | None = None) -> tuple[StatusCode, str]:
+    """Run every batch slot of a plan; the status (the engine's error becomes a status: this never raises)."""
+    for b, slot in enumerate(plan):
+        slot.variant.touch()
+        try:
+            engine = slot.variant.engine
+            context = None if context_of is None else context_of(engine)
+            if slot.binding is not None and not slot.sync:
+                shapes = engine.run(slot.binding, context)
+                if shapes:
+                    record_shapes([outputs[b][k] for k in slot.out_order], shapes)
+            else:
+                staging.run(slot, *slot.tensors(inputs[b], outputs[b]), context)
+        except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
+            return status_of(e, b)
+    return StatusCode.SUCCESS, ""
+
+
+def engine_start(plan: Plan, outputs: Sequence[Sequence[NpuTensor]]
+                 ) -> Callable[[Callable[[BaseException | None], None]], bool] | None:
+    """How to start a one-slot job with nothing to convert on the engine's own requests (None: workers)."""
+    if len(plan) != 1 or plan[0].binding is None or plan[0].sync:
+        return None
+    slot = plan[0]
+
+    def start(done: Callable[[BaseException | None], None]) -> bool:
+        def ended(error: BaseException | None, shapes: Any) -> None:
+            if error is None and shapes:
+                record_shapes([outputs[0][k] for k in slot.out_order], shapes)
+            done(error)
+
+        return slot.variant.engine.start(slot.binding, ended)
+
+    return start

@@ -301,7 +301,7 @@ class StreamRuns:
         """Runner.run on a stream: the carried state goes in from the stream and its successor stays there."""
         runner = self.runner
         state = runner._streams.get(stream)
-        arrays = runner._feed_arrays(feeds)
+        arrays = runner._arrays.feeds(feeds)
         by_name = dict(zip(runner._input_names, arrays))
         with state.turn(state.place()):
             shapes = {n: a.shape for n, a in by_name.items()}
@@ -310,7 +310,7 @@ class StreamRuns:
                 infos[in_name] = self._state_infos(state, in_name, out_name, shapes)
                 current, _ = self.table.carried(state, *infos[in_name])
                 by_name[in_name] = current.numpy()
-            results = runner._run_arrays([by_name[s.name] for s in runner._in_specs], state)
+            results = runner._arrays.run([by_name[s.name] for s in runner._in_specs], state)
             out = dict(zip([s.name for s in runner._out_specs], results))
             for in_name, out_name in self.table.pairs.items():
                 StreamTable.adopt(state, in_name, out.pop(out_name), *infos[in_name])
