@@ -505,3 +505,27 @@ def test_infer_queue_slots_callbacks_and_failures(axpy_model):
         with pytest.raises(ValueError, match="output_shapes"):
             InferQueue(r)
         InferQueue(r, output_shapes={"y": (4, 3, 4, 4)})
+
+
+def test_an_evicted_engine_is_closed_once_nothing_uses_it(axpy_model):
+    import gc
+
+    with RunnerFactory.create_runner("AXPY", axpy_model(shape=[1, 3, None, 4], dynamic=False),
+                                     {"max_compiled_shapes": 1}) as r:
+        r.run({"x": np.ones((1, 3, 2, 4), np.float32)})
+        first = r.engine_for([(1, 3, 2, 4)])
+        r.run({"x": np.ones((1, 3, 3, 4), np.float32)})  # the LRU holds one: the first engine goes
+        gc.collect()
+        assert first.closed
+        with pytest.raises(ValueError, match=r"no engine is compiled for input shapes \[\[1, 3, 2, 4\]\]"):
+            r.engine_for([(1, 3, 2, 4)])
+
+
+def test_log_level_is_the_runners_not_the_process(axpy_model):
+    import logging
+
+    logger = logging.getLogger("npurt")
+    before = logger.level
+    with RunnerFactory.create_runner("AXPY", axpy_model(), {"log_level": "DEBUG"}) as r:
+        assert logger.level == before  # the application's logging configuration stays as it was
+        assert r.log.level == logging.DEBUG

@@ -203,9 +203,11 @@ def discover_memory(kernel: Mapping[str, Any]) -> dict[str, Any]:
         report["note"] = f"a probe allocation failed: {_first_line(e)}"
         return report
     if report["actual"] != expected:
-        report["note"] = (f"this build allocates from {report['actual']!r}; the device nodes here would give "
-                          f"{expected!r} once the native provider chain (dma_heap -> udmabuf -> memfd -> host) is in "
-                          "the build")
+        # The chain (dma_heap -> udmabuf -> memfd -> host) skips a provider whose node is there but refuses this
+        # process (permissions, a udmabuf size limit): say which one the probe fell past.
+        report["note"] = (f"allocation gets {report['actual']!r} memory, though the device nodes here suggest "
+                          f"{expected!r}: the provider chain (dma_heap -> udmabuf -> memfd -> host) fell past it "
+                          "(`npurt._native.Buffer.allocate(4096, 'auto').fallback_reasons` says why)")
     return report
 
 
