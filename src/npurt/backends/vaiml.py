@@ -198,7 +198,9 @@ class OrtEngine(Engine):
         session = self.session
         if session is None:
             raise NpuError("the runner is closed")
-        return session.run(self.out_names, {name: a for (name, _), a in zip(self.in_types, arrays)})
+        # the C++ session's run: InferenceSession.run's Python checks (input names, OrtValue ownership) are the
+        # runner's own already
+        return session._sess.run(self.out_names, {name: a for (name, _), a in zip(self.in_types, arrays)}, None)
 
     def close(self) -> None:
         self.session = None  # type: ignore[assignment]
