@@ -453,3 +453,13 @@ def test_choose_backend_compares_the_engines_on_a_real_model():
 def test_choose_backend_says_when_the_model_is_missing(tmp_path):
     done = run_example("examples/choose_backend.py", str(tmp_path / "missing.onnx"))
     assert done.returncode == 2 and "no model file" in done.stderr
+
+
+@pytest.mark.slow
+def test_vad_streams_example_interleaves_streams_without_copies():
+    if speech.missing_tools():
+        pytest.skip(f"speech synthesis needs {' and '.join(speech.missing_tools())} (apt-get install espeak-ng sox)")
+    done = run_example("examples/vad_streams.py", "--streams", "3")
+    assert done.returncode == 0, done.stderr
+    assert len(re.findall(r"^stream \d: \d", done.stdout, re.M)) == 3
+    assert "the same segments; host copies: 0" in done.stdout
