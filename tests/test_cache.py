@@ -188,3 +188,21 @@ def test_npurt_cache_list_verify_clear(tmp_path):
     assert "removed 1 of 2" in npurt("clear", "--stale").stdout
     assert "removed 1 of 1" in npurt("clear").stdout
     assert "no entries" in npurt("list").stdout
+
+
+def test_a_restarted_process_loads_the_static_variants_it_compiled(tmp_path):
+    """The NPU's rule (static shapes, forced here with static_shapes): each input-shape signature a process
+    compiled comes from the cache in the next process, none compiled again."""
+    code = f"""
+        import numpy as np
+        from npurt import RunnerFactory
+        from npurt.models import DEFAULT_MODEL
+        r = RunnerFactory.create_runner("OPENVINO", DEFAULT_MODEL, {{"device": "CPU", "static_shapes": True,
+                                                                    "cache_dir": {str(tmp_path)!r}}})
+        for n in (1, 3, 5):
+            r.run({{"image": np.zeros((n, 1, 8, 8), np.float32)}})
+        print("COMPILES", r.stats["compiles"])
+    """
+    first, second = _child(code), _child(code)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "COMPILES 3" in first.stdout and "COMPILES 0" in second.stdout
