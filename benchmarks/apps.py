@@ -1,0 +1,172 @@
+"""The example apps (examples/) as the benchmarks drive them: the PP-OCR pipeline over generated pages, and streaming
+silero-vad over synthesized speech, each through npurt or through its engine called directly.
+
+examples/ is appended to ``sys.path`` (its modules import one another by plain name); the benchmarks import the apps
+from here and never copy their code. What this module adds: which silero-vad export each backend runs, the raw
+engine adapters an app would use, the speech the VAD benchmarks stream, and silero-vad with its state carried by an
+npurt stream (option ``state_pairs``) instead of by the app.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.append(str(EXAMPLES))  # appended: never shadow a module of the same name elsewhere
+
+import infer as example_infer  # noqa: E402
+import pages  # noqa: E402
+import ppocr  # noqa: E402
+import speech  # noqa: E402
+import vad  # noqa: E402
+from npurt.engine import Backend  # noqa: E402
+from npurt.models import zoo  # noqa: E402
+from npurt.runner import Runner  # noqa: E402
+
+Infer = example_infer.Infer
+BACKENDS = ("OPENVINO", "VAIML")
+# OpenVINO's ONNX frontend cannot read silero_vad_16k_op15 (see examples/vad.py): both OpenVINO sides run the
+# op18_ifless export, which has the same ports and gives the same probabilities.
+VAD_MODEL = {"OPENVINO": "silero_vad_op18_ifless", "VAIML": "silero_vad"}
+OCR_MODELS = ("ocr_det", "ocr_cls", "ocr_rec")
+RAW_ENGINE = {"OPENVINO": "OpenVINO", "VAIML": "ONNX Runtime"}
+RAW_APP_CALL = {
+    "OPENVINO": "ov.Core().compile_model(path, 'CPU', {INFERENCE_PRECISION_HINT: f32}) with the model's dynamic "
+                "shapes; InferRequest.infer(feeds) (examples/infer.py ov_infer)",
+    "VAIML": "InferenceSession(path, providers=[CPUExecutionProvider]).run(None, feeds) (examples/infer.py "
+             "ort_infer)",
+}
+SR = np.array(vad.SAMPLE_RATE, np.int64)
+
+
+def model_path(name: str) -> str:
+    return str(zoo.path(name))
+
+
+def raw_infer(backend: str, path: str) -> Infer:
+    """The engine called directly, as an app does it (examples/infer.py)."""
+    if backend == "OPENVINO":
+        return example_infer.ov_infer(path)
+    return example_infer.ort_infer(path)
+
+
+@cache
+def backend_class(backend: str) -> type[Backend]:
+    """The backend's class, loaded from its own entry point only.
+
+    ``RunnerFactory.create_runner`` loads every backend's entry point first, so making an OPENVINO runner imports
+    onnxruntime too; and with onnxruntime imported, OpenVINO's own Python API is slower in that process (its data
+    dispatch reads ``Tensor.shape``, which costs 13 us alone and 44 us with onnxruntime loaded: pybind11 modules
+    share type-lookup state). A raw OpenVINO side measured beside such a runner would be handicapped by npurt's
+    import, not by anything it does; ``onnxruntime_effect`` in real_apps measures it."""
+    for ep in metadata.entry_points(group="npurt.backends"):
+        if ep.name.upper() == backend:
+            cls = ep.load()
+            assert isinstance(cls, type) and issubclass(cls, Backend)
+            return cls
+    raise ValueError(f"no npurt backend {backend!r} is installed")
+
+
+def npurt_runner(backend: str, path: str, **options: Any) -> Runner:
+    """The runner ``RunnerFactory.create_runner(backend, path, {"device": "CPU", ...})`` makes (no ``shapes``: the
+    model's own dims), made as ``Runner(backend class, path, options)`` so that the other backend's engine is not
+    imported (see ``backend_class``)."""
+    return Runner(backend_class(backend), path, {"device": "CPU", **options})
+
+
+def onnxruntime_loaded() -> bool:
+    return "onnxruntime" in sys.modules
+
+
+def ocr(det: Infer, cls: Infer, rec: Infer) -> ppocr.PPOCR:
+    return ppocr.PPOCR(det=det, cls=cls, rec=rec, characters=zoo.ocr_characters())
+
+
+def read_texts(page: pages.Page, lines: Sequence[ppocr.OcrLine]) -> list[str]:
+    """What the OCR read on each known line of the page."""
+    return pages.read_back(page, [line.bounds() for line in lines], [line.text for line in lines])
+
+
+def speech_missing() -> list[str]:
+    """The programs speech synthesis needs that are not installed (espeak-ng, sox)."""
+    return speech.missing_tools()
+
+
+@cache
+def speech_audio() -> tuple[np.ndarray, tuple[tuple[float, float], ...]]:
+    """About 12 s of 16 kHz speech with known timing (examples/speech.py: four phrases between silences), and where
+    each phrase is (seconds). Raises RuntimeError where espeak-ng or sox is missing."""
+    with tempfile.TemporaryDirectory(prefix="npurt-bench-speech-") as tmp:
+        wav = Path(tmp) / "speech.wav"
+        truth = speech.make_speech(wav)
+        audio, rate = speech.read_wav(wav)
+    assert rate == vad.SAMPLE_RATE
+    return audio, tuple(truth)
+
+
+def audio_chunks(audio: np.ndarray) -> list[np.ndarray]:
+    return list(vad.chunks(audio))
+
+
+class StreamVad:
+    """silero-vad on one npurt stream whose runner carries the state (option ``state_pairs={"state": "stateN"}``):
+    the app passes the new samples (with their 64-sample context) and the rate; the state never leaves the runner.
+    Called like ``vad.SileroVad``: one 512-sample chunk in, its speech probability out."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.stream = runner.open_stream()
+        self.context = np.zeros((1, vad.CONTEXT), np.float32)
+
+    def reset(self) -> None:
+        self.stream.reset()
+        self.context = np.zeros((1, vad.CONTEXT), np.float32)
+
+    def __call__(self, chunk: np.ndarray) -> float:
+        x = np.concatenate([self.context, chunk.astype(np.float32, copy=False)[np.newaxis]], axis=1)
+        result = self.stream.run({"input": x, "sr": SR})
+        self.context = x[:, -vad.CONTEXT:]
+        return float(result["output"].reshape(-1)[0])
+
+
+def probabilities(step: Callable[[np.ndarray], float], chunks: Sequence[np.ndarray]) -> np.ndarray:
+    return np.array([step(c) for c in chunks], np.float32)
+
+
+def segments(probs: Sequence[float], length: int) -> list[tuple[float, float]]:
+    """Speech segments from per-chunk probabilities, as ``vad.stream_segments`` decides them."""
+    segmenter = vad.Segmenter()
+    found: list[tuple[float, float]] = []
+    for p in probs:
+        found += segmenter.push(float(p))
+    return found + segmenter.finish(length)
+
+
+class ChunkCycle:
+    """One VAD stream over the same audio, again and again: each call processes the next chunk (the stream starts
+    over, state and all, after the last one). A latency subject's step for per-chunk timing."""
+
+    def __init__(self, vad_step: Any, chunks: Sequence[np.ndarray]) -> None:
+        self.vad, self.chunks, self.k = vad_step, chunks, 0
+
+    def __call__(self) -> float:
+        if self.k == len(self.chunks):
+            self.k = 0
+            self.vad.reset()
+        p = self.vad(self.chunks[self.k])
+        self.k += 1
+        return p
+
+
+__all__ = ["BACKENDS", "ChunkCycle", "OCR_MODELS", "RAW_APP_CALL", "RAW_ENGINE", "SR", "StreamVad", "VAD_MODEL",
+           "audio_chunks", "backend_class", "model_path", "npurt_runner", "ocr", "onnxruntime_loaded", "pages",
+           "ppocr", "probabilities", "raw_infer", "read_texts", "segments", "speech", "speech_audio", "speech_missing",
+           "vad"]

@@ -1,0 +1,86 @@
+"""The benchmark scripts of benchmarks/ in their --quick mode: each runs on the real models and engines and prints a
+report (JSON) with its tables and targets. A missed speed target is the script's verdict (exit 1), not a test
+failure: this machine is shared and small. A wrong result is: the same text, the same speech and no host copies are
+required."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.models import model_or_skip
+
+pytest.importorskip("cv2", reason="the app benchmarks need opencv-python-headless (extra 'examples')")
+pytest.importorskip("PIL", reason="the app benchmarks need Pillow (extra 'examples')")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_quick(script: str, *args: str) -> dict:
+    """``python -m benchmarks.<script> --quick --json``: its report, checked to be a report."""
+    env = {k: v for k, v in os.environ.items() if k != "NPURT_NUM_THREADS"}  # both sides with their engine defaults
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick", "--json", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["tables"] and all(t["rows"] for t in report["tables"])
+    assert report["targets"]
+    for target in report["targets"]:
+        assert math.isfinite(target["value"]) and target["value"] > 0, target
+    missed = [t for t in report["targets"] if not t["met"]] + report["problems"]
+    assert (proc.returncode == 1) == bool(missed)
+    if missed:
+        assert "targets missed" in proc.stderr
+    return report
+
+
+def target_names(report: dict) -> list[str]:
+    return [t["what"] for t in report["targets"]]
+
+
+@pytest.mark.slow
+def test_real_apps_quick():
+    for name in ("ocr_det", "ocr_cls", "ocr_rec", "silero_vad", "silero_vad_op18_ifless"):
+        model_or_skip(name)
+    report = run_quick("real_apps")
+    names = target_names(report)
+    for backend in ("OPENVINO", "VAIML"):
+        assert f"{backend} OCR stream warm npurt/raw" in names
+        assert f"{backend} OCR stream first pass npurt/raw" in names
+        assert f"{backend} silero-vad run() on fresh inputs / raw p50" in names
+        assert f"{backend} ocr_cls execute() on fresh inputs / raw p50" in names
+    ocr_rows = [r for r in report["tables"][0]["rows"] if len(r) > 1]
+    assert len(ocr_rows) == 4 and all(r[6] == "yes" for r in ocr_rows)  # the same text through both, every pass
+    assert all(c == "1" for r in ocr_rows for c in r[7].split("/"))  # one compile per model for the whole stream
+    assert not [p for p in report["problems"] if "text" in p or "segments" in p or "compiles" in p]
+
+
+@pytest.mark.slow
+def test_scale_quick():
+    model_or_skip("ocr_cls")
+    report = run_quick("scale", "--max-n", "2")
+    names = target_names(report)
+    for backend in ("OPENVINO", "VAIML"):
+        for n in (1, 2):
+            for pattern in ("InferQueue", "wait_any", "callbacks", "threads"):
+                assert f"{backend} cls N={n} {pattern} npurt/raw" in names
+    assert not report["problems"]  # no host copy on any pattern
+
+
+@pytest.mark.slow
+def test_streams_quick():
+    model_or_skip("silero_vad")
+    model_or_skip("silero_vad_op18_ifless")
+    report = run_quick("streams", "--streams", "1,4")
+    names = target_names(report)
+    for backend in ("OPENVINO", "VAIML"):
+        for count in (1, 4):
+            assert f"{backend} {count} streams chunks/s npurt/raw" in names
+            assert f"{backend} {count} streams p50 npurt/raw" in names
+    assert not report["problems"]  # the same probabilities, and the state never copied on the host
