@@ -13,7 +13,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import pages  # noqa: E402
 import ppocr  # noqa: E402
 import speech  # noqa: E402
 import vad  # noqa: E402
-from npurt.engine import Backend  # noqa: E402
+from npurt.factory import RunnerFactory  # noqa: E402
 from npurt.models import zoo  # noqa: E402
 from npurt.runner import Runner  # noqa: E402
 
@@ -59,28 +58,16 @@ def raw_infer(backend: str, path: str) -> Infer:
     return example_infer.ort_infer(path)
 
 
-@cache
-def backend_class(backend: str) -> type[Backend]:
-    """The backend's class, loaded from its own entry point only.
-
-    ``RunnerFactory.create_runner`` loads every backend's entry point first, so making an OPENVINO runner imports
-    onnxruntime too; and with onnxruntime imported, OpenVINO's own Python API is slower in that process (its data
-    dispatch reads ``Tensor.shape``, which costs 13 us alone and 44 us with onnxruntime loaded: pybind11 modules
-    share type-lookup state). A raw OpenVINO side measured beside such a runner would be handicapped by npurt's
-    import, not by anything it does; ``onnxruntime_effect`` in real_apps measures it."""
-    for ep in metadata.entry_points(group="npurt.backends"):
-        if ep.name.upper() == backend:
-            cls = ep.load()
-            assert isinstance(cls, type) and issubclass(cls, Backend)
-            return cls
-    raise ValueError(f"no npurt backend {backend!r} is installed")
-
-
 def npurt_runner(backend: str, path: str, **options: Any) -> Runner:
-    """The runner ``RunnerFactory.create_runner(backend, path, {"device": "CPU", ...})`` makes (no ``shapes``: the
-    model's own dims), made as ``Runner(backend class, path, options)`` so that the other backend's engine is not
-    imported (see ``backend_class``)."""
-    return Runner(backend_class(backend), path, {"device": "CPU", **options})
+    """The runner an app makes: ``RunnerFactory.create_runner(backend, path, {"device": "CPU", ...})`` (no
+    ``shapes``: the model's own dims). The factory loads only the requested backend's engine: with onnxruntime
+    imported, OpenVINO's own Python API is slower in that process (its data dispatch reads ``Tensor.shape``, 13 us
+    alone and 44 us with onnxruntime loaded: pybind11 modules share type-lookup state), so a raw OpenVINO side
+    measured beside an OPENVINO runner is not handicapped by npurt; ``onnxruntime_effect`` in real_apps measures
+    the effect itself."""
+    runner = RunnerFactory.create_runner(backend, path, {"device": "CPU", **options})
+    assert isinstance(runner, Runner)
+    return runner
 
 
 def onnxruntime_loaded() -> bool:
@@ -167,6 +154,6 @@ class ChunkCycle:
 
 
 __all__ = ["BACKENDS", "ChunkCycle", "OCR_MODELS", "RAW_APP_CALL", "RAW_ENGINE", "SR", "StreamVad", "VAD_MODEL",
-           "audio_chunks", "backend_class", "model_path", "npurt_runner", "ocr", "onnxruntime_loaded", "pages",
+           "audio_chunks", "model_path", "npurt_runner", "ocr", "onnxruntime_loaded", "pages",
            "ppocr", "probabilities", "raw_infer", "read_texts", "segments", "speech", "speech_audio", "speech_missing",
            "vad"]
