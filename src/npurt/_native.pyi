@@ -3,11 +3,14 @@
 Kept by hand; tests/test_native_stub.py checks it against the built module (names, members, parameters).
 """
 
-import sys
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from typing_extensions import Buffer as _BufferLike
+import numpy as np
+from typing_extensions import Buffer as _Buffer
+
+# What the kernels take: anything with the buffer protocol (numpy's stubs give ndarray __buffer__ from 3.12 only).
+_BufferLike = _Buffer | np.ndarray[Any, Any]
 
 def page_size() -> int:
     """The system page size in bytes."""
@@ -49,8 +52,9 @@ class Buffer:
     def sync_start(self, read: bool = True, write: bool = True) -> None: ...
     def sync_end(self, read: bool = True, write: bool = True) -> None: ...
     def __len__(self) -> int: ...
-    if sys.version_info >= (3, 12):
-        def __buffer__(self, flags: int, /) -> memoryview: ...
+    # The buffer protocol (a C slot; Python names it __buffer__ from 3.12): declared for every version, as typeshed
+    # does for bytes, so that a Buffer is a collections.abc.Buffer to the type checker.
+    def __buffer__(self, flags: int, /) -> memoryview: ...
 
 # ---------------------------------------------------------------- conversion kernels (cpp/convert.cpp)
 class ElementType:

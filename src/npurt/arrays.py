@@ -62,8 +62,9 @@ class ArrayRuns:
         """One run of the model's inputs (all of them, in order) on numpy arrays: its outputs, in order."""
         runner = self.runner
         signature = tuple(a.shape for a in arrays)
-        variant = self._variants.get(signature, False)
-        if variant is False:
+        try:
+            variant = self._variants[signature]
+        except KeyError:
             variant = self._variant(signature)
         if variant is None:
             return self._through_a_plan(signature, arrays, stream)

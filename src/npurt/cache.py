@@ -68,7 +68,8 @@ class Entry:
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return (self.manifest or {}).get("metadata", {})
+        metadata: Mapping[str, Any] = (self.manifest or {}).get("metadata", {})
+        return metadata
 
 
 @dataclass

@@ -37,7 +37,7 @@ def select_device(requested: str, unavailable: Mapping[str, str], present: set[s
         return unavailable.get(device) or f"{backend} has no {device} device on this machine"
 
     if requested == "AUTO":
-        skipped = []
+        skipped: list[tuple[str, str]] = []
         for device in AUTO_ORDER:
             if device in present:
                 return Selection(requested, device, skipped=tuple(skipped))

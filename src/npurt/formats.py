@@ -94,11 +94,12 @@ class ViewLayout:
             if cp != c:
                 x = np.concatenate([x, np.zeros((n, cp - c, h, w), x.dtype)], axis=1)
             x = x.reshape(n, cp // k, k, h, w)
-        return x.transpose(self.perm)
+        view: np.ndarray = x.transpose(self.perm)
+        return view
 
     def to_logical(self, a: np.ndarray, logical: tuple[int, ...]) -> np.ndarray:
         """A view's array in logical order (numpy reference): padding lanes dropped."""
-        x = a.transpose(np.argsort(self.perm))
+        x: np.ndarray = a.transpose(np.argsort(self.perm))
         if self.group:
             n, c, h, w = logical
             x = x.reshape(n, -1, h, w)[:, :c]
@@ -166,7 +167,8 @@ def _to_float32(a: np.ndarray, dtype: DataType, quant: QuantParameters | None) -
     if dtype is DataType.BF16:
         return (a.astype(np.uint32) << 16).view(np.float32)
     if dtype in (DataType.INT8, DataType.UINT8) and quant is not None:
-        return ((a.astype(np.float32) - np.float32(quant.zero_point)) * np.float32(quant.scale)).astype(np.float32)
+        dequantized: np.ndarray = (a.astype(np.float32) - np.float32(quant.zero_point)) * np.float32(quant.scale)
+        return dequantized.astype(np.float32)
     return a.astype(np.float32)
 
 
@@ -175,14 +177,15 @@ def _from_float32(x: np.ndarray, dtype: DataType, quant: QuantParameters | None)
         bits = x.astype(np.float32).view(np.uint32)
         rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
         nan = np.isnan(x)
-        out = rounded.astype(np.uint16)
+        out: np.ndarray = rounded.astype(np.uint16)
         out[nan] = ((bits[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)  # keep NaN a (quiet) NaN
         return out
     if dtype in (DataType.INT8, DataType.UINT8) and quant is not None:
         info = np.iinfo(dtype.numpy)
         q = x / np.float32(quant.scale)
         q = np.trunc(q) if quant.rounding_mode is RoundingMode.ROUND_TOWARD_ZERO else np.rint(q)
-        return np.clip(q + quant.zero_point, info.min, info.max).astype(dtype.numpy)
+        quantized: np.ndarray = np.clip(q + quant.zero_point, info.min, info.max)
+        return quantized.astype(dtype.numpy)
     return x.astype(dtype.numpy)
 
 
@@ -209,7 +212,8 @@ def _logical_to_view(x: np.ndarray, info: NpuTensorInfo) -> np.ndarray:
 # converted. A type they do not know (FLOAT64, CPU views only) takes the numpy path.
 _NATIVE_TYPES = {t: _native.ElementType.__members__[t.name] for t in DataType
                  if t.name in _native.ElementType.__members__}
-_NATIVE_ROUNDING = {m: _native.Rounding.__members__[m.name] for m in RoundingMode if m is not RoundingMode.UNKNOWN}
+_NATIVE_ROUNDING: dict[RoundingMode, _native.Rounding] = {
+    m: _native.Rounding.__members__[m.name] for m in RoundingMode if m is not RoundingMode.UNKNOWN}
 _NATIVE_KINDS = frozenset(t for t, native in _NATIVE_TYPES.items() if native in _native.CONVERTIBLE_TYPES)
 
 
@@ -234,14 +238,17 @@ def native_plan(s: NpuTensorInfo, d: NpuTensorInfo, logical: tuple[int, ...]
     if s.data_type != d.data_type and not (s.data_type in _NATIVE_KINDS and d.data_type in _NATIVE_KINDS):
         return None
     sk, dk = CHANNEL_GROUP.get(s.memory_layout), CHANNEL_GROUP.get(d.memory_layout)
-    if sk is None and dk is None:
-        return list(logical), _logical_strides(s, len(logical)), _logical_strides(d, len(logical)), None
     if sk is not None and dk is not None:
         if sk != dk:
             return None
         h, cg, w, n, k = s.shape
         return [n, cg, k, h, w], _grouped_strides(s), _grouped_strides(d), None
-    k = sk or dk
+    if sk is None and dk is None:
+        return list(logical), _logical_strides(s, len(logical)), _logical_strides(d, len(logical)), None
+    group = sk if sk is not None else dk
+    if group is None:  # unreachable (one side is grouped): tells the type checker so
+        return None
+    k = group
     n, c, h, w = logical
     grouped, plain = (s, d) if sk else (d, s)
     ps = _logical_strides(plain, 4)

@@ -15,6 +15,7 @@ keep them unchanged until the job ends) or NpuTensors.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -111,7 +112,7 @@ class InferQueue:
         slot = self.slots[k]
         slot.userdata, slot._inputs = userdata, tensors
         while True:
-            job = self.runner.execute_async([tensors], [slot.outputs], lambda handle, s=slot: self._ended(s, handle))
+            job = self.runner.execute_async([tensors], [slot.outputs], functools.partial(self._ended, slot))
             if job.status is not StatusCode.RESOURCE_UNAVAILABLE:
                 break
             # every run of the runner is taken (by its other users): wait for one of ours, or give others a moment

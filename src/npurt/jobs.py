@@ -231,7 +231,8 @@ class JobScheduler:
             try:
                 if self.before_callback is not None:
                     self.before_callback(job.error)
-                job.callback(JobHandle(job.status, job.job_id))  # type: ignore[misc]
+                if job.callback is not None:  # (only jobs with a callback are queued here)
+                    job.callback(JobHandle(job.status, job.job_id))
             except Exception:  # noqa: BLE001 - a raising callback must not kill the thread
                 log.exception("callback of job %d raised", job.job_id)
             finally:

@@ -277,13 +277,6 @@ def _text(buf: memoryview, start: int, end: int, what: str) -> str:
         raise ValueError(f"malformed: the {what} at byte {start} is not UTF-8 ({e.reason})") from None
 
 
-def _text(buf: memoryview, start: int, end: int, what: str) -> str:
-    try:
-        return str(buf[start:end], "utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"malformed: the {what} at byte {start} is not UTF-8 ({e.reason})") from None
-
-
 # --- ONNX messages ---------------------------------------------------------------------------------------------------
 # Tags of the fields read, by message (field numbers from onnx/onnx.proto).
 

@@ -200,9 +200,9 @@ def concrete_input_shapes(model: ModelDeclaration, pinned: Mapping[str, Sequence
         if port.name in pinned:
             shapes[port.name] = tuple(int(d) for d in pinned[port.name])
         elif port.is_static:
-            shapes[port.name] = tuple(int(d) for d in port.shape or ())
+            shapes[port.name] = tuple(d for d in port.shape or () if d is not None)  # static: every dim
         elif port.shape is not None and port.open_dims == [0]:
-            shapes[port.name] = picked[port.name] = (1, *(int(d) for d in port.shape[1:]))  # type: ignore[arg-type]
+            shapes[port.name] = picked[port.name] = (1, *(d for d in port.shape[1:] if d is not None))
         else:
             unresolved.append(port)
     return ShapeChoice(shapes, picked, tuple(unresolved))

@@ -22,7 +22,7 @@ from .types import DataType, NpuUnsupportedError, TensorType
 MIN_OPSET_FOR_EDITS = 13  # Cast to/from bfloat16 needs opset 13
 INTERNAL_SUFFIX = "__npurt_cpu"
 
-ONNX_TO_DTYPE = {
+ONNX_TO_DTYPE: dict[int, DataType] = {
     TensorProto.FLOAT: DataType.FLOAT32,
     TensorProto.FLOAT16: DataType.FP16,
     TensorProto.BFLOAT16: DataType.BF16,
@@ -315,7 +315,7 @@ def output_shapes(model: onnx.ModelProto, inputs: list[Port]) -> list[tuple[int,
     shapes: list[tuple[int, ...] | None] = []
     for value in inferred.graph.output:
         tt = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim] \
+        known = [int(d.dim_value) for d in tt.shape.dim if d.HasField("dim_value") and d.dim_value >= 0] \
             if tt.HasField("shape") else None
-        shapes.append(None if dims is None or None in dims else tuple(int(d) for d in dims))  # type: ignore[misc]
+        shapes.append(None if known is None or len(known) != len(tt.shape.dim) else tuple(known))
     return shapes

@@ -25,6 +25,10 @@ from .tensor import NpuTensor
 from .types import DYNAMIC_DIM, MemoryLayout, NpuTensorInfo, StatusCode, TensorDirection, TensorType
 from .variants import ShapeError, ShapeVariants, Variant
 
+# The plan caches' keys: the ids of a call's tensors, and their infos ([inputs][slot][tensor], [outputs]...)
+IdKey = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
+InfoKey = tuple[tuple[tuple[NpuTensorInfo, ...], ...], tuple[tuple[NpuTensorInfo, ...], ...]]
+
 PLAN_CACHE_SIZE = 64  # plans kept per runner, per cache
 _NO_SYNC_PROVIDERS = frozenset({"user", "host", "memfd"})  # memory the CPU sees coherently
 
@@ -81,8 +85,8 @@ class Planner:
         self._variants = variants
         self._batch = batch_size
         self._lock = threading.Lock()
-        self._by_id: dict[tuple, tuple[tuple[weakref.ref[NpuTensor], ...], Plan]] = {}
-        self._by_info: dict[tuple, Plan] = {}
+        self._by_id: dict[IdKey, tuple[tuple[weakref.ref[NpuTensor], ...], Plan]] = {}
+        self._by_info: dict[InfoKey, Plan] = {}
 
     def plan(self, inputs: Any, outputs: Any) -> Plan:
         """The plan of one call (StatusError for anything wrong with the lists or tensors)."""
@@ -122,8 +126,8 @@ class Planner:
             plan.append(slot)
         return plan
 
-    def _remember(self, key: tuple, inputs: Any, outputs: Any, plan: Plan) -> None:
-        def forget(_: Any, key: tuple = key) -> None:
+    def _remember(self, key: IdKey, inputs: Any, outputs: Any, plan: Plan) -> None:
+        def forget(_: Any, key: IdKey = key) -> None:
             with self._lock:
                 self._by_id.pop(key, None)
 
@@ -136,11 +140,10 @@ class Planner:
     def forget_variant(self, variant: Variant) -> None:
         """Drop every cached plan that runs on an evicted variant."""
         with self._lock:
-            for cache in (self._by_id, self._by_info):
-                stale = [k for k, v in cache.items()
-                         if any(s.variant is variant for s in (v[1] if isinstance(v, tuple) else v))]
-                for k in stale:
-                    del cache[k]
+            for id_key in [k for k, (_, plan) in self._by_id.items() if any(s.variant is variant for s in plan)]:
+                del self._by_id[id_key]
+            for info_key in [k for k, plan in self._by_info.items() if any(s.variant is variant for s in plan)]:
+                del self._by_info[info_key]
 
     def clear(self) -> None:
         with self._lock:
@@ -201,12 +204,12 @@ def _match(tensors: Sequence[Any], ports: list[Port], b: int, what: str, status:
         by_name[t.info.name] = k
     order = []
     for p in ports:
-        k = by_name.get(p.name)
-        if k is None:
+        index = by_name.get(p.name)
+        if index is None:
             unknown = sorted(set(by_name) - {q.name for q in ports})
             raise StatusError(status, f"batch slot {b}: no {what} tensor for {p.name!r}; unknown names "
                                       f"{unknown}; the model's {what}s are {[q.name for q in ports]}")
-        order.append(k)
+        order.append(index)
     return tuple(order)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -23,8 +23,10 @@ from onnx import TensorProto, numpy_helper
 
 from .types import DataType, QuantParameters, RoundingMode, TensorDirection, TensorType
 
+if TYPE_CHECKING:
+    from .ports import PortSpec
+
 _QUANT_TYPES = {TensorProto.INT8: DataType.INT8, TensorProto.UINT8: DataType.UINT8}
-SpecT = TypeVar("SpecT")
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def _node_params(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tupl
 
 
 def _node_id(node: onnx.NodeProto) -> str:
-    return node.output[0]  # tensor names are unique (SSA); node names need not be
+    return str(node.output[0])  # tensor names are unique (SSA); node names need not be
 
 
 def find_boundaries(model: onnx.ModelProto) -> dict[str, QdqBoundary]:
@@ -218,13 +220,12 @@ def _drop_unused_constants(graph: onnx.GraphProto) -> None:
 
 
 # -- for backends ---------------------------------------------------------------------------------------
-def annotate_specs(specs: Sequence[SpecT], boundaries: Mapping[str, QdqBoundary]) -> list[SpecT]:
+def annotate_specs(specs: Sequence[PortSpec], boundaries: Mapping[str, QdqBoundary]) -> list[PortSpec]:
     """``PortSpec`` s with ``quant`` and ``quant_data_type`` set where the tensor is a QDQ boundary (in _load)."""
     out = []
     for spec in specs:
-        b = boundaries.get(spec.name)  # type: ignore[attr-defined]
-        out.append(spec if b is None else dataclasses.replace(spec, quant=b.quant,  # type: ignore[type-var]
-                                                              quant_data_type=b.data_type))
+        b = boundaries.get(spec.name)
+        out.append(spec if b is None else dataclasses.replace(spec, quant=b.quant, quant_data_type=b.data_type))
     return out
 
 

@@ -193,14 +193,14 @@ def _bad(index: int, what: str) -> ValueError:
     return ValueError(f"recv_tensors: tensor {index}: {what}")
 
 
-def _int(entry: dict, key: str, index: int, low: int, high: int) -> int:
+def _int(entry: dict[str, Any], key: str, index: int, low: int, high: int) -> int:
     value = entry[key]
     if type(value) is not int or not low <= value <= high:
         raise _bad(index, f"{key} {value!r} is not an int in [{low}, {high}]")
     return value
 
 
-def _ints(entry: dict, key: str, index: int, high: int) -> list[int]:
+def _ints(entry: dict[str, Any], key: str, index: int, high: int) -> list[int]:
     value = entry[key]
     if not isinstance(value, list) or len(value) > MAX_DIMS:
         raise _bad(index, f"{key} {value!r} is not a list of at most {MAX_DIMS} ints")
@@ -210,7 +210,7 @@ def _ints(entry: dict, key: str, index: int, high: int) -> list[int]:
     return value
 
 
-def _name(enum_cls: Any, entry: dict, key: str, index: int) -> Any:
+def _name(enum_cls: Any, entry: dict[str, Any], key: str, index: int) -> Any:
     value = entry[key]
     if not isinstance(value, str) or value not in enum_cls.__members__:
         raise _bad(index, f"{key} {value!r} is not a {enum_cls.__name__} name")

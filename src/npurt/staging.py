@@ -25,6 +25,7 @@ from .stats import RunnerStats
 from .status import status_of
 from .tensor import NpuTensor, allocate_tensor
 from .types import MemoryType, NpuTensorInfo, QuantParameters, StatusCode, TensorDirection
+from .variants import Variant
 
 
 class CpuAccess:
@@ -103,12 +104,12 @@ class Staging:
                     for key, stage in borrowed:
                         variant.staging.setdefault(key, []).append(stage)
 
-    def _borrow(self, variant: object, direction: TensorDirection, index: int, info: NpuTensorInfo,
+    def _borrow(self, variant: Variant, direction: TensorDirection, index: int, info: NpuTensorInfo,
                 borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]]) -> NpuTensor:
         """A staging tensor in the engine's view, reused across calls (one per concurrent call)."""
         key = (direction, index)
         with self._lock:
-            free = variant.staging.get(key)  # type: ignore[attr-defined]
+            free = variant.staging.get(key)
             stage = free.pop() if free else None
         if stage is None:
             stage = allocate_tensor(info, MemoryType.XRT_BO, self._provider)  # never strict

@@ -86,7 +86,7 @@ class NpuTensor:
                 raise ValueError(f"tensor {name!r}: null address")
             # A raw address: the caller guarantees size and lifetime, as in VART-ML.
             raw = (ctypes.c_uint8 * (self._offset + self._info.size_in_bytes)).from_address(buffer)
-            self._bytes = np.frombuffer(raw, dtype=np.uint8)
+            self._bytes = np.frombuffer(memoryview(raw), dtype=np.uint8)
         else:
             self._bytes = _byte_view(buffer, name)
         if self._offset > self._bytes.nbytes:
@@ -96,7 +96,8 @@ class NpuTensor:
         self._source = buffer
         self._provider = "user"
 
-    def _init_native(self, buffer: Any, allow_file: bool = True) -> None:
+    def _init_native(self, buffer: Any, allow_file: bool = True) -> _native.Buffer:
+        """Map runner-owned or fd memory: the native buffer the tensor now holds."""
         info, name, offset = self._info, self._info.name, self._offset
         if self._memory_type is MemoryType.XRT_BO:
             if not isinstance(buffer, _native.Buffer):
@@ -123,7 +124,8 @@ class NpuTensor:
         self._buffer = native
         self._dmabuf = native.is_dmabuf
         self._provider = native.provider
-        self._bytes = np.frombuffer(native, dtype=np.uint8)[start:]
+        self._bytes = np.frombuffer(memoryview(native), dtype=np.uint8)[start:]
+        return native
 
     def _check_size_and_alignment(self) -> None:
         info = self._info
@@ -239,18 +241,18 @@ class NpuTensor:
         A full DMA_BUF_IOCTL_SYNC start/end pair over the buffer; a no-op for memory that needs no cache
         maintenance (host memory, memfd, user memory).
         """
-        if self._dmabuf:
+        if self._dmabuf and self._buffer is not None:
             self._buffer.sync_start(read=True, write=True)
             self._buffer.sync_end(read=True, write=True)
 
     def begin_cpu_access(self, write: bool) -> None:
         """Start a CPU access window (DMA_BUF_IOCTL_SYNC start); a no-op where not needed."""
-        if self._dmabuf:
+        if self._dmabuf and self._buffer is not None:
             self._buffer.sync_start(read=True, write=bool(write))
 
     def end_cpu_access(self, write: bool) -> None:
         """End a CPU access window (DMA_BUF_IOCTL_SYNC end); a no-op where not needed."""
-        if self._dmabuf:
+        if self._dmabuf and self._buffer is not None:
             self._buffer.sync_end(read=True, write=bool(write))
 
     def export_buffer(self) -> int:
@@ -322,8 +324,7 @@ def import_dma_fd(info: NpuTensorInfo, fd: int, offset: int = 0, *, allow_file: 
     info.require_static("a tensor's memory needs a concrete shape")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"tensor {info.name!r}: offset {offset!r} is not a byte offset >= 0")
-    t._init_native(fd, allow_file)
-    t._source = t._buffer.fd
+    t._source = t._init_native(fd, allow_file).fd
     t._check_size_and_alignment()
     return t
 
@@ -359,7 +360,7 @@ def allocate_tensor(info: NpuTensorInfo, memory_type: MemoryType = MemoryType.XR
                        f"available ({'; '.join(buffer.fallback_reasons)})")
     if buffer.fallback_reasons:
         _log.debug("tensor %r: %s memory (%s)", info.name, buffer.provider, "; ".join(buffer.fallback_reasons))
-    data = np.frombuffer(buffer, dtype=np.uint8)[:nbytes]
+    data = np.frombuffer(memoryview(buffer), dtype=np.uint8)[:nbytes]
     source = buffer.fd if memory_type is MemoryType.DMA_FD else buffer
     return _owned(info, memory_type, data, buffer.provider, owner=buffer, source=source, buffer=buffer)
 

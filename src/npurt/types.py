@@ -273,7 +273,7 @@ class NpuTensorInfo:
 
     def replace(self, **changes: Any) -> NpuTensorInfo:
         """A copy with some fields changed; derived fields are derived again unless given."""
-        kw = {
+        kw: dict[str, Any] = {
             "name": self.name,
             "data_type": self.data_type,
             "shape": self.shape,

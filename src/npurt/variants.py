@@ -30,6 +30,7 @@ from .logs import LOGGER
 from .options import RunnerOptions
 from .ports import Port, PortFactory, Signature
 from .stats import RunnerStats
+from .tensor import NpuTensor
 from .types import NpuError, TensorDirection
 
 
@@ -52,7 +53,7 @@ class Variant:
         self.inputs: list[Port] = engine.inputs
         self.outputs: list[Port] = engine.outputs
         self.signature = signature
-        self.staging: dict[tuple[TensorDirection, int], list] = {}  # free staging tensors (staging.py)
+        self.staging: dict[tuple[TensorDirection, int], list[NpuTensor]] = {}  # free staging tensors (staging.py)
         self.used = next(_clock)
 
     def touch(self) -> None:
@@ -101,9 +102,9 @@ class ShapeVariants:
             if not self.static:
                 self.default = self._dynamic_variant()
             else:
-                sig = self._implied_signature()
-                if sig is not None:
-                    self.default = self.get(sig)
+                implied = self._implied_signature()
+                if implied is not None:
+                    self.default = self.get(implied)
 
     @property
     def mode(self) -> str:
@@ -122,12 +123,13 @@ class ShapeVariants:
                 if not spec.is_static:
                     # A dynamic leading (batch) dim runs as 1, as each batch slot of execute() holds one frame.
                     implied = [1 if (i == 0 and d is None) else d for i, d in enumerate(spec.shape)]
-                    if any(d is None for d in implied):
+                    known = tuple(d for d in implied if d is not None)
+                    if len(known) != len(implied):
                         raise ValueError(f"{where}: input {spec.name!r} has dynamic {', '.join(spec.dynamic_dims())} "
                                          f"(shape {spec.shape_text()}); give its shape too")
-                    given = tuple(implied)  # type: ignore[arg-type]
+                    given = known
                 else:
-                    given = tuple(spec.shape)  # type: ignore[arg-type]
+                    given = tuple(d for d in spec.shape if d is not None)  # static: every dim
             elif not spec.fits(given):
                 raise ValueError(f"{where}: shape {list(given)} does not fit input {spec.name!r} of shape "
                                  f"{spec.shape_text()}")

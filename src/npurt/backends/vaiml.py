@@ -78,7 +78,8 @@ def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
 
 
 def _static(shape: tuple[int | None, ...]) -> tuple[int, ...] | None:
-    return None if None in shape else shape  # type: ignore[return-value]
+    known = tuple(d for d in shape if d is not None)
+    return known if len(known) == len(shape) else None
 
 
 def _cores() -> int:
@@ -89,13 +90,24 @@ def _cores() -> int:
 
 
 # ---------------------------------------------------------------------------------------- engine
+Placed = tuple[tuple[int, ...], int]  # a tensor as bound: (shape, address)
+
+
+class _Refused:
+    """What ``OrtEngine._run`` returns when ONNX Runtime refused a run because an output bound in place has
+    another shape (nothing was written; the run is made again with that output in ONNX Runtime's memory)."""
+
+
+_REFUSED = _Refused()
+
+
 class _Binding:
     """An IOBinding of a set of tensors (by address), and where outputs produced by ONNX Runtime must go."""
 
     __slots__ = ("io", "lock", "copies", "guessed", "inputs", "outputs")
 
     def __init__(self, io: Any, copies: list[tuple[int, int, int]], guessed: list[tuple[int, tuple[int, ...]]],
-                 inputs: list, outputs: list) -> None:
+                 inputs: list[Placed], outputs: list[Placed]) -> None:
         self.io = io
         self.lock = threading.Lock()  # an IOBinding serves one run at a time
         self.copies = copies  # (output index, address, capacity) of outputs ONNX Runtime writes into its own memory
@@ -127,8 +139,7 @@ class OrtEngine(Engine):
         self.quiet.log_severity_level = 4  # a refused guess is no error worth a log line: it is run again
         self.bindings_made = 0  # for tests and diagnostics
 
-    def _io(self, inputs: Sequence[tuple[tuple[int, ...], int]], outputs: Sequence[tuple[tuple[int, ...], int]]
-            ) -> _Binding:
+    def _io(self, inputs: Sequence[Placed], outputs: Sequence[Placed]) -> _Binding:
         io = self.session.io_binding()
         c_io, device = io._iobinding, self.cpu._get_c_device()  # the C++ binding: no per-call Python checks
         for (name, etype), (shape, address) in zip(self.in_types, inputs):
@@ -154,18 +165,24 @@ class OrtEngine(Engine):
         if session is None:
             raise NpuError("the runner is closed")
         if not binding.lock.acquire(False):  # the same tensors on two threads at once: a binding of its own
-            return self._run(session, self._io(binding.inputs, binding.outputs))
+            return self._run_or_rebind(session, self._io(binding.inputs, binding.outputs))
         try:
-            result = self._run(session, binding)
-            if binding.guessed and result is _REFUSED:
-                fresh = self._io(binding.inputs, binding.outputs)
-                binding.io, binding.copies, binding.guessed = fresh.io, fresh.copies, fresh.guessed
-                result = self._run(session, binding)
-            return result  # type: ignore[return-value]
+            return self._run_or_rebind(session, binding)
         finally:
             binding.lock.release()
 
-    def _run(self, session: ort.InferenceSession, binding: _Binding) -> Any:
+    def _run_or_rebind(self, session: ort.InferenceSession, binding: _Binding) -> ResultShapes:
+        """A run; where ONNX Runtime refused an output bound in place, the binding without it, and the run again."""
+        result = self._run(session, binding)
+        if isinstance(result, _Refused):
+            fresh = self._io(binding.inputs, binding.outputs)
+            binding.io, binding.copies, binding.guessed = fresh.io, fresh.copies, fresh.guessed
+            result = self._run(session, binding)
+            if isinstance(result, _Refused):  # cannot be: the refused outputs are no longer bound in place
+                raise NpuError("ONNX Runtime refused a run whose outputs are not bound in place")
+        return result
+
+    def _run(self, session: ort.InferenceSession, binding: _Binding) -> ResultShapes | _Refused:
         if binding.guessed:
             try:
                 session._sess.run_with_iobinding(binding.io._iobinding, self.quiet)  # releases the GIL
@@ -200,13 +217,12 @@ class OrtEngine(Engine):
             raise NpuError("the runner is closed")
         # the C++ session's run: InferenceSession.run's Python checks (input names, OrtValue ownership) are the
         # runner's own already
-        return session._sess.run(self.out_names, {name: a for (name, _), a in zip(self.in_types, arrays)}, None)
+        feeds = {name: a for (name, _), a in zip(self.in_types, arrays)}
+        results: list[np.ndarray] = session._sess.run(self.out_names, feeds, None)
+        return results
 
     def close(self) -> None:
-        self.session = None  # type: ignore[assignment]
-
-
-_REFUSED = object()  # a run that ONNX Runtime refused because an output bound in place has another shape
+        self.session = None
 
 
 # ---------------------------------------------------------------------------------------- backend
@@ -314,12 +330,14 @@ class VaimlBackend(Backend):
             so.log_severity_level = 3
             session = ort.InferenceSession(fixed.SerializeToString(), so, providers=[CPU_EP])
             shapes = [_static(_arg_shape(spec, arg)) for spec, arg in zip(self._out_specs, session.get_outputs())]
+        static: list[tuple[int, ...]] = []
         for spec, shape in zip(self._out_specs, shapes):
             if shape is None:
                 raise NpuUnsupportedError(
                     f"output {spec.name!r} stays dynamic for input shapes {[list(p.cpu.shape) for p in inputs]}; "
                     "the NPU needs static outputs (a data-dependent shape cannot be compiled for it)")
-        return shapes  # type: ignore[return-value]
+            static.append(shape)
+        return static
 
     def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:
         return dataclasses.replace(info, placement=self.placement or info.placement,

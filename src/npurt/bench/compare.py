@@ -131,7 +131,8 @@ def bench_backend(backend: str, model: str | Path, options: Mapping[str, Any], b
     cache = Path(cache_dir) if cache_dir is not None else None
     options = {**options, "max_concurrent_runs": requests, "input_tensor_type": tensor_type.name,
                "output_tensor_type": tensor_type.name}
-    npurt_target = (loads.load_npurt, {"backend": name, "model": str(model), "options": options})
+    npurt_target: tuple[Any, dict[str, Any]] = (loads.load_npurt, {"backend": name, "model": str(model),
+                                                                    "options": options})
 
     # Once untimed: the engine's libraries and plugins get loaded, as they are for the raw engine measured later.
     progress.phase(f"{name}: loading the engine")

@@ -95,13 +95,14 @@ def target_name(target: Target) -> str:
 
 def in_fresh_process(target: Target, timeout_s: float = 600, **kwargs: Any) -> FreshRun:
     """Run ``target(probe, **kwargs)`` in a fresh Python process (see the module's docstring)."""
-    spec = {"target": target_name(target), "kwargs": kwargs, "marker": MARKER}
+    name = target_name(target)
+    spec = {"target": name, "kwargs": kwargs, "marker": MARKER}
     proc = subprocess.run([sys.executable, "-c", _BOOTSTRAP, json.dumps(spec)], capture_output=True, text=True,
                           timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
     if proc.returncode != 0 or not lines:
         tail = " ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit status {proc.returncode}"
-        raise BenchError(f"{spec['target'].rpartition(':')[2]} in a fresh process failed: {tail}")
+        raise BenchError(f"{name.rpartition(':')[2]} in a fresh process failed: {tail}")
     data = json.loads(lines[-1][len(MARKER):])
     return FreshRun(**data)
 

@@ -107,7 +107,7 @@ class FreshLoad:
             raise ValueError("no fresh-process runs")
 
         def median(get: Any) -> float:
-            return statistics.median(get(r) for r in runs)
+            return float(statistics.median(get(r) for r in runs))
 
         return cls(len(runs), median(lambda r: r.import_ms), median(lambda r: r.value["load_ms"]),
                    median(lambda r: r.value["first_inference_ms"]), median(lambda r: r.rss_added_mib),

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     shapes = pinned_shapes(args, model)
     _check_numbers(args)
     choice = concrete_input_shapes(model, shapes)
+    declared = {p.name: p for p in model.inputs}
     if choice.unresolved:
         raise ask_for_shapes(choice.unresolved, "measure")
     backends, missing = _backends(args.backend)
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                cache_dir=args.cache_dir, compare_raw=args.compare_raw, load_runs=args.load_runs,
                                seed=args.seed),
         skipped=missing,
-        input_notes=[f"input {n} has dynamic dims {model.input(n).shape_text()}: measured at "  # type: ignore[union-attr]
+        input_notes=[f"input {n} has dynamic dims {declared[n].shape_text()}: measured at "
                      f"{list(s)} (the open batch dim as 1; --shape pins another)" for n, s in choice.picked.items()])
     for name in backends:
         cache = Path(args.cache_dir) if args.cache_dir else None

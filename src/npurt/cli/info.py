@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..types import NpuTensorInfo
 from .common import (
     add_model_options,
     create_runner,
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def view_text(info: Any) -> str:
+def view_text(info: NpuTensorInfo) -> str:
     """One view of a port: ``[?, 1, 8, 8] FLOAT32 NCHW`` and, once its shape is known, its size."""
     text = info.describe().split(" ", 1)[1]  # without the view's name
     if not info.is_static:

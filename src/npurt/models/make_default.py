@@ -83,7 +83,8 @@ def split(labels: np.ndarray, rng: np.random.RandomState) -> tuple[np.ndarray, n
 
 def to_input(images: np.ndarray) -> np.ndarray:
     """uint8 grey levels [K, 8, 8] -> the model's input, float32 [K, 1, 8, 8] in 0..1."""
-    return (images.astype(np.float32) / np.float32(GREY_LEVELS))[:, None, :, :]
+    scaled: np.ndarray = images.astype(np.float32) / np.float32(GREY_LEVELS)
+    return scaled[:, None, :, :]
 
 
 @dataclass

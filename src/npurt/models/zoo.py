@@ -141,7 +141,7 @@ def ocr_characters(model_path: str | os.PathLike[str] | None = None) -> list[str
 
     source = Path(model_path) if model_path is not None else path("ocr_rec")
     model = onnx.load(str(source), load_external_data=False)
-    meta = {p.key: p.value for p in model.metadata_props}
+    meta: dict[str, str] = {p.key: p.value for p in model.metadata_props}
     if "character" not in meta:
         raise ValueError(f"{source} has no metadata 'character' (not a PP-OCR recogniser from rapidocr?)")
     return meta["character"].splitlines()

@@ -179,12 +179,13 @@ class OpenVINOBackend(Backend):
         compiled_out = list(compiled_model.outputs)
         pm = pm.compiled(compiled_model)
         for j, k in enumerate(pm.result_of):  # OpenVINO may know an output's dims only once compiled
-            port, shape = outputs[j], tuple(-1 if d.is_dynamic else d.get_length()
-                                            for d in compiled_out[k].get_partial_shape())
-            if pm.alias_of[j] is None and shape != port.engine.shape and not port.converts and \
-                    all(p in (-1, c) for p, c in zip(port.engine.shape, shape)):
-                outputs[j] = ports.make(self.out_specs[j].with_shape(tuple(None if d < 0 else d for d in shape)),
-                                        TensorDirection.OUTPUT)
+            port, compiled_shape = outputs[j], tuple(-1 if d.is_dynamic else d.get_length()
+                                                     for d in compiled_out[k].get_partial_shape())
+            if pm.alias_of[j] is None and compiled_shape != port.engine.shape and not port.converts and \
+                    all(p in (-1, c) for p, c in zip(port.engine.shape, compiled_shape)):
+                outputs[j] = ports.make(
+                    self.out_specs[j].with_shape(tuple(None if d < 0 else d for d in compiled_shape)),
+                    TensorDirection.OUTPUT)
         engine = self._engine(compiled_model, inputs, outputs, pm, properties)
         if store is not None:
             try:

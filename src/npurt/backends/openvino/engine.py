@@ -31,14 +31,16 @@ _infer = _pyopenvino.InferRequest.infer
 _start_async = _pyopenvino.InferRequest.start_async
 
 
+Fill = tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]  # (output index, source bytes, target bytes, shape)
+
+
 class _Binding:
     """A set of tensors as OpenVINO takes them: an ov.Tensor over each one's memory (ports OpenVINO has), and the
     outputs the engine must fill itself (inputs passed through), as (output index, source bytes, target bytes)."""
 
     __slots__ = ("wrapped", "fills")
 
-    def __init__(self, wrapped: list[ov.Tensor], fills: list[tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]]
-                 ) -> None:
+    def __init__(self, wrapped: list[ov.Tensor], fills: list[Fill]) -> None:
         self.wrapped = wrapped
         self.fills = fills
 
@@ -57,7 +59,7 @@ class _Request:
         self.go = threading.Lock()  # released by start(): the reporting thread waits for the run
         self.go.acquire()
         self.done: Done | None = None
-        self.fills: list = []
+        self.fills: list[Fill] = []
         self.thread: threading.Thread | None = None
         self.closing = False
 
@@ -69,7 +71,7 @@ class _Request:
                 request.set_tensor(ports[k], t)
                 held[k] = t
 
-    def finish(self, fills: Sequence[tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]]) -> ResultShapes:
+    def finish(self, fills: Sequence[Fill]) -> ResultShapes:
         """After a run: fill the passed-through outputs; the shapes of outputs the run decided."""
         engine = self.engine
         shapes: list[tuple[int, ...] | None] | None = None
@@ -89,7 +91,7 @@ class _Request:
                 shapes[j] = shape
         return shapes
 
-    def start(self, done: Done, fills: list) -> None:
+    def start(self, done: Done, fills: list[Fill]) -> None:
         self.done, self.fills = done, fills
         if self.thread is None:
             self.thread = threading.Thread(target=self._report, name="npurt-ov-request", daemon=True)
@@ -147,7 +149,7 @@ class OpenVINOEngine(Engine):
         self.bound_inputs = [i for i, k in enumerate(pm.param_of) if k is not None]
         self.bound_outputs = [j for j, a in enumerate(pm.alias_of) if a is None]
         self.aliases = [(j, a) for j, a in enumerate(pm.alias_of) if a is not None]
-        self.ov_inputs = [compiled_in[pm.param_of[i]] for i in self.bound_inputs]  # type: ignore[index]
+        self.ov_inputs = [compiled_in[k] for k in pm.param_of if k is not None]  # in bound_inputs' order
         self.ov_outputs = [compiled_out[pm.result_of[j]] for j in self.bound_outputs]
         self.ov_ports = self.ov_inputs + self.ov_outputs
         self.element_types = [p.get_element_type() for p in self.ov_ports]
@@ -168,6 +170,8 @@ class OpenVINOEngine(Engine):
         self._closed = False
         self._state_names: list[str] | None = None
 
+    # A property (asked of a request on first use) in place of Engine's plain attribute, which stays an attribute
+    # there so that other engines may simply assign it: hence the override ignore.
     @property
     def state_names(self) -> list[str]:  # type: ignore[override]
         """The model's variables (ReadValue / Assign), asked of a request on first use (a load makes none)."""
@@ -275,13 +279,13 @@ class OpenVINOEngine(Engine):
                 outs.append(t)
                 k += 1
             self._infer(request)
-            results: list[np.ndarray] = [None] * len(self.outputs)  # type: ignore[list-item]
+            results: dict[int, np.ndarray] = {}  # by output index: every one is computed or passed through
             for j, t in zip(self.bound_outputs, outs):
                 results[j] = t.data
-            for j, a in self.aliases:  # an input passed through: a copy of it
-                results[j] = arrays[a].copy()
-                self.count_copy(arrays[a].nbytes)
-            return results
+            for j, source in self.aliases:  # an input passed through: a copy of it
+                results[j] = arrays[source].copy()
+                self.count_copy(arrays[source].nbytes)
+            return [results[j] for j in range(len(self.outputs))]
         except Exception as e:
             raise self.translate(e) from None
         finally:
