@@ -96,6 +96,34 @@ def test_carried_state_matches_the_state_carried_by_hand(backend, vad):
     same(backend, [vad.run({"input": x, "sr": SR})["output"] for x in xs], want)
 
 
+def test_run_and_execute_take_turns_on_one_stream(backend, vad):
+    """run() keeps the engine's state array as it is and execute() the runner's tensors: one stream switching
+    between them carries the same state, with no host copy."""
+    xs = chunks(8, seed=3)
+    want = by_hand(backend, xs)
+    s = vad.open_stream()
+    got = []
+    for k, x in enumerate(xs):
+        got.append(s.run({"input": x, "sr": SR})["output"] if k % 3 != 1 else execute_chunk(vad, s, x))
+    same(backend, got, want)
+    assert vad.stats["copies"] == 0
+    assert s.state()["state"].shape == (2, 1, 128)
+
+
+def test_each_stream_has_its_own_engine_context_on_openvino():
+    """On OpenVINO a stream runs on an infer request of its own (streams side by side do not queue for the pool's
+    max_concurrent_runs requests); closing the stream gives it back."""
+    with RunnerFactory.create_runner("OPENVINO", model_or_skip(vad_model("OPENVINO")),
+                                     {"device": "CPU", "state_pairs": PAIR}) as r:
+        streams = [r.open_stream() for _ in range(3)]
+        for s in streams:
+            s.run({"input": chunks(1)[0], "sr": SR})
+        engine = r._variants.default.engine
+        assert len(engine.contexts) == 3 and r.max_concurrent_runs < 3
+        assert streams[0].close() is StatusCode.SUCCESS
+        assert len(engine.contexts) == 2
+
+
 def test_reset_checkpoint_and_restore(backend, vad):
     xs = chunks(6, seed=1)
     want = by_hand(backend, xs)

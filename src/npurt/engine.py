@@ -60,14 +60,17 @@ class OpenedModel:
 class Engine(ABC):
     """One compiled model: its ports (inputs as compiled, outputs as the engine produces them) and its runs.
 
-    An engine whose model keeps variables between runs (OpenVINO's ReadValue / Assign) names them in
-    ``state_names`` and keeps each stream's values in a context of its own (``open_context``); runs of a stream
-    pass its context. Runs without a context share the engine's pool.
+    Each stream of runs may have a context of its own on the engine (``open_context``); runs of a stream pass
+    it. An engine whose model keeps variables between runs (OpenVINO's ReadValue / Assign) names them in
+    ``state_names`` and keeps each stream's values in its context. Runs without a context share the engine's pool.
     """
 
     inputs: list[Port]
     outputs: list[Port]
     state_names: list[str] = []
+    # whether start()'s done() is called on threads the engine made for npurt (not the engine library's own), where
+    # the runner may run the job's callback: the job's end then reaches it with no further thread hand-off
+    reports_on_own_threads = False
     cache_metadata: Mapping[str, Any] = {}  # set by a compile that wrote what npurt's cache keeps (JSON)
 
     @abstractmethod
@@ -81,7 +84,8 @@ class Engine(ABC):
 
     def start(self, binding: Any, done: Done, context: Any = None) -> bool:
         """Start one inference on the engine's own asynchronous machinery and return at once; call
-        ``done(error, shapes)`` (on any thread, quickly: no user code) when it ends. False when the engine cannot
+        ``done(error, shapes)`` when it ends (on any thread, quickly: no user code, unless
+        ``reports_on_own_threads``). False when the engine cannot
         start one now (the runner then runs the job on its own workers with ``run``)."""
         return False
 
@@ -91,7 +95,8 @@ class Engine(ABC):
 
     # -- variables kept by the engine (stateful models) ---------------------------------------------------
     def open_context(self) -> Any:
-        """Where one stream's variables live (None for an engine without any)."""
+        """One stream's own resources on the engine: where its variables live (None: the engine keeps nothing
+        per stream, its runs share the pool)."""
         return None
 
     def close_context(self, context: Any) -> None:  # noqa: B027 - nothing to release without variables

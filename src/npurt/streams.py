@@ -15,8 +15,7 @@ reading, writing, resetting and closing its state take their place in that line 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,42 +69,72 @@ class StreamState:
     def __init__(self, stream_id: int) -> None:
         self.stream_id = stream_id
         self.closed = False
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._next = 0  # the next place in line
         self._serving = 0  # the place whose turn it is
-        # carried input name -> the buffer the next run reads (as input, as output), and the one it writes
-        self.current: dict[str, tuple[NpuTensor, NpuTensor]] = {}
+        self._waiting = 0  # threads waiting for their turn (no notify is needed without them)
+        # carried input name -> the state the next run reads: a buffer seen as (input, output) tensors, or the
+        # plain array a run() got from the engine (wrapped only if an execute() comes next); and the buffer an
+        # execute() writes the next state to
+        self.current: dict[str, tuple[NpuTensor, NpuTensor] | np.ndarray] = {}
         self.spare: dict[str, tuple[NpuTensor, NpuTensor]] = {}
         self.contexts: dict[int, Any] = {}  # id(engine) -> (engine, its context for this stream)
 
     def place(self) -> int:
         """A place in line (take it in the order the runs are queued)."""
-        with self._cond:
+        with self._lock:
             place = self._next
             self._next += 1
             return place
 
-    @contextmanager
-    def turn(self, place: int) -> Iterator[None]:
-        """Wait for ``place``'s turn; the next place's turn comes when the block ends. NpuError if the stream closed."""
-        with self._cond:
-            while self._serving != place and not self.closed:
-                self._cond.wait()
-            closed = self.closed and self._serving != place
-        try:
-            if closed:
-                raise NpuError(f"stream {self.stream_id} was closed")
-            yield
-        finally:
-            with self._cond:
-                if self._serving == place:
-                    self._serving += 1
-                self._cond.notify_all()
+    def turn(self, place: int | None = None) -> _Turn:
+        """``with state.turn(place):`` waits for ``place``'s turn (None: a place taken now, at the end of the line);
+        the next place's turn comes when the block ends. NpuError if the stream closed."""
+        return _Turn(self, place)
 
     def wake_all(self) -> None:
-        with self._cond:
+        with self._lock:
             self.closed = True
             self._cond.notify_all()
+
+
+class _Turn:
+    """One place's turn in a stream's line (a class, not a generator: a stream's run() takes one per chunk)."""
+
+    __slots__ = ("state", "place")
+
+    def __init__(self, state: StreamState, place: int | None) -> None:
+        self.state = state
+        self.place = place
+
+    def __enter__(self) -> None:
+        state = self.state
+        with state._lock:
+            place = self.place
+            if place is None:
+                place = self.place = state._next
+                state._next += 1
+            if state._serving != place and not state.closed:
+                state._waiting += 1
+                while state._serving != place and not state.closed:
+                    state._cond.wait()
+                state._waiting -= 1
+            if state._serving == place:
+                return
+        self._leave()  # closed while waiting: the places behind this one must not wait for it
+        raise NpuError(f"stream {state.stream_id} was closed")
+
+    def __exit__(self, *exc: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        state = self.state
+        with state._lock:
+            if state._serving == self.place:
+                state._serving += 1
+            if state._waiting:
+                state._cond.notify_all()
 
 
 class StreamTable:
@@ -161,7 +190,9 @@ class StreamTable:
         the first state is zeros)."""
         name = in_info.name
         current = state.current.get(name)
-        if current is None or current[0].info.shape != in_info.shape:
+        if isinstance(current, np.ndarray):  # run()'s array: wrapped, not copied
+            current = state.current[name] = (NpuTensor(in_info, current), NpuTensor(out_info, current))
+        elif current is None or current[0].info.shape != in_info.shape:
             current = state.current[name] = self._buffer(in_info, out_info)
             current[0].numpy()[...] = 0
         spare = state.spare.get(name)
@@ -175,15 +206,10 @@ class StreamTable:
 
     @staticmethod
     def advance(state: StreamState, name: str) -> None:
-        """After a run that succeeded: the state it wrote is the one the next run reads."""
-        state.current[name], state.spare[name] = state.spare[name], state.current[name]
-
-    @staticmethod
-    def adopt(state: StreamState, name: str, value: np.ndarray, in_info: NpuTensorInfo, out_info: NpuTensorInfo
-              ) -> None:
-        """After run(): the engine's new array is the state (kept as it is: no copy)."""
-        state.current[name] = (NpuTensor(in_info.replace(shape=value.shape), value),
-                               NpuTensor(out_info.replace(shape=value.shape), value))
+        """After an execute() that succeeded: the state it wrote is the one the next run reads."""
+        current = state.current[name]
+        assert not isinstance(current, np.ndarray)
+        state.current[name], state.spare[name] = state.spare[name], current
 
 
 class StreamRuns:
@@ -193,6 +219,15 @@ class StreamRuns:
         self.runner = runner
         self.table = table
         self._stateful: bool | None = True if table.pairs else None
+        # (carried input, state shape) -> the pair's CPU-view (input, output) infos: derived once per shape
+        self._infos: dict[tuple[str, tuple[int, ...]], tuple[NpuTensorInfo, NpuTensorInfo]] = {}
+        # run()'s lists: where each carried input goes among the model's inputs (ascending), which output feeds it,
+        # and the outputs the app gets
+        in_names = [s.name for s in runner._in_specs]
+        out_names = [s.name for s in runner._out_specs]
+        self._carried_at = sorted((in_names.index(i), i) for i in table.pairs)
+        self._carried_from = [(i, out_names.index(o)) for i, o in table.pairs.items()]
+        self._app_outputs = [(n, k) for k, n in enumerate(out_names) if n not in set(table.pairs.values())]
 
     @property
     def stateful(self) -> bool:
@@ -206,11 +241,10 @@ class StreamRuns:
         return self._stateful
 
     def context(self, state: StreamState, engine: Any) -> Any:
-        """The stream's context on an engine (its own infer request where the engine keeps variables)."""
-        if not engine.state_names:
-            return None
+        """The stream's context on an engine (where the engine has one: OpenVINO's is an infer request of the
+        stream's own, which keeps its variables and lets streams run side by side as one request each would)."""
         entry = state.contexts.get(id(engine))
-        if entry is None:
+        if entry is None or entry[0] is not engine:  # (an id the LRU's dropped engine had)
             entry = state.contexts[id(engine)] = (engine, engine.open_context())
         return entry[1]
 
@@ -218,7 +252,7 @@ class StreamRuns:
     def execute(self, stream: Stream | int | None, inputs: Any, outputs: Any) -> tuple[StatusCode, str]:
         state = self.runner._stream_state(stream)
         try:
-            with state.turn(state.place()):
+            with state.turn():
                 return self._execute_in_turn(state, inputs, outputs)
         except NpuError as e:
             return StatusCode.FAILURE, str(e)
@@ -276,50 +310,66 @@ class StreamRuns:
 
     def _state_infos(self, state: StreamState, in_name: str, out_name: str,
                      shapes: Mapping[str, tuple[int, ...]]) -> tuple[NpuTensorInfo, NpuTensorInfo]:
-        """The CPU-view infos of a carried pair, with the stream's state shape: the current state's, else the
-        model's, its open dims taken from the app's inputs by dim name (silero-vad's ``batch``), else 1."""
-        runner = self.runner
-        in_port = runner.get_port(in_name)
-        out_port = runner.get_port(out_name)
+        """The CPU-view infos of a carried pair, with the stream's state shape."""
+        shape = self._state_shape(state, in_name, shapes)
+        infos = self._infos.get((in_name, shape))
+        if infos is None:
+            runner = self.runner
+            infos = (runner.get_port(in_name).cpu.replace(shape=shape),
+                     runner.get_port(out_name).cpu.replace(shape=shape))
+            if len(self._infos) >= 64:
+                self._infos.clear()
+            self._infos[(in_name, shape)] = infos
+        return infos
+
+    def _state_shape(self, state: StreamState, in_name: str, shapes: Mapping[str, tuple[int, ...]]
+                     ) -> tuple[int, ...]:
+        """The current state's shape, else the model's, its open dims taken from the app's inputs by dim name
+        (silero-vad's ``batch``), else 1."""
         current = state.current.get(in_name)
         if current is not None:
-            shape = current[0].info.shape
-        else:
-            spec = next(s for s in runner._in_specs if s.name == in_name)
-            names = spec.dim_names or (None,) * len(spec.shape)
-            dims = []
-            for d, dim_name in zip(spec.shape, names):
-                if d is None:
-                    d = next((shapes[s.name][k] for s in runner._in_specs if s.name in shapes and s.dim_names
-                              for k, n in enumerate(s.dim_names) if dim_name and n == dim_name
-                              and k < len(shapes[s.name])), 1)
-                dims.append(d)
-            shape = tuple(dims)
-        return in_port.cpu.replace(shape=shape), out_port.cpu.replace(shape=shape)
+            return current.shape if isinstance(current, np.ndarray) else current[0].info.shape
+        runner = self.runner
+        spec = next(s for s in runner._in_specs if s.name == in_name)
+        names = spec.dim_names or (None,) * len(spec.shape)
+        dims = []
+        for d, dim_name in zip(spec.shape, names):
+            if d is None:
+                d = next((shapes[s.name][k] for s in runner._in_specs if s.name in shapes and s.dim_names
+                          for k, n in enumerate(s.dim_names) if dim_name and n == dim_name
+                          and k < len(shapes[s.name])), 1)
+            dims.append(d)
+        return tuple(dims)
 
     def run(self, stream: Stream | int | None, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Runner.run on a stream: the carried state goes in from the stream and its successor stays there."""
+        """Runner.run on a stream: the carried state goes in from the stream, and the engine's new state array stays
+        there as it is (no copy, no wrapping: the next run() passes it straight back). Lean: a stream's run() is
+        one chunk of audio, about 100 us of engine time."""
         runner = self.runner
         state = runner._streams.get(stream)
-        arrays = runner._arrays.feeds(feeds)
-        by_name = dict(zip(runner._input_names, arrays))
-        with state.turn(state.place()):
-            shapes = {n: a.shape for n, a in by_name.items()}
-            infos = {}
-            for in_name, out_name in self.table.pairs.items():
-                infos[in_name] = self._state_infos(state, in_name, out_name, shapes)
-                current, _ = self.table.carried(state, *infos[in_name])
-                by_name[in_name] = current.numpy()
-            results = runner._arrays.run([by_name[s.name] for s in runner._in_specs], state)
-            out = dict(zip([s.name for s in runner._out_specs], results))
-            for in_name, out_name in self.table.pairs.items():
-                StreamTable.adopt(state, in_name, out.pop(out_name), *infos[in_name])
-        return out
+        arrays = runner._arrays.feeds(feeds)  # the app's inputs, in the model's order without the carried ones
+        with state.turn():
+            current = state.current
+            for position, in_name in self._carried_at:
+                value = current.get(in_name)
+                if not isinstance(value, np.ndarray):
+                    value = value[0].numpy() if value is not None else self._first_state(state, in_name, arrays)
+                arrays.insert(position, value)
+            results = runner._arrays.run(arrays, state)
+            for in_name, k in self._carried_from:
+                current[in_name] = results[k]
+        return {name: results[k] for name, k in self._app_outputs}
+
+    def _first_state(self, state: StreamState, in_name: str, app_arrays: list[np.ndarray]) -> np.ndarray:
+        """A new stream's state: zeros, of the shape its inputs imply."""
+        shape = self._state_shape(state, in_name, dict(zip(self.runner._input_names, (a.shape for a in app_arrays))))
+        return np.zeros(shape, self.runner.get_port(in_name).cpu.numpy_dtype)
 
     # -- the state ---------------------------------------------------------------------------------------------
     def get_state(self, state: StreamState) -> dict[str, np.ndarray]:
-        with state.turn(state.place()):
-            result = {name: t[0].numpy().copy() for name, t in state.current.items()}
+        with state.turn():
+            result = {name: (t if isinstance(t, np.ndarray) else t[0].numpy()).copy()
+                      for name, t in state.current.items()}
             for in_name in self.table.pairs:
                 if in_name not in result:  # never run: the initial state
                     in_info, _ = self._state_infos(state, in_name, self.table.pairs[in_name], {})
@@ -329,7 +379,7 @@ class StreamRuns:
             return result
 
     def set_state(self, state: StreamState, values: Mapping[str, np.ndarray]) -> None:
-        with state.turn(state.place()):
+        with state.turn():
             variables = set()
             contexts = self._contexts(state)
             for engine, _ in contexts:
@@ -355,7 +405,7 @@ class StreamRuns:
                     engine.set_state(context, mine)
 
     def reset(self, state: StreamState) -> None:
-        with state.turn(state.place()):
+        with state.turn():
             state.current.clear()  # the next run starts from zeros, as a new stream's does
             for engine, context in self._contexts(state):
                 engine.reset_state(context)
@@ -366,7 +416,7 @@ class StreamRuns:
             for s in self.table.close_all():
                 self._close_contexts(s)
             return
-        with state.turn(state.place()):
+        with state.turn():
             self.table.forget(state)
             self._close_contexts(state)
         state.wake_all()
