@@ -298,6 +298,50 @@ def test_execute_async_callbacks(backend, order):
             np.testing.assert_array_equal(outs[0].numpy(), raw(backend, "ocr_cls", x, static=True))
 
 
+@pytest.mark.parametrize("runs", [1, 2])
+def test_callbacks_that_resubmit_and_wait_on_their_own_thread(backend, runs):
+    """Completion callbacks run on the thread that ended the job (a worker, or OpenVINO's reporting thread): one
+    that submits a job and waits for it must not wait for itself, even with a single run allowed at a time, and
+    chains of resubmitting callbacks keep going."""
+    with pinned(backend, "ocr_cls", max_concurrent_runs=runs, callback_order="completion") as r:
+        x = frame(SHAPES["ocr_cls"], seed=7)
+        ins, outs = cpu_io(r, "ocr_cls", x)
+        inner_ins, inner_outs = cpu_io(r, "ocr_cls", x)
+        inner: list[StatusCode] = []
+        threads: set[str] = set()
+        chained = threading.Event()
+        count = [0]
+
+        def waits(handle: JobHandle) -> None:
+            threads.add(threading.current_thread().name)
+            job = r.execute_async([inner_ins], [inner_outs])
+            while job.status is StatusCode.RESOURCE_UNAVAILABLE:  # with runs=1 the ended job may hold it a moment
+                threading.Event().wait(0.001)
+                job = r.execute_async([inner_ins], [inner_outs])
+            inner.append(r.wait(job, 30_000))
+
+        def chain(handle: JobHandle) -> None:
+            assert handle.status is StatusCode.SUCCESS
+            count[0] += 1
+            if count[0] == 20:
+                chained.set()
+                return
+            job = r.execute_async([ins], [outs], chain)
+            assert job.status is StatusCode.SUCCESS, r.last_error
+
+        assert r.execute_async([ins], [outs], waits).status is StatusCode.SUCCESS
+        deadline = threading.Event()
+        for _ in range(3000):
+            if inner:
+                break
+            deadline.wait(0.01)
+        assert inner == [StatusCode.SUCCESS]
+        assert threading.main_thread().name not in threads
+        assert r.execute_async([ins], [outs], chain).status is StatusCode.SUCCESS
+        assert chained.wait(60)
+        np.testing.assert_array_equal(inner_outs[0].numpy(), raw(backend, "ocr_cls", x, static=True))
+
+
 def test_execute_async_wait_and_wait_any(backend):
     with pinned(backend, "ocr_rec", max_concurrent_runs=2) as r:
         xs = [frame(SHAPES["ocr_rec"], seed=30 + k) for k in range(6)]

@@ -8,10 +8,13 @@ transient. Job ids start at 1.
 Each job holds a plain lock from submission until it has its final status: waiting on it blocks without the GIL
 and costs no Condition machinery. ``wait_any`` registers one more lock with each job it waits on.
 
-Callbacks run on the scheduler's own callback threads, never on an engine's threads. ``callback_order``:
-- "completion": as jobs end, on as many threads as there are jobs in flight (a callback may resubmit, wait on
-  another job, or raise: the exception is logged and the thread lives on);
-- "submission": in submission order, one after the other.
+Callbacks run on npurt's own threads, never on an engine library's. ``callback_order``:
+- "completion": as jobs end, on the thread that ended the job where that is npurt's (a worker, or an engine's
+  reporting thread: ``Engine.reports_on_own_threads``), so that a job's end reaches its callback with no further
+  hand-off; otherwise on callback threads, as many as there are jobs in flight. A callback may resubmit, wait on
+  another job, or raise (the exception is logged and the thread lives on): while workers are in callbacks, more
+  workers start, so that queued jobs never wait for a callback to return;
+- "submission": in submission order, one after the other, on one callback thread.
 A job with a callback is released from the job table after its callback returns; during the callback the runner's
 ``last_error`` on that thread is the job's message.
 """
@@ -103,15 +106,21 @@ class JobScheduler:
         self.before_callback: Callable[[str], None] | None = None  # given the job's message (last_error) first
         self._idle_callback_threads = 0
         self._queued_callbacks = 0
+        # callbacks run by the thread that ended their job
+        self._inline = 0  # running now
+        self._workers_in_callbacks = 0
+        self._inline_ended = threading.Condition(self._lock)
+        self._tls = threading.local()  # .in_callback: this thread is running a callback inline
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, start: Start | None, callback: Callback | None,
-               on_accept: Callable[[], None] | None = None) -> Job:
+               on_accept: Callable[[], None] | None = None, start_reports_on_own_threads: bool = False) -> Job:
         """Register a job and start it on the engine (``start``) or queue it for the workers (``work``).
 
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
-        its job's place in line there, so that places follow the queue's order). StatusError RESOURCE_UNAVAILABLE
-        when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
+        its job's place in line there, so that places follow the queue's order). ``start_reports_on_own_threads``:
+        the engine ends started jobs on threads of npurt's own, where their callbacks may run. StatusError
+        RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
         with self._lock:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
@@ -132,7 +141,7 @@ class JobScheduler:
                 return job
             job.state = _RUNNING
         try:
-            started = start(lambda error: self._engine_done(job, error))
+            started = start(lambda error: self._engine_done(job, error, start_reports_on_own_threads))
         except BaseException as e:  # noqa: BLE001 - the engine's error is the job's status
             self.finish(job, *status_of(e, 0))
             if not isinstance(e, Exception):
@@ -149,18 +158,19 @@ class JobScheduler:
 
     def _enqueue(self, job: Job, work: Work) -> None:
         """Queue for the workers (under _lock), starting them on the first job."""
-        if not self._workers:
-            for k in range(self._worker_count):
-                worker = threading.Thread(target=self._work, name=f"{self._name}-run-{k}", daemon=True)
-                worker.start()
-                self._workers.append(worker)
+        # worker_count workers, plus one for each worker that is in a callback (which may wait for this job)
+        wanted = self._worker_count + self._workers_in_callbacks
+        while len(self._workers) < wanted:
+            worker = threading.Thread(target=self._work, name=f"{self._name}-run-{len(self._workers)}", daemon=True)
+            worker.start()
+            self._workers.append(worker)
         self._queue.put((job, work))
 
-    def _engine_done(self, job: Job, error: BaseException | None) -> None:
+    def _engine_done(self, job: Job, error: BaseException | None, own_thread: bool) -> None:
         if error is None:
-            self.finish(job, StatusCode.SUCCESS, "")
+            self.finish(job, StatusCode.SUCCESS, "", inline=own_thread)
         else:
-            self.finish(job, *status_of(error, 0))
+            self.finish(job, *status_of(error, 0), inline=own_thread)
 
     def _work(self) -> None:
         """A worker: run queued jobs until the sentinel; a worker never dies of a job."""
@@ -179,17 +189,51 @@ class JobScheduler:
                 status, message = work()
             except BaseException as e:  # noqa: BLE001
                 status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
-            self.finish(job, status, message)
+            self.finish(job, status, message, inline=True, on_worker=True)
 
     # -- completion --------------------------------------------------------------------------------------
-    def finish(self, job: Job, status: StatusCode, message: str) -> None:
+    def finish(self, job: Job, status: StatusCode, message: str, inline: bool = False, on_worker: bool = False
+               ) -> None:
+        """Give a job its final status; ``inline``: the calling thread is npurt's and may run the job's callback
+        (``on_worker``: it is one of the workers)."""
         with self._lock:
-            self._finish_locked(job, status, message)
+            here = self._finish_locked(job, status, message, inline)
+            if here:
+                self._inline += 1
+                if on_worker:
+                    self._workers_in_callbacks += 1
+        if here:
+            self._run_inline(job, on_worker)
 
-    def _finish_locked(self, job: Job, status: StatusCode, message: str) -> None:
-        """Give a job its final status, free its run, wake its waiters, queue its callback (under _lock)."""
+    def _run_inline(self, job: Job, on_worker: bool) -> None:
+        self._tls.in_callback = True
+        try:
+            self._call(job)
+        finally:
+            self._tls.in_callback = False
+            with self._lock:
+                self._jobs.pop(job.job_id, None)
+                self._inline -= 1
+                if on_worker:
+                    self._workers_in_callbacks -= 1
+                if not self._inline:
+                    self._inline_ended.notify_all()
+
+    def _call(self, job: Job) -> None:
+        """A job's callback, after ``before_callback``; an exception is logged (the thread lives on)."""
+        try:
+            if self.before_callback is not None:
+                self.before_callback(job.error)
+            if job.callback is not None:
+                job.callback(JobHandle(job.status, job.job_id))
+        except Exception:  # noqa: BLE001 - a raising callback must not kill the thread
+            log.exception("callback of job %d raised", job.job_id)
+
+    def _finish_locked(self, job: Job, status: StatusCode, message: str, inline: bool = False) -> bool:
+        """Give a job its final status, free its run, wake its waiters, queue its callback (under _lock); True
+        where the caller is to run the callback itself (``inline``, completion order)."""
         if job.state == _DONE:
-            return
+            return False
         job.status, job.error, job.state = status, message, _DONE
         self._ended += 1
         job.ended = self._ended
@@ -200,7 +244,9 @@ class JobScheduler:
             if waiter.locked():
                 waiter.release()
         if job.callback is None:
-            return
+            return False
+        if inline and not self._ordered:
+            return True
         if self._ordered:
             self._ready[job.seq] = job
             while self._due in self._ready:
@@ -218,6 +264,7 @@ class JobScheduler:
             self._callback_threads.append(thread)
             self._idle_callback_threads += 1
             thread.start()
+        return False
 
     def _deliver(self) -> None:
         get = self._callbacks.get
@@ -229,12 +276,7 @@ class JobScheduler:
                 self._idle_callback_threads -= 1
                 self._queued_callbacks -= 1
             try:
-                if self.before_callback is not None:
-                    self.before_callback(job.error)
-                if job.callback is not None:  # (only jobs with a callback are queued here)
-                    job.callback(JobHandle(job.status, job.job_id))
-            except Exception:  # noqa: BLE001 - a raising callback must not kill the thread
-                log.exception("callback of job %d raised", job.job_id)
+                self._call(job)
             finally:
                 with self._lock:
                     self._jobs.pop(job.job_id, None)
@@ -333,3 +375,8 @@ class JobScheduler:
         for thread in threads:
             if thread is not me:
                 thread.join()
+        # callbacks that engines' reporting threads run: let them return (all but this thread's own)
+        mine = 1 if getattr(self._tls, "in_callback", False) else 0
+        with self._lock:
+            while self._inline > mine:
+                self._inline_ended.wait(_SLICE_S)

@@ -295,8 +295,10 @@ class Runner:
                 job = self._stream_runs.submit(stream, inputs, outputs, callback)
             else:
                 plan = self._planner.plan(inputs, outputs)
-                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs),
-                                        engine_start(plan, outputs), callback)
+                start = engine_start(plan, outputs)
+                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs), start, callback,
+                                        start_reports_on_own_threads=start is not None
+                                        and plan[0].variant.engine.reports_on_own_threads)
         except StatusError as e:
             self._fail(e.status, str(e))
             return JobHandle(e.status, 0)

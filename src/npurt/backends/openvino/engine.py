@@ -4,13 +4,15 @@ the end of asynchronous runs.
 A binding wraps each tensor's memory in an ``ov.Tensor`` once; a request is pointed at it with ``set_tensor`` only
 when it held something else, so a tensor in its port's view is never copied on the host. Outputs whose shape only
 the run tells are written into the bound memory (OpenVINO reshapes a tensor within its capacity) and their shapes
-reported. OpenVINO's Python callbacks are not called when an inference fails, so each request that runs
-asynchronously has a thread that blocks in ``request.wait()`` (GIL released) and reports the end, failures included:
-nothing polls.
+reported. OpenVINO's Python callbacks are not called when an inference fails, so each asynchronous run is reported
+by a thread of npurt's (a reporter) that blocks in ``request.wait()`` (GIL released) and reports the end, failures
+included: nothing polls. The reporter also runs the job's callback where the runner asks (``reports_on_own_threads``):
+one thread hand-off per job, as OpenVINO's own AsyncInferQueue has.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from queue import Empty, SimpleQueue
@@ -23,7 +25,10 @@ from openvino import _pyopenvino
 from ...engine import Done, Engine, OutputTooSmallError, ResultShapes
 from ...ports import Port
 from ...tensor import NpuTensor
+from ...types import NpuError
 from .model_ports import ModelPorts
+
+log = logging.getLogger("npurt")
 
 # The C++ methods under the Python wrappers: no Python data dispatch per call. infer(inputs, share_outputs,
 # decode_strings) releases the GIL while inferring.
@@ -46,22 +51,15 @@ class _Binding:
 
 
 class _Request:
-    """One InferRequest, the ov.Tensors it holds per port, and (once async is used) the thread that reports the
-    end of its asynchronous runs."""
+    """One InferRequest and the ov.Tensors it holds per port."""
 
-    __slots__ = ("request", "held", "engine", "go", "done", "fills", "thread", "closing", "pooled")
+    __slots__ = ("request", "held", "engine", "pooled")
 
     def __init__(self, engine: OpenVINOEngine, pooled: bool = True) -> None:
         self.engine = engine
         self.pooled = pooled  # in the engine's pool, or a stream's own (its variables are the stream's state)
         self.request = engine.compiled_model.create_infer_request()
         self.held: list[Any] = [None] * len(engine.ov_ports)  # the ov.Tensor each port points at
-        self.go = threading.Lock()  # released by start(): the reporting thread waits for the run
-        self.go.acquire()
-        self.done: Done | None = None
-        self.fills: list[Fill] = []
-        self.thread: threading.Thread | None = None
-        self.closing = False
 
     def point(self, wrapped: Sequence[Any]) -> None:
         """Point the request's ports at a binding's tensors, where it holds others."""
@@ -91,51 +89,75 @@ class _Request:
                 shapes[j] = shape
         return shapes
 
-    def start(self, done: Done, fills: list[Fill]) -> None:
-        self.done, self.fills = done, fills
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._report, name="npurt-ov-request", daemon=True)
-            self.thread.start()
-        _start_async(self.request, {}, None)
+
+class _Reporter:
+    """A thread that reports the end of one asynchronous run at a time: it blocks in ``wait()`` (GIL released),
+    gives the request back, then calls the run's ``done`` (where the runner may run the job's callback: the
+    reporter is npurt's own thread, not OpenVINO's), and goes back to the engine's idle reporters. Reporters are
+    not tied to requests: a request started again while its last reporter is still in a callback gets another
+    reporter, so a callback that waits for that run does not wait for itself."""
+
+    __slots__ = ("engine", "go", "request", "done", "fills", "thread", "closing")
+
+    def __init__(self, engine: OpenVINOEngine) -> None:
+        self.engine = engine
+        self.go = threading.Lock()  # released by start(): the run to report is set
+        self.go.acquire()
+        self.request: _Request | None = None
+        self.done: Done | None = None
+        self.fills: list[Fill] = []
+        self.closing = False
+        self.thread = threading.Thread(target=self._report, name="npurt-ov-report", daemon=True)
+        self.thread.start()
+
+    def start(self, request: _Request, done: Done, fills: list[Fill]) -> None:
+        self.request, self.done, self.fills = request, done, fills
+        _start_async(request.request, {}, None)
         self.go.release()
 
     def _report(self) -> None:
-        """Block in wait() (GIL released) for each started run; hand its end to the runner."""
+        engine = self.engine
         while True:
             self.go.acquire()
             if self.closing:
                 return
+            request = self.request
+            assert request is not None
             error: BaseException | None = None
             shapes: ResultShapes = None
             try:
-                self.request.wait()
-                shapes = self.finish(self.fills)
+                request.request.wait()
+                shapes = request.finish(self.fills)
             except BaseException as e:  # noqa: BLE001 - the run's failure is the job's status
-                error = self.engine.translate(e)
-            done, self.done, self.fills = self.done, None, []
-            if self.pooled:
-                self.engine.release(self)  # free before the job ends: its callback may start the next one
+                error = engine.translate(e)
+            done, self.done, self.fills, self.request = self.done, None, [], None
+            if request.pooled:
+                engine.release(request)  # free before the job ends: its callback may start the next one
             if done is not None:
-                done(error, shapes)
+                try:
+                    done(error, shapes)
+                except BaseException:  # noqa: BLE001 - done() reports; its own failure must not end the thread
+                    log.exception("npurt: reporting the end of an OpenVINO run failed")
             done = error = None  # the job's tensors must not live on here until the next run
+            if not engine.idle_reporter(self):
+                return
 
     def stop(self) -> None:
-        """End the reporting thread and wait for it: a thread left inside OpenVINO at interpreter exit aborts the
-        process ("terminate called without an active exception")."""
-        thread = self.thread
-        if thread is None:
-            return
+        """End the thread (idle: waiting for a run) and wait for it: a thread left inside OpenVINO at interpreter
+        exit aborts the process ("terminate called without an active exception")."""
         self.closing = True
         try:
             self.go.release()
-        except RuntimeError:  # a run was started and not yet picked up: the thread sees closing after it
+        except RuntimeError:  # a run is set and not yet picked up: the thread sees closing after it
             pass
-        if thread is not threading.current_thread():
-            thread.join()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
 
 
 class OpenVINOEngine(Engine):
     """A compiled model and its pool of infer requests."""
+
+    reports_on_own_threads = True  # reporters are npurt's threads
 
     def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], pm: ModelPorts,
                  device: str, properties: dict[str, Any], limit: int, count_copy: Any) -> None:
@@ -165,6 +187,8 @@ class OpenVINOEngine(Engine):
         self.limit = max(1, limit)  # requests made at most
         self.made: list[_Request] = []
         self.contexts: list[_Request] = []  # streams' own requests
+        self.reporters: list[_Reporter] = []  # every reporter thread made
+        self._idle_reporters: list[_Reporter] = []  # those waiting for a run (the last to finish is reused first)
         self._free: SimpleQueue[_Request] = SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -250,12 +274,30 @@ class OpenVINOEngine(Engine):
         self.started_async = True
         try:
             request.point(binding.wrapped)
-            request.start(done, binding.fills)
+            self._reporter().start(request, done, binding.fills)
         except Exception:
             if request.pooled:
                 self.release(request)  # it never started
             raise
         return True
+
+    def _reporter(self) -> _Reporter:
+        with self._lock:
+            if self._closed:
+                raise NpuError("the engine is closed")
+            if self._idle_reporters:
+                return self._idle_reporters.pop()
+            reporter = _Reporter(self)
+            self.reporters.append(reporter)
+            return reporter
+
+    def idle_reporter(self, reporter: _Reporter) -> bool:
+        """A reporter is free again; False once the engine closed (the thread ends)."""
+        with self._lock:
+            if self._closed or reporter.closing:
+                return False
+            self._idle_reporters.append(reporter)
+            return True
 
     def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
         request = context or self.acquire()
@@ -294,9 +336,9 @@ class OpenVINOEngine(Engine):
 
     # -- variables (stateful models: ReadValue / Assign) -----------------------------------------------------
     def open_context(self) -> _Request | None:
-        """A stream's own infer request: OpenVINO keeps a model's variables per request."""
-        if not self.state_names:
-            return None
+        """A stream's own infer request: OpenVINO keeps a model's variables per request, and streams sharing the
+        pool (``max_concurrent_runs`` requests) would wait for one another where one request each runs side by
+        side."""
         with self._lock:
             request = _Request(self, pooled=False)
             self.contexts.append(request)
@@ -304,7 +346,6 @@ class OpenVINOEngine(Engine):
 
     def close_context(self, context: _Request | None) -> None:
         if context is not None:
-            context.stop()
             with self._lock:
                 if context in self.contexts:
                     self.contexts.remove(context)
@@ -349,8 +390,10 @@ class OpenVINOEngine(Engine):
             if self._closed:
                 return
             self._closed = True
-        for request in (*self.made, *self.contexts):
-            request.stop()
+            reporters, self.reporters, self._idle_reporters = self.reporters, [], []
+        # Reporters still reporting a run finish it first (the runner has waited for its jobs by now).
+        for reporter in reporters:
+            reporter.stop()
         self.made, self.contexts = [], []
         while True:
             try:
