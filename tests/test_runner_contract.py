@@ -529,3 +529,4 @@ def test_log_level_is_the_runners_not_the_process(axpy_model):
     with RunnerFactory.create_runner("AXPY", axpy_model(), {"log_level": "DEBUG"}) as r:
         assert logger.level == before  # the application's logging configuration stays as it was
         assert r.log.level == logging.DEBUG
+

@@ -24,6 +24,29 @@ def test_numpy_is_a_zero_copy_view():
     assert t.export_buffer() == -1
 
 
+def test_array_tensors_and_buffer_tensors_agree():
+    """A C-contiguous array takes the quick construction; any other buffer the general one: the same tensor."""
+    arr = np.arange(48, dtype=np.float32).reshape(1, 3, 4, 4)
+    quick = NpuTensor(cpu_info(), arr)
+    general = NpuTensor(cpu_info(), memoryview(arr))
+    for t in (quick, general):
+        assert t.get_virtual_address() == arr.ctypes.data
+        assert t.memory_type is MemoryType.USER_POINTER_NON_CMA and t.provider == "user" and t.offset == 0
+        assert t.writable and t.nbytes == 192 and t.result_info == t.info
+        np.testing.assert_array_equal(t.numpy(), arr)
+    # what the quick path does not take goes the general way, and fails as it does
+    with pytest.raises(ValueError, match="holds 188 bytes"):
+        NpuTensor(cpu_info(), np.zeros(47, np.float32))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        NpuTensor(cpu_info(shape=(4, 4)), np.zeros((4, 8), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="read-only"):
+        NpuTensor(cpu_info(direction=TensorDirection.OUTPUT), np.frombuffer(bytes(192), np.float32))
+    with pytest.raises(ValueError, match="not aligned"):
+        NpuTensor(cpu_info(shape=(4,)), np.zeros(17, np.uint8)[1:])
+    as_bytes = NpuTensor(cpu_info(), arr.view(np.uint8))  # bytes for floats: aligned, so taken as they are
+    assert as_bytes.get_virtual_address() == arr.ctypes.data
+
+
 def test_buffer_protocol_objects_and_addresses():
     raw = bytearray(48 * 4)
     t = NpuTensor(cpu_info(), raw)

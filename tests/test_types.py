@@ -54,6 +54,14 @@ def test_info_is_immutable_and_replace_rederives():
         info.name = "y"  # type: ignore[misc]
     bigger = info.replace(shape=(4, 4))
     assert bigger.size_in_bytes == 64 and bigger.strides == (4, 1)
+    # a shape asked for again is the same info (apps and runners ask on every call); equal to one made anew
+    assert info.replace(shape=(4, 4)) is bigger
+    assert bigger == NpuTensorInfo(name="x", data_type=DataType.FLOAT32, shape=(4, 4))
+    assert hash(bigger) == hash(NpuTensorInfo(name="x", data_type=DataType.FLOAT32, shape=(4, 4)))
+    assert info.replace(shape=(4, 4), tensor_type=TensorType.CPU).tensor_type is TensorType.CPU
+    assert info.replace(shape=(4, 4)).tensor_type is TensorType.HW  # other changes are not remembered as a shape
+    with pytest.raises(ValueError, match="negative"):
+        info.replace(shape=(4, -3))
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from .types import MemoryType, NpuError, NpuTensorInfo, TensorDirection, TensorType
+from .types import DYNAMIC_DIM, MemoryType, NpuError, NpuTensorInfo, TensorDirection, TensorType
 
 PAGE_SIZE: int = _native.page_size()
 
@@ -45,6 +45,9 @@ class NpuTensor:
 
     def __init__(self, info: NpuTensorInfo, buffer: Any, memory_type: MemoryType = MemoryType.USER_POINTER_NON_CMA,
                  *, offset: int = 0) -> None:
+        if (type(buffer) is np.ndarray and memory_type is MemoryType.USER_POINTER_NON_CMA and not offset
+                and type(info) is NpuTensorInfo and self._init_array(info, buffer)):
+            return  # an app's frame: the common case, checked in about a microsecond
         if not isinstance(info, NpuTensorInfo):
             raise ValueError(f"NpuTensor needs an NpuTensorInfo, got {type(info).__name__}")
         try:
@@ -77,6 +80,30 @@ class NpuTensor:
         self._check_size_and_alignment()
 
     # -- construction helpers ------------------------------------------------------------------------
+    def _init_array(self, info: NpuTensorInfo, array: np.ndarray) -> bool:
+        """A C-contiguous, aligned numpy array large enough for a static CPU-view info (writable for an output):
+        the checks of the general path, done from the array's flags. False: take the general path (which also
+        says what is wrong)."""
+        flags = array.flags
+        if not (flags.c_contiguous and flags.aligned and array.dtype.alignment % info.data_type.itemsize == 0
+                and array.nbytes >= info.size_in_bytes and info.tensor_type is TensorType.CPU
+                and DYNAMIC_DIM not in info.shape
+                and (flags.writeable or info.direction is not TensorDirection.OUTPUT)):
+            return False
+        self._info = info
+        self._memory_type = MemoryType.USER_POINTER_NON_CMA
+        self._offset = 0
+        self._owner = None
+        self._parent = None
+        self._buffer = None
+        self._dmabuf = False
+        self._result_shape = None
+        self._bytes = array.reshape(-1).view(np.uint8)
+        source: Any = array  # (the buffer a tensor was made from: an array, an fd, a native Buffer)
+        self._source = source
+        self._provider = "user"
+        return True
+
     def _init_user_pointer(self, buffer: Any) -> None:
         name = self._info.name
         if isinstance(buffer, bool) or buffer is None:

@@ -198,6 +198,9 @@ class NpuTensorInfo:
     size_in_bytes: int = -1
     # Runners look plans up by the infos of the tensors they are given: hash once, not on every lookup.
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    # replace(shape=...) results by shape: apps and runners ask for the same few shapes on every call
+    _reshaped: dict[tuple[int, ...], NpuTensorInfo] = field(default_factory=dict, init=False, repr=False,
+                                                            compare=False)
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -273,6 +276,11 @@ class NpuTensorInfo:
 
     def replace(self, **changes: Any) -> NpuTensorInfo:
         """A copy with some fields changed; derived fields are derived again unless given."""
+        shape = changes.get("shape")
+        if type(shape) is tuple and len(changes) == 1:
+            known = self._reshaped.get(shape)
+            if known is not None:
+                return known
         kw: dict[str, Any] = {
             "name": self.name,
             "data_type": self.data_type,
@@ -285,7 +293,10 @@ class NpuTensorInfo:
         if not ({"shape", "data_type"} & changes.keys()):
             kw.update(strides=self.strides, size_in_bytes=self.size_in_bytes)
         kw.update(changes)
-        return NpuTensorInfo(**kw)
+        info = NpuTensorInfo(**kw)
+        if type(shape) is tuple and len(changes) == 1 and len(self._reshaped) < 16:
+            self._reshaped[shape] = info
+        return info
 
     def require_static(self, what: str = "") -> None:
         """Raise ValueError naming the dynamic dims, for operations that need a concrete shape."""

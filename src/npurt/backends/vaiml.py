@@ -101,6 +101,9 @@ class _Refused:
 _REFUSED = _Refused()
 
 
+BINDINGS_BY_ADDRESS = 32  # IOBindings an engine keeps by the addresses they bind
+
+
 class _Binding:
     """An IOBinding of a set of tensors (by address), and where outputs produced by ONNX Runtime must go."""
 
@@ -138,6 +141,8 @@ class OrtEngine(Engine):
         self.quiet = ort.RunOptions()
         self.quiet.log_severity_level = 4  # a refused guess is no error worth a log line: it is run again
         self.bindings_made = 0  # for tests and diagnostics
+        self._by_address: dict[tuple[Placed, ...], _Binding] = {}
+        self._by_address_lock = threading.Lock()
 
     def _io(self, inputs: Sequence[Placed], outputs: Sequence[Placed]) -> _Binding:
         io = self.session.io_binding()
@@ -157,8 +162,21 @@ class OrtEngine(Engine):
         return _Binding(io, copies, guessed, list(inputs), list(outputs))
 
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> _Binding:
-        return self._io([(t.info.shape, t.get_virtual_address()) for t in inputs],
-                        [(t.info.shape, t.get_virtual_address()) for t in outputs])
+        # By address: new tensor objects over memory bound before (an app's reused buffers, or new arrays that the
+        # allocator placed where the last ones were) reuse that IOBinding, which ONNX Runtime runs ~30 us faster
+        # for silero-vad than a new one. Safe: a binding holds addresses only, never memory, and it is used only
+        # for a call whose own tensors are at those addresses with those shapes.
+        placed_in = [(t.info.shape, t.get_virtual_address()) for t in inputs]
+        placed_out = [(t.info.shape, t.get_virtual_address()) for t in outputs]
+        key = (*placed_in, *placed_out)
+        binding = self._by_address.get(key)
+        if binding is None:
+            binding = self._io(placed_in, placed_out)
+            with self._by_address_lock:
+                if len(self._by_address) >= BINDINGS_BY_ADDRESS:
+                    self._by_address.pop(next(iter(self._by_address)), None)
+                self._by_address[key] = binding
+        return binding
 
     def run(self, binding: _Binding, context: Any = None) -> ResultShapes:
         session = self.session
