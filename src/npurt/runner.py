@@ -152,7 +152,8 @@ class Runner:
         return self.get_port(name).info(TensorType(tensor_type))
 
     def get_port(self, name: str) -> Port:
-        """Both views of a port and which one the engine consumes."""
+        """Both views of a port and which one the engine consumes (ValueError for a name the model does not have,
+        NpuError once closed)."""
         self._require_open()
         assert self._variants is not None
         for port in self._variants.ports(TensorDirection.INPUT) + self._variants.ports(TensorDirection.OUTPUT):
@@ -162,7 +163,8 @@ class Runner:
                          f"{self._output_names}")
 
     def get_quant_parameters(self, name: str) -> QuantParameters | None:
-        """The scale and zero point of a port whose HW view is the quantized tensor; None for float views."""
+        """The scale and zero point of a port whose HW view is the quantized tensor; None for float views.
+        ValueError for a name the model does not have."""
         return self.get_port(name).quant
 
     def get_num_input_tensors(self) -> int:
