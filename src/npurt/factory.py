@@ -159,11 +159,20 @@ def create_auto(model_path: str | Path, options: Mapping[str, Any] | None = None
 
 
 class RunnerFactory:
-    """Creates runners for the registered backends."""
+    """Creates runners for the registered backends (entry point group "npurt.backends", or ``register_backend``)."""
 
     @staticmethod
     def create_runner(runner_type: RunnerType | str, model_path: str | Path,
                       options: Mapping[str, Any] | None = None) -> Runner:
+        """Load ``model_path`` (ONNX; OpenVINO IR for OPENVINO) through a backend, with ``options`` (docs/api.md).
+
+        ``runner_type``: a RunnerType or a backend's name, case-insensitive. AUTO tries the backends that see their
+        NPU first, then the others (``auto_order``), and returns the first runner that loads the model.
+
+        Raises ValueError for an unknown runner type (the message lists the available ones), a bad option, a
+        missing model file or an option naming a port the model lacks; NpuError when the backend is installed but
+        failed to import, when the device is absent and fallback="error", or when the engine cannot load or
+        compile the model; AutoLoadError (an NpuError) when no backend loads it under AUTO."""
         name = _type_name(runner_type)
         if name == RunnerType.AUTO.name:
             return RunnerFactory._create_auto(_registry.classes(), model_path, options)
@@ -185,15 +194,19 @@ class RunnerFactory:
 
     @staticmethod
     def register_backend(name: str, cls: type[Backend]) -> None:
-        """Register a backend class under a name (in addition to the entry points)."""
+        """Register a backend class under a name (in addition to the entry points); ValueError unless ``cls`` is an
+        ``npurt.engine.Backend`` subclass."""
         _registry.register(name, cls)
 
     @staticmethod
     def unregister_backend(name: str) -> None:
+        """Forget the backend registered under ``name`` (once the entry points have been scanned, an entry point's
+        backend stays unregistered in this process)."""
         _registry.unregister(name)
 
     @staticmethod
     def available_backends() -> dict[str, type[Backend]]:
+        """Every backend that loads, by name (loads every entry point of the group; a new dict)."""
         return _registry.classes()
 
     @staticmethod

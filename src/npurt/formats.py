@@ -268,7 +268,11 @@ def convert(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = N
     ``quant`` gives the scale and zero point where one side is the quantized view of a float tensor
     (for a decoder's uint8 frame into a float tensor, ``QuantParameters(scale=1/255, zero_point=0)``
     computes ``(x - zero_point) * scale``). Runs in the native kernels (one pass, no temporaries, GIL
-    released); a numpy path covers what they do not (for example INT32 -> FLOAT32).
+    released); a numpy path covers what they do not (for example INT32 -> FLOAT32). One copy: into ``dst``'s
+    memory; ``src`` is only read.
+
+    Raises ValueError for arguments that are not NpuTensors, a read-only ``dst``, infos that are not two views of
+    one tensor, a conversion between quantized and float types without ``quant``, or rounding mode UNKNOWN.
     """
     if not isinstance(src, NpuTensor) or not isinstance(dst, NpuTensor):
         raise ValueError("convert() takes two NpuTensors")

@@ -52,7 +52,9 @@ class InferQueue:
                  output_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
         """``jobs``: the number of slots (0: the runner's ``max_concurrent_runs``). ``tensor_type``: the view of the
         slots' output tensors. ``output_shapes``: shapes for outputs whose dims the model leaves open (their largest
-        shape: a job writes its result at the start of the tensor, see ``NpuTensor.result_info``)."""
+        shape: a job writes its result at the start of the tensor, see ``NpuTensor.result_info``). The output tensors
+        are allocated once, by the runner. ValueError for a runner that is not a Runner, a negative ``jobs``,
+        ``output_shapes`` naming outputs the model lacks, or an open-shaped output without a shape."""
         if not isinstance(runner, Runner):
             raise ValueError(f"InferQueue needs a Runner, got {type(runner).__name__}")
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
@@ -101,8 +103,9 @@ class InferQueue:
     def start_async(self, inputs: Mapping[str, Any] | Sequence[NpuTensor], userdata: Any = None) -> int:
         """Start a job on the next free slot (waiting for one while all are busy); its slot index.
 
-        ``inputs``: {name: numpy array} in the model's own view, or NpuTensors in either view. Raises NpuError
-        when the runner refuses the job (its StatusCode and message)."""
+        ``inputs``: {name: numpy array} in the model's own view (wrapped, not copied: keep the arrays unchanged until
+        the job ends), or NpuTensors in either view. Raises ValueError for unknown, missing or mistyped inputs, and
+        NpuError when the runner refuses the job (its StatusCode and message)."""
         tensors = self._tensors(inputs)
         with self._cond:
             while not self._free:

@@ -56,7 +56,14 @@ from .variants import ShapeVariants, Variant
 
 
 class Runner:
-    """Loads a model on a device through a backend and runs it. Thread-safe: one runner is meant to be shared."""
+    """Loads a model on a device through a backend and runs it. Thread-safe: one runner is meant to be shared.
+
+    Made by ``RunnerFactory.create_runner`` (``Runner(backend_class, model_path, options)`` is the same without the
+    registry). Construction and queries raise (ValueError for bad arguments, NpuError for the engine, the device
+    and a closed runner); execution returns StatusCodes with the message in ``last_error``. A tensor in its port's
+    view reaches the engine without a host copy; every copy the runner makes is counted in ``stats``. Close it
+    (``close()``, or ``with``) to release the engines and threads.
+    """
 
     def __init__(self, backend: type[Backend], model_path: str | Path,
                  options: Mapping[str, Any] | None = None) -> None:
@@ -135,7 +142,8 @@ class Runner:
 
         Dims the model leaves open (and that option ``shapes`` does not pin) are DYNAMIC_DIM (-1): the engine takes
         any size there on devices that run dynamic shapes. Allocate such a port's tensor for a concrete shape
-        (``info.replace(shape=...)``)."""
+        (``info.replace(shape=...)``). A stream's carried state (option state_pairs) is left out. ValueError for a
+        bad direction or tensor type, NpuError once closed."""
         self._require_open()
         return [p.info(TensorType(tensor_type)) for p in self._query_ports(direction)]
 
@@ -144,7 +152,8 @@ class Runner:
         return self.get_port(name).info(TensorType(tensor_type))
 
     def get_port(self, name: str) -> Port:
-        """Both views of a port and which one the engine consumes."""
+        """Both views of a port and which one the engine consumes (ValueError for a name the model does not have,
+        NpuError once closed)."""
         self._require_open()
         assert self._variants is not None
         for port in self._variants.ports(TensorDirection.INPUT) + self._variants.ports(TensorDirection.OUTPUT):
@@ -154,13 +163,16 @@ class Runner:
                          f"{self._output_names}")
 
     def get_quant_parameters(self, name: str) -> QuantParameters | None:
-        """The scale and zero point of a port whose HW view is the quantized tensor; None for float views."""
+        """The scale and zero point of a port whose HW view is the quantized tensor; None for float views.
+        ValueError for a name the model does not have."""
         return self.get_port(name).quant
 
     def get_num_input_tensors(self) -> int:
+        """The inputs an app passes tensors for (a stream's carried state is not counted)."""
         return len(self._input_names)
 
     def get_num_output_tensors(self) -> int:
+        """The outputs an app passes tensors for (a stream's carried state is not counted)."""
         return len(self._output_names)
 
     def get_batch_size(self) -> int:
@@ -169,11 +181,12 @@ class Runner:
 
     @property
     def input_specs(self) -> list[PortSpec]:
-        """The model's inputs as read, dynamic dims (None) included."""
+        """The model's inputs as read, dynamic dims (None) included, state ports too (a new list)."""
         return list(self._in_specs)
 
     @property
     def output_specs(self) -> list[PortSpec]:
+        """The model's outputs as read, dynamic dims (None) included, state ports too (a new list)."""
         return list(self._out_specs)
 
     @property
@@ -188,6 +201,7 @@ class Runner:
 
     @property
     def runner_type(self) -> str:
+        """The backend's name ("OPENVINO", "VAIML", or a registered backend's)."""
         return self._backend.name
 
     def engine_for(self, shapes: Sequence[Sequence[int]] | None = None) -> Engine:
@@ -202,7 +216,7 @@ class Runner:
     def stats(self) -> dict[str, int]:
         """Totals since the runner was made: ``copies`` / ``bytes_copied`` (every host-side copy of tensor data
         the runner did), ``executes`` / ``execute_failures``, ``jobs_submitted`` / ``jobs_completed`` /
-        ``jobs_failed``, ``compiles``."""
+        ``jobs_failed``, ``compiles``. A snapshot (a new dict)."""
         return self._stats.snapshot()
 
     @property
@@ -212,13 +226,17 @@ class Runner:
 
     @property
     def max_concurrent_runs(self) -> int:
+        """Jobs that may be in flight at once (option max_concurrent_runs, else the backend's choice)."""
         return self._jobs.max_concurrent
 
     # ---------------------------------------------------------------- memory
     def allocate_npu_tensor(self, info: NpuTensorInfo, memory_type: MemoryType = MemoryType.XRT_BO) -> NpuTensor:
-        """A runner-owned, page-aligned, exportable tensor for ``info`` (from the runner's memory provider).
+        """A runner-owned, page-aligned, exportable tensor for ``info`` (from the runner's memory provider). The
+        memory lives as long as the tensor and its sub-tensors.
 
-        ValueError for an info with dynamic dims: allocate for a concrete shape (``info.replace(shape=...)``)."""
+        ValueError for an info with dynamic dims (allocate for a concrete shape: ``info.replace(shape=...)``),
+        MemoryType.UNKNOWN, a HW info with USER_POINTER_NON_CMA, or DMA_FD from the "host" provider; NpuError when
+        the provider cannot allocate (or, with option memory_strict, only a weaker one could) or once closed."""
         self._require_open()
         if not isinstance(info, NpuTensorInfo):
             raise ValueError(f"allocate_npu_tensor needs an NpuTensorInfo, got {type(info).__name__}")
@@ -226,7 +244,11 @@ class Runner:
                                self.options.memory_strict)
 
     def allocate_sub_tensor(self, parent: NpuTensor, info: NpuTensorInfo, offset: int) -> NpuTensor:
-        """A view of ``info`` at byte ``offset`` into a runner-allocated parent; one level of nesting."""
+        """A view of ``info`` at byte ``offset`` into a runner-allocated parent (no copy); one level of nesting.
+
+        The memory lives until the parent and every sub-tensor are gone; ``export_buffer()`` of the sub-tensor gives
+        the parent's buffer, and its ``offset`` says where it lies. ValueError for a parent that is not
+        runner-allocated or is a sub-tensor, or an offset that does not fit or is misaligned."""
         self._require_open()
         return sub_tensor(parent, info, offset)
 
@@ -314,10 +336,11 @@ class Runner:
         return timeout_ms / 1000.0
 
     def wait(self, job: JobHandle | int, timeout_ms: int | None = None) -> StatusCode:
-        """Wait for a job: ``timeout_ms`` 0 polls, None waits for as long as it takes.
+        """Wait for a job (a JobHandle or its id): ``timeout_ms`` 0 polls, None waits for as long as it takes.
 
-        JOB_PENDING on timeout; INVALID_JOB_ID for a job that is unknown or already collected; otherwise the job's
-        own status (and its message in ``last_error``). A collected job is forgotten."""
+        JOB_PENDING on timeout; INVALID_JOB_ID for a job that is unknown or already collected; INVALID_INPUT for a
+        negative or non-numeric timeout; otherwise the job's own status (and its message in ``last_error``). A
+        collected job is forgotten. Never raises."""
         job_id = _job_id_of(job)
         if job_id is None:
             return self._fail(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
@@ -328,11 +351,12 @@ class Runner:
         return self._fail(*self._jobs.wait(job_id, timeout_s))
 
     def wait_any(self, jobs: Sequence[JobHandle | int], timeout_ms: int | None = None) -> JobHandle:
-        """Wait for whichever of ``jobs`` ends first and collect it, as ``wait`` does.
+        """Wait for whichever of ``jobs`` (JobHandles or ids) ends first and collect it, as ``wait`` does.
 
         Returns ``JobHandle(status, job_id)`` of that job (its own status); ``JobHandle(JOB_PENDING, 0)`` when none
         ends within ``timeout_ms``; ``JobHandle(INVALID_JOB_ID, id)`` for a job that is unknown or already
-        collected. Where several have ended, the one that ended first."""
+        collected; ``JobHandle(INVALID_INPUT, 0)`` for a bad ``timeout_ms``. Where several have ended, the one that
+        ended first. Never raises."""
         try:
             if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence):
                 raise StatusError(StatusCode.INVALID_JOB_ID, f"wait_any takes a list of jobs, got {jobs!r}")
@@ -354,9 +378,13 @@ class Runner:
     def run(self, feeds: Mapping[str, np.ndarray], stream: Stream | int | None = None) -> dict[str, np.ndarray]:
         """Run on numpy arrays in the CPU views (the model's own); new arrays out, of the shapes the run produced.
 
-        Raises ValueError for wrong inputs and NpuError for failures. The arrays reach the engine without a copy
-        where they are C-contiguous and of the port's dtype, and the ports take them as they are. ``stream``: as
-        for execute (the state a stream carries is neither passed nor returned)."""
+        Raises ValueError for wrong inputs (not a dict, unknown or missing names, another dtype than the port's:
+        nothing is cast) or shapes the model cannot take, and NpuError ("STATUS: message") for failures. The arrays
+        reach the engine without a copy where they are C-contiguous and of the port's dtype, and the ports take
+        them as they are (the model's own view); a non-contiguous array is made contiguous first (by numpy), and a
+        port with another HW view (hw_view="npu") costs one counted conversion each way. The results are new
+        arrays, the engine's own where it makes them. ``stream``: as for execute (the state a stream carries is
+        neither passed nor returned)."""
         self._require_open()
         if stream is not None or self._stream_runs.stateful:
             return self._stream_runs.run(stream, feeds)
@@ -366,7 +394,8 @@ class Runner:
     # ---------------------------------------------------------------- streams
     def open_stream(self) -> Stream:
         """A new stream: an independent sequence of runs with state of its own (carried pairs of option
-        state_pairs, and the variables of a stateful model), starting from the initial state."""
+        state_pairs, and the variables of a stateful model), starting from the initial state. NpuError once
+        closed. See docs/streams.md."""
         self._require_open()
         return Stream(self, self._streams.open())
 
@@ -411,7 +440,8 @@ class Runner:
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Stop accepting work, end queued jobs with FAILURE, let running ones end, release the engines."""
+        """Stop accepting work, end queued jobs (and runs waiting for their stream's turn) with FAILURE, let running
+        jobs end, deliver pending callbacks, join the runner's threads, release the engines. Idempotent."""
         if self._closed:
             return
         self._closed = True  # from here on nothing new starts
@@ -430,6 +460,7 @@ class Runner:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called."""
         return self._closed
 
     def __enter__(self) -> Runner:

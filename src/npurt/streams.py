@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 class Stream:
     """A handle to one stream of a runner (``Runner.open_stream``). Pass it as ``stream=`` to execute,
-    execute_async and run; its methods are the runner's stream calls for it."""
+    execute_async and run; its methods are the runner's stream calls for it. Equal by runner and ``stream_id``;
+    holding it keeps nothing alive but the runner."""
 
     __slots__ = ("runner", "stream_id")
 
@@ -39,18 +40,23 @@ class Stream:
         self.stream_id = stream_id
 
     def reset(self) -> StatusCode:
+        """``runner.reset_stream(self)``: back to the initial state, after the runs already submitted."""
         return self.runner.reset_stream(self)
 
     def state(self) -> dict[str, np.ndarray]:
+        """``runner.get_stream_state(self)``: a copy of the state, by name (ValueError once closed)."""
         return self.runner.get_stream_state(self)
 
     def set_state(self, state: Mapping[str, np.ndarray]) -> StatusCode:
+        """``runner.set_stream_state(self, state)``: restore a state as ``state()`` gave it (copied in)."""
         return self.runner.set_stream_state(self, state)
 
     def close(self) -> StatusCode:
+        """``runner.close_stream(self)``: close once the runs already submitted have ended, and free the state."""
         return self.runner.close_stream(self)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``runner.run(feeds, stream=self)``: one run in this stream on numpy arrays (raises like ``run``)."""
         return self.runner.run(feeds, stream=self)
 
     def __eq__(self, other: object) -> bool:

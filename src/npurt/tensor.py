@@ -34,10 +34,23 @@ def _byte_view(buffer: Any, name: str) -> np.ndarray:
 
 
 class NpuTensor:
-    """A tensor: an ``NpuTensorInfo`` and the memory it describes.
+    """A tensor: an ``NpuTensorInfo`` and the memory it describes. Nothing is copied: the tensor is a view.
+
+    ``NpuTensor(info, buffer, memory_type=USER_POINTER_NON_CMA, *, offset=0)`` wraps memory by memory type:
+    USER_POINTER_NON_CMA / USER_POINTER_CMA take an object with the buffer protocol (a numpy array, bytearray,
+    memoryview, mmap; C-contiguous) or an int address (trusted: the caller guarantees its size and lifetime, as in
+    VART-ML); DMA_FD takes a file descriptor (a dma-buf, a memfd sealed against shrinking, or a regular file; the
+    tensor maps its own duplicate, so the caller may close theirs; ``offset`` is bytes into the fd); XRT_BO takes
+    an ``npurt._native.Buffer``.
 
     User-constructed tensors do not own their memory: the caller keeps it alive (the tensor keeps a
     reference to Python buffer objects, which is enough for those). Runner-allocated tensors own theirs.
+
+    Raises ValueError for an info with dynamic dims, a HW info over USER_POINTER_NON_CMA (the device cannot see
+    host memory), a negative offset, a buffer that is not C-contiguous or is smaller than ``info.size_in_bytes``,
+    memory misaligned for its type (page-aligned for XRT_BO and USER_POINTER_CMA, element-aligned otherwise), an
+    OUTPUT info over read-only memory, or an fd that is not acceptable memory; OSError for a closed fd or a failed
+    mapping.
     """
 
     __slots__ = ("_info", "_memory_type", "_bytes", "_source", "_provider", "_owner", "_offset", "_parent",
@@ -177,10 +190,12 @@ class NpuTensor:
     # -- accessors -----------------------------------------------------------------------------------
     @property
     def info(self) -> NpuTensorInfo:
+        """The tensor's metadata (immutable)."""
         return self._info
 
     @property
     def memory_type(self) -> MemoryType:
+        """The memory type the tensor was made with (runner-allocated: XRT_BO or DMA_FD)."""
         return self._memory_type
 
     @property
@@ -195,16 +210,20 @@ class NpuTensor:
 
     @property
     def nbytes(self) -> int:
+        """``info.size_in_bytes``: the bytes the tensor spans (the memory may be larger)."""
         return self._info.size_in_bytes
 
     @property
     def writable(self) -> bool:
+        """Whether the memory can be written (an output tensor needs writable memory)."""
         return bool(self._bytes.flags.writeable)
 
     def get_info(self) -> NpuTensorInfo:
+        """``info`` (VART-ML's accessor)."""
         return self._info
 
     def get_memory_type(self) -> MemoryType:
+        """``memory_type`` (VART-ML's accessor)."""
         return self._memory_type
 
     def get_buffer(self) -> Any:
@@ -223,7 +242,8 @@ class NpuTensor:
             return 0
 
     def numpy(self) -> np.ndarray:
-        """A zero-copy array over the tensor's memory, shaped and typed by ``info`` (BF16 shows as uint16)."""
+        """A zero-copy array over the tensor's memory, shaped and typed by ``info`` (BF16 shows as uint16);
+        read-only where the memory is. Writing it writes the tensor."""
         info = self._info
         itemsize = info.data_type.itemsize
         return np.lib.stride_tricks.as_strided(
@@ -296,12 +316,15 @@ class NpuTensor:
 
     # -- interop -------------------------------------------------------------------------------------
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        """DLPack export of ``numpy()``: other array libraries get the tensor's memory without a copy."""
         return self.numpy().__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        """The DLPack device of the memory (the CPU: npurt's memory is host-mapped)."""
         return self.numpy().__dlpack_device__()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """``np.asarray(tensor)``: ``numpy()``, no copy; a copy only for another dtype or ``copy=True``."""
         arr = self.numpy()
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             return arr.astype(dtype)

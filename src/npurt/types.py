@@ -24,22 +24,37 @@ class NpuFallbackWarning(UserWarning):
 
 
 class RunnerType(IntEnum):
+    """The backend a runner uses (``RunnerFactory.create_runner``); a backend's name works as well.
+
+    OPENVINO: OpenVINO's NPU, GPU and CPU plugins. VAIML: ONNX Runtime with the Vitis AI execution provider (AMD
+    NPUs), or its CPU provider. AUTO: the backends that see their NPU first, then the others; the first that loads
+    the model."""
+
     OPENVINO = 0
     VAIML = 1
     AUTO = 2
 
 
 class TensorType(IntEnum):
+    """A tensor's view: CPU, the model's own layout and dtype; HW, what the device consumes (docs/shapes-and-views.md).
+    """
+
     CPU = 0
     HW = 1
 
 
 class TensorDirection(IntEnum):
+    """Whether a port or tensor is a model input or output."""
+
     INPUT = 0
     OUTPUT = 1
 
 
 class MemoryType(IntEnum):
+    """Where a tensor's memory lives (see ``NpuTensor``): XRT_BO, runner-allocated device-visible memory; DMA_FD, a
+    file descriptor; USER_POINTER_CMA, physically contiguous user memory; USER_POINTER_NON_CMA, plain host memory
+    (CPU views only). UNKNOWN holds no tensor."""
+
     UNKNOWN = 0
     XRT_BO = 1
     DMA_FD = 2
@@ -48,6 +63,10 @@ class MemoryType(IntEnum):
 
 
 class MemoryLayout(IntEnum):
+    """How a tensor's dims are laid out in memory, VART-ML's names: NCHW is the ONNX (CPU view) order of 4-D
+    tensors, NHWC the Intel NPU's, HCWNC4 the AMD NPU's (channel groups of 4); GENERIC uses
+    ``NpuTensorInfo.memory_layout_order``, a permutation relative to the CPU view."""
+
     UNKNOWN = 0
     NC = 1
     NCH = 2
@@ -69,6 +88,9 @@ class MemoryLayout(IntEnum):
 
 
 class DataType(IntEnum):
+    """A tensor's element type, VART-ML's names and values, plus FLOAT64 (CPU views only). ``numpy`` is the numpy
+    dtype holding its bits (BF16 shows as uint16)."""
+
     UNKNOWN = 0
     BOOLEAN = 1
     INT8 = 2
@@ -86,6 +108,7 @@ class DataType(IntEnum):
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element (ValueError for UNKNOWN)."""
         if self is DataType.UNKNOWN:
             raise ValueError("DataType.UNKNOWN has no element size")
         return _NUMPY_OF[self].itemsize
@@ -99,6 +122,7 @@ class DataType(IntEnum):
 
     @classmethod
     def from_numpy(cls, dtype: Any) -> DataType:
+        """The DataType of a numpy dtype (uint16 is UINT16, never BF16); ValueError for one npurt does not carry."""
         dt = np.dtype(dtype)
         for k, v in _NUMPY_OF.items():
             if k is not DataType.BF16 and v == dt:
@@ -124,6 +148,9 @@ _NUMPY_OF: dict[DataType, np.dtype] = {
 
 
 class StatusCode(IntEnum):
+    """What execution returns (execute, execute_async, wait, wait_any and the stream calls never raise); the
+    message of a non-SUCCESS status is in ``Runner.last_error``. docs/api.md says when each is returned."""
+
     SUCCESS = 0
     FAILURE = 1
     INVALID_INPUT = 2
@@ -137,6 +164,8 @@ class StatusCode(IntEnum):
 
 
 class RoundingMode(IntEnum):
+    """How a float is rounded to a quantized integer (``QuantParameters``, ``npurt.convert``)."""
+
     UNKNOWN = 0
     ROUND_TO_NEAREST_EVEN = 1
     ROUND_TOWARD_ZERO = 2
@@ -175,10 +204,16 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class NpuTensorInfo:
-    """Metadata of one tensor in one view. Immutable; equal by value.
+    """Metadata of one tensor in one view. Immutable, hashable, equal by value; it describes memory, it holds none.
 
     ``strides`` (in elements), ``size`` (elements) and ``size_in_bytes`` are derived from ``shape`` and
-    ``data_type`` unless given (padded rows, for example, give strides and a larger size_in_bytes).
+    ``data_type`` unless given (padded rows, for example, give strides and a larger size_in_bytes). Enum fields take
+    a member, its name (case-insensitive) or its value. ``memory_layout_order`` is a permutation relative to the
+    CPU view, for MemoryLayout.GENERIC.
+
+    Raises ValueError for an empty name, an unknown enum value, a shape that is not integers >= -1, an order that
+    is not a permutation, DataType.UNKNOWN, strides of the wrong rank or negative, a ``size`` that does not match
+    the shape, a ``size_in_bytes`` smaller than the shape and strides span, or strides or sizes with dynamic dims.
 
     A dim the model leaves open (a dynamic dim, on a device that runs dynamic shapes) is ``DYNAMIC_DIM`` (-1).
     Such an info describes a port, not memory: its ``strides`` are empty, ``size`` and ``size_in_bytes`` are
@@ -268,10 +303,12 @@ class NpuTensorInfo:
 
     @property
     def is_contiguous(self) -> bool:
+        """Whether the strides are row-major with no padding."""
         return self.strides == contiguous_strides(self.shape)
 
     @property
     def numpy_dtype(self) -> np.dtype:
+        """``data_type.numpy``: the numpy dtype that holds the elements (BF16 as uint16)."""
         return self.data_type.numpy
 
     def replace(self, **changes: Any) -> NpuTensorInfo:
@@ -307,6 +344,7 @@ class NpuTensorInfo:
                              "you will feed")
 
     def describe(self) -> str:
+        """One line: view, shape (? for a dynamic dim), dtype and layout, e.g. ``CPU [?, 1, 8, 8] FLOAT32 NCHW``."""
         layout = self.memory_layout.name
         if self.memory_layout is MemoryLayout.GENERIC and self.memory_layout_order:
             layout += str(list(self.memory_layout_order))
@@ -316,6 +354,10 @@ class NpuTensorInfo:
 
 @dataclass(frozen=True)
 class QuantParameters:
+    """The scale and zero point of a quantized tensor: real value = (q - zero_point) * scale. Immutable.
+
+    ValueError unless ``scale`` is a positive finite number; ``rounding_mode`` takes a member, name or value."""
+
     scale: float
     zero_point: int
     rounding_mode: RoundingMode = RoundingMode.ROUND_TO_NEAREST_EVEN
@@ -330,7 +372,8 @@ class QuantParameters:
 
 @dataclass(frozen=True)
 class JobHandle:
-    """What execute_async returns: job ids start at 1; 0 is never a valid job."""
+    """What execute_async and wait_any return: a status and a job id. Job ids start at 1; 0 is never a valid job
+    (a refused submission has job id 0)."""
 
     status: StatusCode
     job_id: int
@@ -338,7 +381,12 @@ class JobHandle:
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """Where a runner runs, and why there."""
+    """Where a runner runs, and why there (``Runner.device_info``; immutable).
+
+    The device requested and attached, the engine and its version, whether it fell back and why, the devices AUTO
+    skipped and why, which provider took how many nodes, whose HW view is in force (``hw_view``), the shape mode
+    (``shape_mode``), what npurt set on the engine (``engine_settings``) and what the load did (``load_steps``,
+    milliseconds)."""
 
     requested: str
     attached: str
@@ -355,6 +403,7 @@ class DeviceInfo:
     load_steps: tuple[tuple[str, float], ...] = ()  # (step, milliseconds) of the load, e.g. compiled or from cache
 
     def summary(self) -> str:
+        """One line: engine, version and device, the fallback and its reason, the node placement."""
         s = f"{self.engine} {self.engine_version} on {self.attached}"
         if self.full_name:
             s += f" ({self.full_name})"
