@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Every runner the suite makes starts one engine thread unless its test asks for more (option num_threads): many
+# runners live at once, and engine threads for every core each would make the suite slower on 16 cores than on 2.
+# Child processes the tests start inherit it.
+os.environ.setdefault("NPURT_NUM_THREADS", "1")
 
 from npurt import RunnerFactory  # noqa: E402
 from tests.helpers.axpy_backend import AxpyBackend, write_model  # noqa: E402

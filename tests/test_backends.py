@@ -32,6 +32,7 @@ from npurt import (
     convert,
 )
 from npurt.factory import RunnerFactory as Factory
+from tests.helpers.engines import ov_cpu_properties
 from tests.helpers.models import model_or_skip
 from tests.helpers.ocr import SHAPES, frame
 
@@ -45,7 +46,7 @@ def _ov_compiled(model: str, shape: tuple[int, ...] | None) -> ov.CompiledModel:
     m = ov.Core().read_model(str(model_or_skip(model)))
     if shape is not None:
         m.reshape({m.input(0): ov.PartialShape(list(shape))})
-    return ov.Core().compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return ov.Core().compile_model(m, "CPU", ov_cpu_properties())
 
 
 @functools.cache

@@ -23,6 +23,7 @@ from npurt.models import (
     default_samples,
     make_default,
 )
+from tests.helpers.engines import ov_cpu_properties
 
 # the accuracy make_default aims for; the committed model gets 97.5 % of its 360 held-out images and all samples
 MIN_ACCURACY = 0.95
@@ -82,7 +83,7 @@ def test_raw_engines_agree_with_numpy_and_recognise_the_samples():
     np.testing.assert_allclose(reference.sum(axis=1), 1.0, atol=1e-12)
     core = ov.Core()
     # f32: this CPU's plugin otherwise computes in bf16 (NOTES.md)
-    compiled = core.compile_model(str(default_model_path()), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = core.compile_model(str(default_model_path()), "CPU", ov_cpu_properties())
     for batch in (slice(None), slice(0, 1), slice(7, 10)):  # the batch dim is dynamic in both engines
         want = reference[batch]
         np.testing.assert_allclose(ort_scores(default_model_path(), images[batch]), want, atol=NUMPY_TOLERANCE, rtol=0)

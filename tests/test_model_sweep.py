@@ -17,6 +17,7 @@ import pytest
 
 from npurt import NpuError, RunnerFactory
 from npurt.models import zoo
+from tests.helpers.engines import ov_cpu_properties
 
 # Input sizes for dims a model leaves open: small, and what each model takes.
 OCR_SHAPES = {"ch_PP-OCRv4_det_infer.onnx": (1, 3, 96, 128), "ch_PP-OCRv4_rec_infer.onnx": (1, 3, 48, 160),
@@ -62,7 +63,7 @@ def raw_run(backend: str, path: Path, feeds: dict[str, np.ndarray]) -> list[np.n
     the model."""
     if backend == "VAIML":
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
-    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = ov.Core().compile_model(str(path), "CPU", ov_cpu_properties())
     results = compiled.create_infer_request().infer({p.get_any_name(): feeds[p.get_any_name()]
                                                      for p in compiled.inputs})
     return [results[o] for o in compiled.outputs]

@@ -51,7 +51,7 @@ def test_async_jobs_run_on_the_engines_requests_without_runner_workers():
 
 
 def test_properties_and_engine_options_pass_through():
-    with make(performance_hint="THROUGHPUT", engine_options={"NUM_STREAMS": 2}) as r:
+    with make(performance_hint="THROUGHPUT", engine_options={"NUM_STREAMS": 2}, num_threads=2) as r:
         compiled = r.engine_for().compiled_model
         assert str(compiled.get_property("PERFORMANCE_HINT")) == "THROUGHPUT"
         assert int(compiled.get_property("NUM_STREAMS")) == 2
@@ -91,3 +91,21 @@ def test_openvino_ir_model(tmp_path):
         got, want = ir.run({"x": x}), onnx_runner.run({"x": x})
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_output_too_small_is_reported_with_one_inference_thread(threads):
+    """OpenVINO's synchronous infer() with INFERENCE_NUM_THREADS=1 returns without an error and without writing
+    an output that is too small for the shape the run produced; npurt runs such engines asynchronously, where
+    OpenVINO reports it: INVALID_OUTPUT with the shape needed, never SUCCESS over unwritten memory."""
+    with RunnerFactory.create_runner("OPENVINO", model_or_skip("ocr_det"), {"device": "CPU",
+                                                                              "num_threads": threads}) as r:
+        x = frame((1, 3, 96, 128), seed=5)
+        x_info = r.get_tensor_info_by_name("x", TensorType.CPU).replace(shape=x.shape)
+        out = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        small = NpuTensor(out.replace(shape=(1, 1, 32, 32)), np.full((1, 1, 32, 32), 7.0, np.float32))
+        assert r.execute([[NpuTensor(x_info, x)]], [[small]]) is StatusCode.INVALID_OUTPUT
+        assert "[1, 1, 96, 128]" in r.last_error
+        big = NpuTensor(out.replace(shape=(1, 1, 96, 128)), np.zeros((1, 1, 96, 128), np.float32))
+        assert r.execute([[NpuTensor(x_info, x)]], [[big]]) is StatusCode.SUCCESS
+        assert big.result_info.shape == (1, 1, 96, 128)

@@ -54,6 +54,7 @@ def test_close_with_stream_jobs_waiting_for_their_turn(tmp_path: Path) -> None:
         assert status in (StatusCode.SUCCESS, StatusCode.FAILURE)
         if status is StatusCode.FAILURE:
             assert "closed" in message, message
+            assert not message.startswith("runner for"), message  # a job in its turn runs to its end
     ran = [out[0].numpy()[0, 0] for out, (_, status, _) in zip(outs, sorted(ended)) if status is StatusCode.SUCCESS]
     # the jobs that ran did so in the stream's order: totals 4096, 8192, ... with nothing skipped
     assert ran == [4096.0 * (k + 1) for k in range(len(ran))]

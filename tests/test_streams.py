@@ -17,6 +17,7 @@ import openvino as ov
 import pytest
 
 from npurt import NpuTensor, RunnerFactory, StatusCode, TensorType
+from tests.helpers.engines import ov_cpu_properties
 from tests.helpers.models import model_or_skip
 
 PAIR = {"state": "stateN"}
@@ -44,7 +45,7 @@ def by_hand(backend: str, xs: list[np.ndarray]) -> list[np.ndarray]:
             p, state = session.run(None, {"input": x, "state": state, "sr": SR})
             probs.append(p)
         return probs
-    request = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+    request = ov.Core().compile_model(path, "CPU", ov_cpu_properties()).create_infer_request()
     for x in xs:
         out = request.infer({"input": x, "state": state, "sr": SR})
         probs.append(out["output"].copy())
@@ -202,7 +203,7 @@ def test_openvino_stateful_model_streams(tmp_path):
     xml = tmp_path / "vad_stateful.xml"
     ov.save_model(model, str(xml), compress_to_fp16=False)
     xs = chunks(6, seed=3)
-    compiled = ov.Core().compile_model(str(pair_model), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = ov.Core().compile_model(str(pair_model), "CPU", ov_cpu_properties())
     request = compiled.create_infer_request()
     state = np.zeros((2, 1, 128), np.float32)
     want = []

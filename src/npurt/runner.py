@@ -155,6 +155,10 @@ class Runner:
         """Both views of a port and which one the engine consumes (ValueError for a name the model does not have,
         NpuError once closed)."""
         self._require_open()
+        return self._port(name)
+
+    def _port(self, name: str) -> Port:
+        """get_port for the runner's own parts, which finish the runs in flight while it closes."""
         assert self._variants is not None
         for port in self._variants.ports(TensorDirection.INPUT) + self._variants.ports(TensorDirection.OUTPUT):
             if port.name == name:
@@ -324,6 +328,11 @@ class Runner:
         except StatusError as e:
             self._fail(e.status, str(e))
             return JobHandle(e.status, 0)
+        except BaseException as e:  # noqa: BLE001 - submission never raises either (VART-ML contract)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            self._fail(StatusCode.FAILURE, f"unexpected error: {e!r}")
+            return JobHandle(StatusCode.FAILURE, 0)
         self._tls.error = ""
         return JobHandle(StatusCode.SUCCESS, job.job_id)
 

@@ -321,8 +321,8 @@ class StreamRuns:
         infos = self._infos.get((in_name, shape))
         if infos is None:
             runner = self.runner
-            infos = (runner.get_port(in_name).cpu.replace(shape=shape),
-                     runner.get_port(out_name).cpu.replace(shape=shape))
+            infos = (runner._port(in_name).cpu.replace(shape=shape),
+                     runner._port(out_name).cpu.replace(shape=shape))
             if len(self._infos) >= 64:
                 self._infos.clear()
             self._infos[(in_name, shape)] = infos
@@ -369,7 +369,7 @@ class StreamRuns:
     def _first_state(self, state: StreamState, in_name: str, app_arrays: list[np.ndarray]) -> np.ndarray:
         """A new stream's state: zeros, of the shape its inputs imply."""
         shape = self._state_shape(state, in_name, dict(zip(self.runner._input_names, (a.shape for a in app_arrays))))
-        return np.zeros(shape, self.runner.get_port(in_name).cpu.numpy_dtype)
+        return np.zeros(shape, self.runner._port(in_name).cpu.numpy_dtype)
 
     # -- the state ---------------------------------------------------------------------------------------------
     def get_state(self, state: StreamState) -> dict[str, np.ndarray]:

@@ -38,6 +38,8 @@ class AxpyEngine(Engine):
         self.closed = False
 
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> Any:
+        if self.model.get("bind_raises"):  # an engine's unexpected failure while preparing tensors
+            raise RuntimeError("bind failed")
         # the memory (numpy views), never the NpuTensor objects: a runner's plan cache keeps bindings
         return (inputs[0].info, inputs[0].numpy(), outputs[0].info, outputs[0].raw_bytes())
 

@@ -121,3 +121,15 @@ assert job.status.name == "SUCCESS"
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - t0 < 30
     assert np.all(np.load(out) == 3.0)  # the job ran to its end before the process exited
+
+
+@pytest.mark.parametrize("call", ["execute", "execute_async"])
+def test_an_engine_failing_unexpectedly_is_a_status_not_an_exception(axpy_model, call):
+    """execute and execute_async never raise: an engine's unexpected error while binding is FAILURE with the
+    error in last_error, and the runner goes on."""
+    with RunnerFactory.create_runner("AXPY", axpy_model(bind_raises=True), CPU) as r:
+        ins, outs = io(r)
+        result = getattr(r, call)(ins, outs)
+        status = result if call == "execute" else result.status
+        assert status is StatusCode.FAILURE
+        assert "bind failed" in r.last_error

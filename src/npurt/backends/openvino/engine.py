@@ -180,6 +180,14 @@ class OpenVINOEngine(Engine):
         self.output_shapes = [ov.Shape([0 if d < 0 else d for d in outputs[j].engine.shape])
                               for j in self.bound_outputs]
         self.started_async = False  # whether start() has used OpenVINO's asynchronous execution
+        # OpenVINO's CPU plugin with one inference thread loses the errors of a synchronous infer(): an output too
+        # small for the shape the run produced leaves the tensor unwritten and infer() returns as if it had run
+        # (OpenVINO 2026.4, seen with plain OpenVINO; start_async() + wait() reports it). Such engines always run
+        # asynchronously.
+        try:
+            self.sync_loses_errors = int(compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
+        except RuntimeError:  # a device without the property
+            self.sync_loses_errors = False
         try:
             self.optimal_requests = max(1, int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         except RuntimeError:
@@ -242,7 +250,7 @@ class OpenVINOEngine(Engine):
         return _Binding(wrapped, fills)
 
     def _infer(self, request: _Request) -> None:
-        if self.started_async:
+        if self.started_async or self.sync_loses_errors:
             # Once start() has used OpenVINO's asynchronous execution, run() goes there too: OpenVINO's CPU plugin,
             # given both infer() on callers' threads and start_async() on one compiled model, grows its memory by
             # ~50 MiB steps under CPU contention (seen with plain OpenVINO: +300 to +550 MiB over 20,000 mixed
