@@ -188,9 +188,29 @@ class ServiceClient:
                 self._send(*data)
             else:
                 self._send(data)
-        except (OSError, ValueError) as e:
+        except ValueError as e:
             self._fail_pending(req, f"cannot send to the npurt service at {self.socket_path}: {e}")
+        except OSError as e:
+            self._lose(self._why_lost(e))
         return req
+
+    def _why_lost(self, error: OSError) -> str:
+        """Why sending failed: what the service said before it went (unread if nobody was reading), else the error."""
+        with self._lock:
+            reading, self._reading = self._reading, True
+        if not reading:
+            try:
+                while True:  # the answers and notices already there, without waiting for more
+                    self._read_one(socket.MSG_DONTWAIT)
+            except (OSError, ValueError, ConnectionError):
+                pass
+            finally:
+                with self._lock:
+                    self._reading = False
+        if self.stopping:
+            return f"the npurt service at {self.socket_path} shut down ({self.stopping})"
+        return (f"the npurt service at {self.socket_path} closed the connection (it stopped, restarted or was "
+                f"killed: {error.strerror or error}); open the runner again once it is back")
 
     def request(self, kind: int, doc: Mapping[str, Any] | None = None, a: int = 0, b: int = 0,
                 tensors: Sequence[NpuTensor] | None = None, timeout: float | None = None) -> Reply:
@@ -289,8 +309,9 @@ class ServiceClient:
                     return
         self._wanted.set()
 
-    def _read_one(self) -> None:
-        n, ancdata, msg_flags, _ = self._sock.recvmsg_into([self._buffer], p.ANCILLARY_SIZE, socket.MSG_CMSG_CLOEXEC)
+    def _read_one(self, flags: int = 0) -> None:
+        n, ancdata, msg_flags, _ = self._sock.recvmsg_into([self._buffer], p.ANCILLARY_SIZE,
+                                                           socket.MSG_CMSG_CLOEXEC | flags)
         if n == 0:
             raise ConnectionError(
                 f"the npurt service at {self.socket_path} shut down ({self.stopping})" if self.stopping else
@@ -528,15 +549,16 @@ class RemoteBackend(Backend):
 # ---------------------------------------------------------------------------------------------- the engine
 class RemoteBinding:
     """Tensors registered with the service (the registration goes when this object does), and the staging
-    tensors that stand in for user memory."""
+    tensors that stand in for user memory. It holds the caller's memory (its bytes), never the caller's NpuTensor
+    objects: the runner's plan cache forgets a plan when those are collected."""
 
     __slots__ = ("binding_id", "staged_in", "staged_out", "__weakref__")
 
-    def __init__(self, binding_id: int, staged_in: list[tuple[NpuTensor, NpuTensor]],
-                 staged_out: list[tuple[int, NpuTensor, NpuTensor]]) -> None:
+    def __init__(self, binding_id: int, staged_in: list[tuple[np.ndarray, NpuTensor]],
+                 staged_out: list[tuple[int, np.ndarray, NpuTensor]]) -> None:
         self.binding_id = binding_id
-        self.staged_in = staged_in  # (the caller's tensor, its stand-in)
-        self.staged_out = staged_out  # (output index, the caller's tensor, its stand-in)
+        self.staged_in = staged_in  # (the caller's bytes, its stand-in)
+        self.staged_out = staged_out  # (output index, the caller's bytes, its stand-in)
 
 
 class RemoteEngine(Engine):
@@ -554,13 +576,13 @@ class RemoteEngine(Engine):
 
     # -- binding ----------------------------------------------------------------------------------------------
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> RemoteBinding:
-        staged_in = [(t, _stand_in(t)) for t in inputs if not _shareable(t)]
-        staged_out = [(j, t, _stand_in(t)) for j, t in enumerate(outputs) if not _shareable(t)]
-        stand_in = {id(t): s for t, s in staged_in} | {id(t): s for _, t, s in staged_out}
-        tensors = [stand_in.get(id(t), t) for t in (*inputs, *outputs)]
-        reply = self.client.request(p.BIND, a=self.backend.runner_id, b=len(inputs), tensors=tensors)
+        shared = [t if _shareable(t) else _stand_in(t) for t in (*inputs, *outputs)]
+        reply = self.client.request(p.BIND, a=self.backend.runner_id, b=len(inputs), tensors=shared)
         if reply.status is not StatusCode.SUCCESS:
             raise StatusError(reply.status, _unprefixed(reply.error))
+        n = len(inputs)
+        staged_in = [(t.raw_bytes(), s) for t, s in zip(inputs, shared) if s is not t]
+        staged_out = [(j, t.raw_bytes(), s) for j, (t, s) in enumerate(zip(outputs, shared[n:])) if s is not t]
         binding = RemoteBinding(reply.a, staged_in, staged_out)
         weakref.finalize(binding, self.client.forget_binding, reply.a)
         return binding
@@ -601,15 +623,15 @@ class RemoteEngine(Engine):
         return shapes
 
     def _copy_in(self, binding: RemoteBinding) -> None:
-        for t, stage in binding.staged_in:
-            stage.raw_bytes()[...] = t.raw_bytes()
-            self.backend.count_copy(t.nbytes)
+        for src, stage in binding.staged_in:
+            stage.raw_bytes()[...] = src
+            self.backend.count_copy(src.nbytes)
 
     def _copy_out(self, binding: RemoteBinding, shapes: ResultShapes) -> None:
-        for j, t, stage in binding.staged_out:
+        for j, dst, stage in binding.staged_out:
             shape = shapes[j] if shapes else None
-            n = t.nbytes if shape is None else int(np.prod(shape)) * t.info.data_type.itemsize
-            t.raw_bytes()[:n] = stage.raw_bytes()[:n]
+            n = dst.nbytes if shape is None else int(np.prod(shape)) * stage.info.data_type.itemsize
+            dst[:n] = stage.raw_bytes()[:n]
             self.backend.count_copy(n)
 
     def run_arrays(self, arrays: Sequence[np.ndarray], context: Any = None) -> list[np.ndarray]:
