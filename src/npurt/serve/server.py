@@ -229,6 +229,7 @@ class ServedModel:
                 self.run(job)
             finally:
                 self._free.release()
+            del job  # an idle worker must not keep its last job's tensors (a gone client's memory) alive
 
     def run(self, job: Job) -> None:
         """Run one job and answer it (a worker, or a client's thread, never dies of a job)."""
