@@ -107,10 +107,11 @@ def service_rss(pid: int) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def settled(pid: int, expected_fds: int, seconds: float = 10.0) -> int:
-    """The service's fd count once its clients' sessions have been freed (or the time is up)."""
+def settled(pid: int, baseline: int, seconds: float = 10.0) -> int:
+    """The service's fd count once its clients' sessions have been freed (back at ``baseline`` or below), or when
+    the time is up."""
     deadline = time.monotonic() + seconds
-    while (n := service_fds(pid)) != expected_fds and time.monotonic() < deadline:
+    while (n := service_fds(pid)) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
     return n
 
@@ -151,7 +152,7 @@ def test_eight_clients_five_hundred_jobs_each(tmp_path):
             assert len(callbacks) == len(set(callbacks)) == JOBS // 3, "a callback lost or run twice"
             assert res["stats"]["executes"] + res["stats"]["jobs_completed"] == JOBS
             assert res["stats"]["copies"] == 0
-        assert settled(service.pid, fds) == fds, "the service holds fds its clients left behind"
+        assert settled(service.pid, fds) <= fds, "the service holds fds its clients left behind"
         grown = service_rss(service.pid) - rss
         assert grown < RSS_MARGIN, f"service RSS grew by {grown >> 20} MiB over {CLIENTS * JOBS} jobs"
         print(f"{CLIENTS} clients x {JOBS} jobs in {elapsed:.1f} s; service RSS {grown / 2**20:+.1f} MiB, fds {fds}")

@@ -51,6 +51,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-bindings-per-client", type=int, default=d.max_bindings_per_client, metavar="N")
     p.add_argument("--max-runners", type=int, default=d.max_runners, metavar="N",
                    help="served runners (a model with one set of options each) in all")
+    p.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout_s, metavar="S",
+                   help="how long a new connection may take to say HELLO (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, metavar="S",
                    help="on SIGTERM/SIGINT, how long the jobs already accepted may take (default: %(default)s)")
     p.add_argument("--ready-fd", type=int, metavar="FD", help="write READY=1 to this inherited fd once listening")
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                     max_jobs_per_client=args.max_jobs_per_client,
                     max_mapped_bytes_per_client=args.max_mapped_mb_per_client << 20,
                     max_bindings_per_client=args.max_bindings_per_client, max_runners=args.max_runners,
-                    drain_timeout_s=args.drain_timeout,
+                    drain_timeout_s=args.drain_timeout, handshake_timeout_s=args.handshake_timeout,
                     allowed_uids=frozenset(args.allow_uid) if args.allow_uid else None)
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s npurt serve[%(process)d]: %(message)s")
     logging.getLogger("npurt.serve").setLevel(args.log_level)

@@ -120,7 +120,12 @@ class ServiceClient:
         except OSError:
             pass  # a refusing service has closed already: its reason is in the socket
         try:
-            data = self._sock.recv(p.MAX_MESSAGE + 1)
+            try:
+                data = self._sock.recv(p.MAX_MESSAGE + 1)
+            except ConnectionResetError:
+                # A refusing service closes without reading our HELLO: the kernel reports the reset first, and the
+                # reason it sent is still there to read.
+                data = self._sock.recv(p.MAX_MESSAGE + 1, socket.MSG_DONTWAIT)
         except (TimeoutError, OSError) as e:
             raise NpuError(f"the npurt service at {self.socket_path} did not answer: {e}") from None
         if not data:
