@@ -264,3 +264,48 @@ def test_sigterm_is_a_clean_shutdown(tmp_path):
         remote.close()
     out = svc.output()
     assert "shutting down (SIGTERM received)" in out and "stopped" in out and "disconnected" in out
+
+
+def test_streams_keep_their_state_in_the_service(tmp_path):
+    """A model whose engine keeps variables (OpenVINO ReadValue / Assign): each client stream has a context of its
+    own in the service; streams interleave, and their state is read, set and reset, as in one process. Carried
+    pairs (option state_pairs) stay in the client's buffers."""
+    import openvino as ov
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    from tests.test_streams import PAIR, SR, chunks
+
+    model = ov.Core().read_model(str(model_or_skip("silero_vad_openvino_16k")))
+    apply_make_stateful_transformation(model, PAIR)
+    xml = tmp_path / "vad_stateful.xml"
+    ov.save_model(model, str(xml), compress_to_fp16=False)
+    pair_model = model_or_skip("silero_vad_op18_ifless")
+    xs = chunks(5, seed=4)
+    with RunnerFactory.create_runner("OPENVINO", xml, {"device": "CPU"}) as local:
+        want = [local.run({"input": x})["output"] for x in xs]
+    with RunnerFactory.create_runner("OPENVINO", pair_model, {"device": "CPU", "state_pairs": PAIR}) as local:
+        want_pairs = [local.run({"input": x, "sr": SR})["output"] for x in xs]
+    with ServiceProcess.start({"vad": xml, "pairs": pair_model}, tmp_path / "s.sock",
+                              ["--backend", "openvino", "--device", "CPU", "--threads", "1"]) as svc, \
+            npurt.connect(svc.socket_path) as c:
+        with c.open_runner("vad") as remote:
+            a, b = remote.open_stream(), remote.open_stream()
+            got_a, got_b = [], []
+            for x in xs:
+                got_a.append(a.run({"input": x})["output"])
+                got_b.append(b.run({"input": x})["output"])
+            for got in (got_a, got_b):
+                np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), rtol=1e-4, atol=1e-5)
+            (name, value), = a.state().items()
+            assert value.shape == (2, 1, 128)
+            assert a.reset() is StatusCode.SUCCESS
+            np.testing.assert_allclose(a.run({"input": xs[0]})["output"], want[0], rtol=1e-4, atol=1e-5)
+            assert b.set_state({name: np.zeros_like(value)}) is StatusCode.SUCCESS
+            np.testing.assert_allclose(b.run({"input": xs[0]})["output"], want[0], rtol=1e-4, atol=1e-5)
+            assert c.stats()["client"]["contexts"] == 2  # one per stream, in the service
+            assert a.close() is StatusCode.SUCCESS and b.close() is StatusCode.SUCCESS
+            assert c.stats()["client"]["contexts"] == 0
+        with c.open_runner("pairs", {"state_pairs": PAIR}) as remote:
+            s = remote.open_stream()
+            got = [s.run({"input": x, "sr": SR})["output"] for x in xs]
+            np.testing.assert_allclose(np.concatenate(got), np.concatenate(want_pairs), rtol=1e-4, atol=1e-5)
