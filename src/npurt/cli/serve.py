@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_USAGE, CliError, add_model_options, load_model_file, one_line, parse_shapes, resolve_backend
+from .common import EXIT_USAGE, CliError, add_model_options, load_model_file, one_line, parse_shape, resolve_backend
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -27,7 +27,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "run the models through it (npurt.connect(...).open_runner(NAME)), tensors "
                                    "passed by fd.")
     p.add_argument("--model", action="append", required=True, metavar="NAME=PATH",
-                   help="a model to serve under NAME (repeatable)")
+                   help="a model to serve under NAME (repeatable); --shape INPUT=... pins that input of every served "
+                        "model that has one, --shape NAME:INPUT=... of one model")
     p.add_argument("--socket", default=None, metavar="PATH",
                    help=f"the socket to listen on (default: {default_socket_path()}; $NPURT_SERVICE or "
                         "$XDG_RUNTIME_DIR/npurt/serve.sock), created with mode 0600")
@@ -74,8 +75,10 @@ def _models(items: list[str]) -> dict[str, Path]:
 
 
 def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    """Each model's runner options from the flags; a --shape applies to the models that have such an input."""
-    shapes = parse_shapes(args.shape)
+    """Each model's runner options from the flags. ``--shape MODEL:INPUT=...`` pins one model's input;
+    ``--shape INPUT=...`` every served model's input of that name (each must fit it)."""
+    from ..modelinfo import check_input_shapes
+
     base: dict[str, Any] = {}
     if args.device != "AUTO":
         base["device"] = args.device
@@ -89,17 +92,26 @@ def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[s
         base["num_threads"] = args.threads
     if args.cache_dir:
         base["cache_dir"] = args.cache_dir
-    out: dict[str, dict[str, Any]] = {}
-    used: set[str] = set()
-    for name, path in models.items():
-        declared = load_model_file(path)
-        mine = {n: list(s) for n, s in shapes.items() if declared.input(n) is not None}
-        used |= set(mine)
-        out[name] = {**base, **({"shapes": mine} if mine else {})}
-    unused = sorted(set(shapes) - used)
-    if unused:
-        raise CliError(f"--shape {unused[0]}=...: no served model has an input {unused[0]!r}", EXIT_USAGE)
-    return out
+    declared = {name: load_model_file(path) for name, path in models.items()}
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {name: {} for name in models}
+    for item in args.shape or ():
+        name, shape = parse_shape(item)
+        model, sep, input_name = name.partition(":")
+        targets = [model] if sep and model in models else [m for m in models if declared[m].input(name)]
+        if not sep or model not in models:
+            input_name = name
+        if not targets:
+            raise CliError(f"--shape {item}: no served model has an input {input_name!r}", EXIT_USAGE)
+        for target in targets:
+            try:
+                check_input_shapes(declared[target], {input_name: shape}, f"--shape (model {target})")
+            except ValueError as e:
+                raise CliError(f"{e}; pin one model's input with --shape MODEL:INPUT=...", EXIT_USAGE) from None
+            if input_name in shapes[target]:
+                raise CliError(f"--shape: input {input_name!r} of model {target!r} is given twice", EXIT_USAGE)
+            shapes[target][input_name] = shape
+    return {name: {**base, **({"shapes": {n: list(s) for n, s in shapes[name].items()}} if shapes[name] else {})}
+            for name in models}
 
 
 def run(args: argparse.Namespace) -> int:
