@@ -309,3 +309,15 @@ def test_streams_keep_their_state_in_the_service(tmp_path):
             s = remote.open_stream()
             got = [s.run({"input": x, "sr": SR})["output"] for x in xs]
             np.testing.assert_allclose(np.concatenate(got), np.concatenate(want_pairs), rtol=1e-4, atol=1e-5)
+
+
+def test_example_client_runs_against_the_service(service):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "examples" / "serve_client.py"), "--socket",
+                           str(service.socket_path), "--model", "cls", "--runs", "20"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f"service  pid {service.pid}" in out and "serving cls" in out and "backend OPENVINO" in out
+    assert "output   save_infer_model/scale_0.tmp_1 [1, 2] float32" in out
+    assert "async    20 jobs, callbacks: 20 SUCCESS" in out and "copies   0 (0 bytes)" in out
