@@ -62,6 +62,10 @@ class Reply:
         return str(self.doc.get("error", ""))
 
 
+class _Closed(ConnectionError):
+    """The service closed the connection (an orderly end of the stream)."""
+
+
 class _Pending:
     """One request waiting for its reply: a caller (``lock``, made when it must wait for someone else to read,
     released when the reply is delivered or when it is to read itself) or a callback (``on_reply``)."""
@@ -207,15 +211,23 @@ class ServiceClient:
             try:
                 while True:  # the answers and notices already there, without waiting for more
                     self._read_one(socket.MSG_DONTWAIT)
-            except (OSError, ValueError, ConnectionError):
+            except (OSError, ValueError):
                 pass
             finally:
                 with self._lock:
                     self._reading = False
+        return self._lost_message(error)
+
+    def _lost_message(self, error: BaseException) -> str:
+        """What a client is told when the connection is gone."""
+        where = f"the npurt service at {self.socket_path}"
         if self.stopping:
-            return f"the npurt service at {self.socket_path} shut down ({self.stopping})"
-        return (f"the npurt service at {self.socket_path} closed the connection (it stopped, restarted or was "
-                f"killed: {error.strerror or error}); open the runner again once it is back")
+            return f"{where} shut down ({self.stopping})"
+        if isinstance(error, (_Closed, ConnectionResetError, BrokenPipeError)):
+            how = "" if isinstance(error, _Closed) else f": {error.strerror}"
+            return (f"{where} closed the connection (it stopped, restarted or was killed{how}); open the runner "
+                    "again once it is back")
+        return f"the connection to {where} failed: {error}"
 
     def request(self, kind: int, doc: Mapping[str, Any] | None = None, a: int = 0, b: int = 0,
                 tensors: Sequence[NpuTensor] | None = None, timeout: float | None = None) -> Reply:
@@ -293,10 +305,8 @@ class ServiceClient:
                         if not self._pending or self._lost:
                             break
                 self._read_one()
-        except (OSError, ValueError, ConnectionError) as e:
-            why = str(e) if isinstance(e, ConnectionError) else \
-                f"the connection to the npurt service at {self.socket_path} failed: {e}"
-            self._lose(why)
+        except (OSError, ValueError) as e:  # the end of the connection (_Closed) among them
+            self._lose(self._lost_message(e))
         finally:
             self._stop_reading()
 
@@ -318,10 +328,7 @@ class ServiceClient:
         n, ancdata, msg_flags, _ = self._sock.recvmsg_into([self._buffer], p.ANCILLARY_SIZE,
                                                            socket.MSG_CMSG_CLOEXEC | flags)
         if n == 0:
-            raise ConnectionError(
-                f"the npurt service at {self.socket_path} shut down ({self.stopping})" if self.stopping else
-                f"the npurt service at {self.socket_path} closed the connection (it stopped, restarted or was "
-                "killed); open the runner again once it is back")
+            raise _Closed()
         data = self._view[:n]
         kind, status, flags, a, b, req = p.unpack(data)
         tensors = None
