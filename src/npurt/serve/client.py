@@ -478,8 +478,9 @@ class RemoteBackend(Backend):
         if self._conn is None:  # RunnerFactory.create_runner("SERVICE", name, {"service": path})
             model = str(self.model_path)
             if self.options.service is None and (os.sep in model or model.endswith((".onnx", ".xml"))):
-                raise NpuError(f"SERVICE runs a model that an npurt service serves, by name; {model!r} is a model "
-                               "file (name the service's socket with option 'service' to use one)")
+                raise NpuError(f"SERVICE runs a model that an npurt service serves, by name, on the device the "
+                               f"service chose (device {self.options.device} asked); {model!r} is a model file: serve "
+                               "it with 'npurt serve --model NAME=PATH' and name the socket with option 'service'")
             self._conn = connect(self.options.service)
             self._own_conn = True
         return self._conn

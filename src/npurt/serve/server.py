@@ -99,13 +99,13 @@ class FairQueue:
     """Jobs of several clients, taken in round robin: one job of each client that has any, in turn."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._ring: OrderedDict[int, deque[Job]] = OrderedDict()  # client -> its jobs, the next client first
         self._closed = False
         self._size = 0
 
     def put(self, client: int, job: Job) -> bool:
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return False
             jobs = self._ring.get(client)
@@ -114,16 +114,13 @@ class FairQueue:
             else:
                 jobs.append(job)
             self._size += 1
-            self._cond.notify()
             return True
 
     def get(self) -> Job | None:
-        """The next job (blocks); None once closed."""
-        with self._cond:
-            while not self._ring:
-                if self._closed:
-                    return None
-                self._cond.wait()
+        """The next job, None where there is none."""
+        with self._lock:
+            if not self._ring:
+                return None
             client, jobs = next(iter(self._ring.items()))
             job = jobs.popleft()
             if jobs:
@@ -135,7 +132,7 @@ class FairQueue:
 
     def drop(self, client: int | None = None) -> list[Job]:
         """Take out one client's queued jobs (None: everyone's)."""
-        with self._cond:
+        with self._lock:
             if client is None:
                 dropped = [j for jobs in self._ring.values() for j in jobs]
                 self._ring.clear()
@@ -145,9 +142,8 @@ class FairQueue:
             return dropped
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
 
     def __len__(self) -> int:
         return self._size
@@ -178,15 +174,18 @@ class Job:
 class ServedModel:
     """One runner shared by every client that opened the model with these options, and its workers.
 
-    ``slots`` runs at once. A run that finds the queue empty and a slot free runs at once on the thread of the
-    client that sent it (one thread handoff fewer on the way: each costs tens of microseconds when the CPU it wakes
-    was idle); the others wait in the fair queue for the workers."""
+    ``slots`` runs at once. A run that finds a slot free and nobody queued runs at once on the thread of the client
+    that sent it; the others wait in the fair queue. A thread that ends a run takes the next queued job itself,
+    keeping the slot (no thread handoff: each costs tens of microseconds when the CPU it wakes was idle); the
+    workers take queued jobs when slots are free and no running thread will."""
 
     def __init__(self, name: str, key: str, options: dict[str, Any], runner: Runner, slots: int) -> None:
         self.name, self.key, self.options, self.runner = name, key, options, runner
         self.queue = FairQueue()
         self.slots = slots
-        self._free = threading.Semaphore(slots)
+        self._cond = threading.Condition(threading.Lock())  # slots in use, and workers waiting for a job
+        self._busy = 0
+        self._closed = False
         self.stateful = bool(runner.engine_for().state_names) if _has_default(runner) else False
         self.jobs_run = 0
         self.description = self._describe()
@@ -196,18 +195,53 @@ class ServedModel:
             w.start()
 
     def try_slot(self) -> bool:
-        """A slot for a run on the caller's thread: only when nobody waits in the queue (fairness) and one is free."""
-        return not len(self.queue) and self._free.acquire(blocking=False)
+        """A slot for a run on the caller's thread: only when one is free and nobody waits in the queue."""
+        with self._cond:
+            if self._busy < self.slots and not len(self.queue):
+                self._busy += 1
+                return True
+            return False
 
-    def release_slot(self) -> None:
-        self._free.release()
+    def submit(self, client: int, job: Job) -> bool:
+        """Queue a job (False once closed); a worker takes it if a slot is free."""
+        if not self.queue.put(client, job):
+            return False
+        with self._cond:
+            if self._busy < self.slots:
+                self._cond.notify()
+        return True
 
     def run_inline(self, job: Job) -> None:
-        """Run a job in the slot ``try_slot`` gave, and give the slot back."""
-        try:
+        """Run a job in the slot ``try_slot`` gave (and the queued jobs after it while there are any)."""
+        self._run_in_slot(job)
+
+    def release_slot(self) -> None:
+        """Give back a slot ``try_slot`` gave, unused."""
+        with self._cond:
+            self._busy -= 1
+            self._cond.notify()
+
+    def _run_in_slot(self, job: Job | None) -> None:
+        while job is not None:
             self.run(job)
-        finally:
-            self._free.release()
+            with self._cond:
+                job = self.queue.get()
+                if job is None:
+                    self._busy -= 1
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    job = self.queue.get() if self._busy < self.slots else None
+                    if job is not None:
+                        self._busy += 1
+                        break
+                    self._cond.wait()
+            self._run_in_slot(job)
+            del job  # an idle worker must not keep its last job's tensors (a gone client's memory) alive
 
     def _describe(self) -> dict[str, Any]:
         r = self.runner
@@ -218,18 +252,6 @@ class ServedModel:
                 "outputs": [p.spec_to_dict(s) for s in r.output_specs], "options": self.options,
                 "max_concurrent_runs": r.max_concurrent_runs, "engine_settings": dict(info.engine_settings),
                 "stateful": self.stateful}
-
-    def _work(self) -> None:
-        while True:
-            job = self.queue.get()
-            if job is None:
-                return
-            self._free.acquire()
-            try:
-                self.run(job)
-            finally:
-                self._free.release()
-            del job  # an idle worker must not keep its last job's tensors (a gone client's memory) alive
 
     def run(self, job: Job) -> None:
         """Run one job and answer it (a worker, or a client's thread, never dies of a job)."""
@@ -276,6 +298,9 @@ class ServedModel:
 
     def close(self) -> None:
         self.queue.close()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
         for w in self._workers:
             w.join()
         self.runner.close()
@@ -395,7 +420,7 @@ class Session:
 
     def _accept_job(self, served: ServedModel, job: Job) -> None:
         self._count_job()
-        if not served.queue.put(self.sid, job):
+        if not served.submit(self.sid, job):
             self.job_ended()
             raise ServiceError(StatusCode.FAILURE, "the service is shutting down: it takes no new jobs")
 
