@@ -30,6 +30,7 @@ from npurt import (
     TensorType,
 )
 from npurt.options import parse_options
+from npurt.serve import RemoteBackend
 from npurt.serve.process import ServiceProcess
 from tests.helpers.models import model_or_skip
 from tests.helpers.ocr import SHAPES, frame
@@ -203,7 +204,15 @@ def test_options_that_change_the_engine_get_a_runner_of_their_own(client):
     assert any(entry["options"].get("input_tensor_type") == "CPU" for entry in loaded)
 
 
-def test_runner_factory_service_type(service):
+@pytest.fixture
+def service_type():
+    assert "SERVICE" not in RunnerFactory.available_backends()  # no engine: not registered unless asked
+    RunnerFactory.register_backend("SERVICE", RemoteBackend)
+    yield
+    RunnerFactory.unregister_backend("SERVICE")
+
+
+def test_runner_factory_service_type(service, service_type):
     options = {"service": str(service.socket_path), **LOCAL_OPTIONS}
     with RunnerFactory.create_runner("SERVICE", "cls", options) as remote, local_runner() as local:
         x, y = tensors(remote)

@@ -33,7 +33,7 @@ from tests.helpers.ocr import SHAPES, frame
 SHAPE = SHAPES["ocr_cls"]
 BASE_ARGS = ["--backend", "openvino", "--device", "CPU", "--shape", "x=" + ",".join(map(str, SHAPE)), "--threads", "1"]
 LIMITS = ["--max-connections-per-uid", "8", "--max-jobs-per-client", "4", "--max-mapped-mb-per-client", "1",
-          "--handshake-timeout", "1"]
+          "--handshake-timeout", "1", "--send-timeout", "1"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -280,6 +280,47 @@ def test_handshake_refusals_and_a_flood_of_connections(service):
     with npurt.connect(service.socket_path) as c, c.open_runner("cls") as r:
         x, y = pair(r)
         assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS
+
+
+def test_a_client_that_never_reads_its_answers_is_disconnected(service):
+    """The kernel queues few datagrams for a reader (net.unix.max_dgram_qlen): a client that sends and never reads
+    would block whoever answers it. After --send-timeout it is disconnected; the others are served meanwhile."""
+    baseline = warm(service)
+    deaf = Raw(service.socket_path)
+    runner_id = deaf.call(p.OPEN, {"model": "cls", "options": {}})[2]
+    message, ancdata = sealed_pair_message(runner_id)
+    deaf.send(message, ancdata=ancdata)
+    binding_id = deaf.recv()[2]
+    stop = threading.Event()
+
+    def flood() -> None:
+        k = 0
+        while not stop.is_set():
+            try:
+                deaf.send(p.pack(p.RUN, 1000 + k, binding_id, 0) if k % 2 else p.pack(99, k))
+            except OSError:
+                return  # disconnected (or the queue full and the socket shut)
+            k += 1
+
+    sender = threading.Thread(target=flood, daemon=True)
+    sender.start()
+    with npurt.connect(service.socket_path) as c, c.open_runner("cls") as r:
+        x, y = pair(r)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3:
+            assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS, r.last_error
+    stop.set()
+    deaf.sock.settimeout(10)
+    while True:  # what was queued for it, then the end
+        try:
+            if not deaf.sock.recv(p.MAX_MESSAGE + 1):
+                break
+        except OSError:
+            break
+    sender.join(timeout=10)
+    deaf.close()
+    assert "leaves its answers unread for 1.0 s; disconnecting it" in service.output()
+    assert settle(service.pid, baseline) <= baseline
 
 
 # ---------------------------------------------------------------------------------------------- limits

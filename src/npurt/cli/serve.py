@@ -54,6 +54,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="served runners (a model with one set of options each) in all")
     p.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout_s, metavar="S",
                    help="how long a new connection may take to say HELLO (default: %(default)s)")
+    p.add_argument("--send-timeout", type=float, default=d.send_timeout_s, metavar="S",
+                   help="a client that leaves its answers unread this long is disconnected (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, metavar="S",
                    help="on SIGTERM/SIGINT, how long the jobs already accepted may take (default: %(default)s)")
     p.add_argument("--ready-fd", type=int, metavar="FD", help="write READY=1 to this inherited fd once listening")
@@ -137,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
                     max_mapped_bytes_per_client=args.max_mapped_mb_per_client << 20,
                     max_bindings_per_client=args.max_bindings_per_client, max_runners=args.max_runners,
                     drain_timeout_s=args.drain_timeout, handshake_timeout_s=args.handshake_timeout,
+                    send_timeout_s=args.send_timeout,
                     allowed_uids=frozenset(args.allow_uid) if args.allow_uid else None)
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s npurt serve[%(process)d]: %(message)s")
     logging.getLogger("npurt.serve").setLevel(args.log_level)

@@ -205,18 +205,25 @@ class ServiceClient:
 
     def _why_lost(self, error: OSError) -> str:
         """Why sending failed: what the service said before it went (unread if nobody was reading), else the error."""
+        self._drain()
+        return self._lost_message(error)
+
+    def _drain(self) -> None:
+        """Read what is already there (answers, notices, the end of the connection) without waiting, where nobody
+        reads."""
         with self._lock:
             reading, self._reading = self._reading, True
-        if not reading:
-            try:
-                while True:  # the answers and notices already there, without waiting for more
-                    self._read_one(socket.MSG_DONTWAIT)
-            except (OSError, ValueError):
-                pass
-            finally:
-                with self._lock:
-                    self._reading = False
-        return self._lost_message(error)
+        if reading:
+            return
+        try:
+            while True:
+                self._read_one(socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        except (OSError, ValueError) as e:
+            self._lose(self._lost_message(e))
+        finally:
+            self._stop_reading()
 
     def _lost_message(self, error: BaseException) -> str:
         """What a client is told when the connection is gone."""
@@ -257,6 +264,15 @@ class ServiceClient:
 
     def run(self, binding_id: int, context_id: int, on_reply: Any = None) -> Reply | None:
         """RUN a registration: the reply (blocking), or None at once with ``on_reply(reply)`` called later."""
+        if self.stopping:
+            self._drain()  # gone by now?
+        if self.stopping and not self._lost:  # the service said it is shutting down: it would refuse the job
+            reply = Reply(p.DONE, StatusCode.FAILURE, 0, 0, {
+                "error": f"the npurt service at {self.socket_path} is shutting down ({self.stopping}): no new jobs"})
+            if on_reply is None:
+                return reply
+            on_reply(reply)
+            return None
         pending = _Pending(on_reply)
         req = self._submit(pending, lambda r: p.HEAD.pack(p.RUN, 0, 0, binding_id, context_id, r))
         if on_reply is not None:
@@ -455,7 +471,12 @@ def connect(socket: str | Path | None = None, timeout: float = CONNECT_TIMEOUT_S
 
 # ---------------------------------------------------------------------------------------------- the backend
 class RemoteBackend(Backend):
-    """Runner type SERVICE: the model is a name the service serves; its engines run in the service."""
+    """Runner type SERVICE: the model is a name the service serves; its engines run in the service.
+
+    ``ServiceClient.open_runner`` uses a subclass bound to its connection. The class itself is not in the backend
+    registry by default: it is no engine, and RunnerType.AUTO, `npurt devices` and loops over the installed
+    backends would take it for one. ``RunnerFactory.register_backend("SERVICE", RemoteBackend)`` makes
+    ``RunnerFactory.create_runner("SERVICE", name, {"service": socket})`` work (a connection of its own)."""
 
     name = "SERVICE"
     model_is_a_file = False

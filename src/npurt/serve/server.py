@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import selectors
 import socket
 import stat
@@ -47,6 +48,7 @@ log = logging.getLogger("npurt.serve")
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _NO_SHAPES: list[None] = []
+SHUTDOWN_GRACE_S = 0.25  # after telling clients of a shutdown, runs still come in for this long (sent before)
 
 
 @dataclass
@@ -60,7 +62,8 @@ class Limits:
     max_bindings_per_client: int = 1024  # registered tensor sets (each holds its tensors' fds)
     max_contexts_per_client: int = 256  # stream contexts of stateful models
     max_runners: int = 16  # served runners (model x options), for all clients
-    handshake_timeout_s: float = 5.0  # to say HELLO, and for the tensors that follow a message
+    handshake_timeout_s: float = 5.0  # to say HELLO
+    send_timeout_s: float = 5.0  # a client's answers may wait unread this long (its queue full), then it goes
     drain_timeout_s: float = 30.0  # on shutdown, for the jobs already accepted
     allowed_uids: frozenset[int] | None = None  # None: whoever the socket's permissions let in
 
@@ -357,16 +360,42 @@ class Session:
 
     # -- sending ----------------------------------------------------------------------------------------
     def send(self, message: bytes, ancdata: list[Any] | None = None) -> None:
-        """One message (with the fds of its tensors); a gone peer is not an error."""
+        """One message (with the fds of its tensors); a gone peer is not an error. A client that leaves its answers
+        unread for ``send_timeout_s`` (its socket's queue full) is disconnected: the thread sending may hold a slot
+        that other clients' jobs wait for."""
         try:
             with self._send_lock:
-                if ancdata:
-                    self.sock.sendmsg([message], ancdata)
-                else:
-                    self.sock.send(message)
+                self._send_locked(message, ancdata)
+        except TimeoutError:
+            log.warning("client %d (%s) leaves its answers unread for %.1f s; disconnecting it", self.sid, self.peer,
+                        self.limits.send_timeout_s)
+            self.disconnect()
         except OSError as e:
             if not self.closed:
                 log.debug("client %d: cannot send: %s", self.sid, e)
+
+    def _send_locked(self, message: bytes, ancdata: list[Any] | None) -> None:
+        deadline = 0.0
+        while True:
+            try:
+                if ancdata:
+                    self.sock.sendmsg([message], ancdata, socket.MSG_DONTWAIT)
+                else:
+                    self.sock.send(message, socket.MSG_DONTWAIT)
+                return
+            except BlockingIOError:
+                now = time.monotonic()
+                deadline = deadline or now + self.limits.send_timeout_s
+                if now >= deadline:
+                    raise TimeoutError from None
+                select.select([], [self.sock], [], deadline - now)
+
+    def disconnect(self) -> None:
+        """End the connection (its threads see the end and free the client's state)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def reply_tensors(self, req: int, tensors: list[NpuTensor]) -> None:
         self.send(*p.pack_tensors(p.REPLY, req, tensors))
@@ -451,10 +480,7 @@ class Session:
             self._read()
         except Exception:  # noqa: BLE001 - one client's trouble never takes the service down
             log.exception("client %d: unexpected error; closing its connection", self.sid)
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)  # the other threads see the end too
-            except OSError:
-                pass
+            self.disconnect()  # the other threads see the end too
         with self._lock:
             self._readers -= 1
             first = not self._ended
@@ -1026,8 +1052,10 @@ class Service:
                 pass
         sessions = self.sessions()
         for s in sessions:
-            s.draining = True
             s.send(p.pack_json(p.NOTICE, 0, {"shutdown": reason}))
+        time.sleep(SHUTDOWN_GRACE_S)  # runs already on their way in are taken; clients told refuse new ones
+        for s in sessions:
+            s.draining = True
         deadline = time.monotonic() + self.limits.drain_timeout_s
         for s in sessions:
             if not s.wait_idle(deadline):
