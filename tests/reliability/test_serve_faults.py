@@ -413,7 +413,7 @@ def test_sigterm_lets_jobs_in_flight_end(tmp_path):
         jobs = [r.execute_async([[x]], [[y]]) for x, y in pairs]
         svc.process.send_signal(signal.SIGTERM)
         assert all(r.wait(j, 30_000) is StatusCode.SUCCESS for j in jobs)  # accepted before the signal: they end
-        assert svc.process.wait(timeout=60) == 0
+        assert svc.stop() == 0
         x, y = pairs[0]
         assert r.execute([[x]], [[y]]) is StatusCode.FAILURE and "shut down" in r.last_error
         r.close()

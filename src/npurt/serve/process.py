@@ -27,7 +27,8 @@ class ServiceProcess:
     def __init__(self, process: subprocess.Popen[bytes], socket_path: Path, log: IO[bytes]) -> None:
         self.process = process
         self.socket_path = socket_path
-        self._log = log
+        self._log: IO[bytes] | None = log
+        self._text = ""  # what it printed, once it has exited (the file is closed then)
 
     @classmethod
     def start(cls, models: Mapping[str, str | Path], socket_path: str | Path, args: Sequence[str] = (),
@@ -57,6 +58,7 @@ class ServiceProcess:
                 chunk = os.read(read_fd, 4096)
                 if not chunk:  # it exited (or closed the fd) before saying READY
                     process.wait(timeout=10)
+                    service._exited()
                     raise NpuError(f"npurt serve exited with status {process.returncode} before it was ready: "
                                    f"{service.output()}")
                 ready += chunk
@@ -70,24 +72,36 @@ class ServiceProcess:
 
     def output(self) -> str:
         """What the service printed so far (its READY line and its log)."""
+        if self._log is None:
+            return self._text
         self._log.seek(0)
         return self._log.read().decode(errors="replace")
+
+    def _exited(self) -> None:
+        """Keep what it printed and close the file (no fd left for the garbage collector to close some time)."""
+        if self._log is not None:
+            self._text = self.output()
+            self._log.close()
+            self._log = None
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM and wait for the clean shutdown; the exit status."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout=timeout)
+            status = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise NpuError(f"npurt serve did not stop within {timeout} s of SIGTERM: {self.output()}") from None
+        self._exited()
+        return status
 
     def kill(self) -> None:
         """SIGKILL: no shutdown at all (the socket file stays behind)."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=30)
+        self._exited()
 
     def __enter__(self) -> ServiceProcess:
         return self
@@ -95,4 +109,4 @@ class ServiceProcess:
     def __exit__(self, *exc: object) -> None:
         if self.process.poll() is None:
             self.stop()
-        self._log.close()
+        self._exited()
