@@ -7,6 +7,7 @@ and fairness are in tests/reliability/test_serve_faults.py; many clients at once
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import subprocess
@@ -318,6 +319,8 @@ def test_streams_keep_their_state_in_the_service(tmp_path):
             s = remote.open_stream()
             got = [s.run({"input": x, "sr": SR})["output"] for x in xs]
             np.testing.assert_allclose(np.concatenate(got), np.concatenate(want_pairs), rtol=1e-4, atol=1e-5)
+    del model
+    gc.collect()  # OpenVINO's objects of the local runs hold the IR's weights file open until collected
 
 
 def test_example_client_runs_against_the_service(service):
