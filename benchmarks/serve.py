@@ -6,6 +6,9 @@
   and the median of the paired differences. Two inputs: the PP-OCR classifier (1x3x48x192) and a 1x3x1080x1920
   float32 frame through a per-channel normalisation (``(x - mean) / std``, an ONNX model made here: the point is the
   tensor's size, which never travels through the socket).
+- The floor: two plain Python processes exchanging a 20-byte message over an AF_UNIX socket around a busy wait as
+  long as the in-process run (one wake-up each way, nothing else): the part of the added latency that no service
+  can avoid on the machine it runs on.
 - Throughput: N client processes, each running ``execute`` in a loop on its own tensors, against N threads doing
   the same on one in-process runner, for N = 1, 4 and 8, in alternating blocks (the ratio is the median of the
   blocks' ratios).
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -56,6 +60,37 @@ def normalize_model(path: Path) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
     onnx.save(model, str(path))
     return path
+
+
+# ---------------------------------------------------------------------------------------------- the floor
+def echo_process(sock: socket.socket, busy_s: float) -> None:
+    """Receive, stay busy as long as a run takes, answer: a service that adds nothing."""
+    while message := sock.recv(64):
+        end = time.perf_counter() + busy_s
+        while time.perf_counter() < end:
+            pass
+        sock.send(message)
+
+
+def floor_us(busy_s: float, n: int) -> tuple[float, float]:
+    """p50 and p99 (us) of a bare round trip to another process, beyond its busy wait of ``busy_s``."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = mp.get_context("spawn").Process(target=echo_process, args=(theirs, busy_s), daemon=True)
+    proc.start()
+    theirs.close()
+    samples = []
+    try:
+        for k in range(n + 20):
+            t0 = time.perf_counter()
+            mine.send(b"x" * 20)
+            mine.recv(64)
+            if k >= 20:
+                samples.append(time.perf_counter() - t0 - busy_s)
+    finally:
+        mine.close()
+        proc.join(timeout=10)
+    samples.sort()
+    return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
 
 
 # ---------------------------------------------------------------------------------------------- throughput
@@ -160,6 +195,9 @@ def main() -> int:
                     added[model] = (b.p50_ms - a.p50_ms) * 1e3
                     latency.add(label, a.p50_ms, b.p50_ms, added[model], diff, a.p99_ms, b.p99_ms,
                                 (b.p99_ms - a.p99_ms) * 1e3)
+                    f50, f99 = floor_us(a.p50_ms / 1e3, n)
+                    latency.add(f"  floor: bare round trip around {a.p50_ms:.3f} ms", a.p50_ms, a.p50_ms + f50 / 1e3,
+                                f50, f50, a.p99_ms, a.p99_ms + f99 / 1e3, f99)
                     if remote.stats["copies"] or local.stats["copies"]:
                         raise BenchError(f"{label}: a copy was made ({remote.stats}, {local.stats})")
         seconds = 0.5 if quick else 2.0
