@@ -5,6 +5,7 @@ from .factory import RunnerFactory
 from .formats import convert
 from .infer_queue import InferQueue, QueueSlot
 from .runner import Runner
+from .serve import connect
 from .tensor import NpuTensor
 from .types import (
     DataType,
@@ -29,5 +30,6 @@ __version__ = "0.1.0"  # the only place the version is written: pyproject.toml r
 __all__ = [
     "DataType", "DeviceInfo", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NpuError", "NpuFallbackWarning",
     "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "QueueSlot", "RoundingMode", "Runner",
-    "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "convert", "share", "__version__",
+    "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "connect", "convert", "share",
+    "__version__",
 ]

@@ -26,7 +26,7 @@ OPTION_KEYS = (
     "device", "fallback", "input_tensor_type", "output_tensor_type", "batch_size", "shapes",
     "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
     "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
-    "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs",
+    "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs", "service",
 )
 PER_TENSOR_PREFIXES = ("input_tensor_type.", "output_tensor_type.")
 
@@ -65,6 +65,7 @@ class RunnerOptions:
     static_shapes: bool | None = None  # None: as the device needs (the NPU compiles static shapes only)
     num_threads: int | None = None  # None: the engine's choice for the hint and concurrency
     state_pairs: Mapping[str, str] = field(default_factory=dict)  # input -> the output fed back as it (streams)
+    service: str | None = None  # the socket of an `npurt serve` (runner type SERVICE); None: the default socket
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""
@@ -167,6 +168,10 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
                 kw[key] = value
             else:
                 kw[key] = _choice(key, value, MEMORY_PROVIDERS, upper=False)
+        elif key == "service":
+            if not isinstance(value, (str, Path)) or not str(value):
+                raise ValueError(f"option 'service': {value!r} is not the path of an npurt service's socket")
+            kw[key] = str(value)
         elif key == "memory_strict":
             if not isinstance(value, bool):
                 raise ValueError(f"option 'memory_strict': {value!r} is not a bool")

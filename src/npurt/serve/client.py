@@ -1,0 +1,750 @@
+"""The client side of ``npurt serve``: a Runner whose engine lives in the service.
+
+``npurt.connect()`` gives a ``ServiceClient`` (one connection); ``client.open_runner(name)`` gives an ordinary
+``npurt.Runner`` built over ``RemoteBackend``, so validation, plans, jobs, ``wait`` / ``wait_any``, callbacks,
+InferQueue and streams are the local runner's own: only the engine is remote.
+
+- ``RemoteBackend.open`` asks the service for the served runner (device, the model's ports); ``compile`` for the
+  ports of the engine that runs a set of input shapes, and returns a ``RemoteEngine``.
+- ``RemoteEngine.bind`` registers the tensors' memory with the service once (their fds, in an ``npurt.share``
+  message); ``run`` sends one 20-byte RUN naming that registration and blocks for the 20-byte answer; ``start``
+  sends it and returns, and the connection's reader thread calls ``done`` when the answer comes (no polling).
+  Outputs are written by the service straight into the client's tensors.
+- Memory the service cannot map (numpy or other user memory: it has no fd) goes through a staging tensor of
+  runner-allocated memory registered in its place: one counted copy each way per run (``stats["copies"]``), as the
+  local runner counts its conversions. ``run_arrays`` (``Runner.run``) copies the arrays into such memory, and the
+  service answers with its output arrays in memory of their own, mapped here without a copy.
+
+When the connection is lost (the service stopped, restarted or was killed) every run waiting on it, and every later
+one, ends with FAILURE and a message saying so; requests that are queries raise NpuError. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..engine import Backend, Done, Engine, OpenedModel, ResultShapes
+from ..options import RunnerOptions, parse_options
+from ..ports import Port, PortFactory
+from ..runner import Runner
+from ..status import StatusError
+from ..tensor import NpuTensor, allocate_tensor
+from ..types import DataType, DeviceInfo, MemoryType, NpuError, NpuTensorInfo, StatusCode, TensorType
+from . import protocol as p
+
+log = logging.getLogger("npurt.serve")
+
+CONNECT_TIMEOUT_S = 10.0
+_SLOT_PREFIX = "batch slot 0: "  # the served runner's prefix of a one-slot run's message; the client adds its own
+
+
+class Reply:
+    """A service's answer: its status, numbers, JSON body (or error text) and the tensors that came with it."""
+
+    __slots__ = ("kind", "status", "a", "b", "doc", "tensors")
+
+    def __init__(self, kind: int, status: StatusCode, a: int, b: int, doc: dict[str, Any],
+                 tensors: list[NpuTensor] | None = None) -> None:
+        self.kind, self.status, self.a, self.b, self.doc, self.tensors = kind, status, a, b, doc, tensors
+
+    @property
+    def error(self) -> str:
+        return str(self.doc.get("error", ""))
+
+
+class _Closed(ConnectionError):
+    """The service closed the connection (an orderly end of the stream)."""
+
+
+class _Pending:
+    """One request waiting for its reply: a caller (``lock``, made when it must wait for someone else to read,
+    released when the reply is delivered or when it is to read itself) or a callback (``on_reply``)."""
+
+    __slots__ = ("lock", "reply", "on_reply", "signalled")
+
+    def __init__(self, on_reply: Any = None) -> None:
+        self.on_reply = on_reply
+        self.reply: Reply | None = None
+        self.signalled = False
+        self.lock: threading.Lock | None = None
+
+
+class ServiceClient:
+    """One connection to an ``npurt serve``; thread-safe, shared by every runner opened through it.
+
+    Whoever waits for an answer reads the connection itself when nobody else does (a thread blocked in a run is
+    woken by the kernel with its own answer: no thread handoff on the way back); a reader hands answers that are
+    not its own to their callers. The reader thread reads only while answers are awaited and no caller reads:
+    for ``execute_async`` jobs and queries."""
+
+    def __init__(self, socket_path: str | Path | None = None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self.socket_path = Path(socket_path) if socket_path is not None else p.default_socket_path()
+        self.timeout = timeout
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # the pending table, who reads, the connection's state
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._reading = False  # a thread is reading the connection
+        self._lost = ""  # why the connection is gone ("" while it is up)
+        self._closing = False
+        self._unbind: list[int] = []  # registrations whose tensors are gone, to tell the service
+        self._buffer = bytearray(p.MAX_MESSAGE + 1)  # for whichever thread reads (one at a time)
+        self._view = memoryview(self._buffer)
+        self.stopping = ""  # the service said it is shutting down
+        self.backend_class = type("RemoteBackend", (RemoteBackend,), {"client": self})
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.connect(str(self.socket_path))
+            hello = self._handshake()
+            self._sock.settimeout(None)
+        except BaseException:
+            self._sock.close()
+            raise
+        self.server_pid: int = hello.doc.get("pid", 0)
+        self.client_id: int = hello.doc.get("client", 0)
+        self.limits: dict[str, Any] = hello.doc.get("limits", {})
+        self._wanted = threading.Event()  # the reader thread is wanted
+        self._reader = threading.Thread(target=self._reader_thread, name="npurt-serve-reader", daemon=True)
+        self._reader.start()
+
+    def _handshake(self) -> Reply:
+        try:
+            self._sock.send(p.pack_json(p.HELLO, 0, {"magic": p.MAGIC, "version": p.VERSION, "pid": os.getpid()}))
+        except OSError:
+            pass  # a refusing service has closed already: its reason is in the socket
+        try:
+            try:
+                data = self._sock.recv(p.MAX_MESSAGE + 1)
+            except ConnectionResetError:
+                # A refusing service closes without reading our HELLO: the kernel reports the reset first, and the
+                # reason it sent is still there to read.
+                data = self._sock.recv(p.MAX_MESSAGE + 1, socket.MSG_DONTWAIT)
+        except (TimeoutError, OSError) as e:
+            raise NpuError(f"the npurt service at {self.socket_path} did not answer: {e}") from None
+        if not data:
+            raise NpuError(f"the npurt service at {self.socket_path} closed the connection at once")
+        kind, status, _, _, _, _ = p.unpack(data)
+        doc = p.body_json(data)
+        if kind == p.NOTICE and "refused" in doc:
+            raise NpuError(f"the npurt service at {self.socket_path} refused this client: {doc['refused']}")
+        if kind != p.REPLY or status:
+            raise NpuError(f"the npurt service at {self.socket_path} answered HELLO with {doc}")
+        return Reply(kind, StatusCode.SUCCESS, 0, 0, doc)
+
+    # -- sending ------------------------------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return not self._lost
+
+    def _register(self, pending: _Pending) -> int:
+        req = next(self._ids)
+        with self._lock:
+            if self._lost:
+                raise ConnectionError(self._lost)
+            self._pending[req] = pending
+        return req
+
+    def _send(self, message: bytes, ancdata: list[Any] | None = None) -> None:
+        with self._send_lock:
+            if self._unbind:
+                self._flush_unbind()
+            if ancdata:
+                self._sock.sendmsg([message], ancdata)
+            else:
+                self._sock.send(message)
+
+    def _flush_unbind(self) -> None:
+        ids, self._unbind = self._unbind, []
+        for binding_id in ids:
+            self._sock.send(p.pack(p.UNBIND, 0, binding_id))
+
+    def forget_binding(self, binding_id: int) -> None:
+        """A registration's tensors are gone: tell the service (now if the connection is free, else with the next
+        message; a finalizer may run on a thread that is sending)."""
+        self._unbind.append(binding_id)
+        if self._lost or not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            if self._unbind:
+                self._flush_unbind()
+        except OSError:
+            pass
+        finally:
+            self._send_lock.release()
+
+    def _submit(self, pending: _Pending, message: Any) -> int:
+        """Register and send one request (``message(req)``: its bytes, or its bytes and fds); where that fails, the
+        pending request gets a FAILURE reply."""
+        try:
+            req = self._register(pending)
+        except ConnectionError as e:
+            self._deliver(pending, Reply(p.REPLY, StatusCode.FAILURE, 0, 0, {"error": str(e)}))
+            return 0
+        try:
+            data = message(req)
+            if isinstance(data, tuple):
+                self._send(*data)
+            else:
+                self._send(data)
+        except ValueError as e:
+            self._fail_pending(req, f"cannot send to the npurt service at {self.socket_path}: {e}")
+        except OSError as e:
+            self._lose(self._why_lost(e))
+        return req
+
+    def _why_lost(self, error: OSError) -> str:
+        """Why sending failed: what the service said before it went (unread if nobody was reading), else the error."""
+        self._drain()
+        return self._lost_message(error)
+
+    def _drain(self) -> None:
+        """Read what is already there (answers, notices, the end of the connection) without waiting, where nobody
+        reads."""
+        with self._lock:
+            reading, self._reading = self._reading, True
+        if reading:
+            return
+        try:
+            while True:
+                self._read_one(socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        except (OSError, ValueError) as e:
+            self._lose(self._lost_message(e))
+        finally:
+            self._stop_reading()
+
+    def _lost_message(self, error: BaseException) -> str:
+        """What a client is told when the connection is gone."""
+        where = f"the npurt service at {self.socket_path}"
+        if self.stopping:
+            return f"{where} shut down ({self.stopping})"
+        if isinstance(error, (_Closed, ConnectionResetError, BrokenPipeError)):
+            how = "" if isinstance(error, _Closed) else f": {error.strerror}"
+            return (f"{where} closed the connection (it stopped, restarted or was killed{how}); open the runner "
+                    "again once it is back")
+        return f"the connection to {where} failed: {error}"
+
+    def request(self, kind: int, doc: Mapping[str, Any] | None = None, a: int = 0, b: int = 0,
+                tensors: Sequence[NpuTensor] | None = None, timeout: float | None = None) -> Reply:
+        """One request and its reply (a FAILURE reply when the connection is gone; NpuError on timeout)."""
+        pending = _Pending()
+        if tensors is not None:
+            req = self._submit(pending, lambda r: p.pack_tensors(kind, r, tensors, a, b))
+        elif doc is not None:
+            req = self._submit(pending, lambda r: p.pack_json(kind, r, doc, a, b))
+        else:
+            req = self._submit(pending, lambda r: p.pack(kind, r, a, b))
+        reply = self._wait(pending, req, timeout, read=False)
+        if reply is None:
+            raise NpuError(f"the npurt service at {self.socket_path} did not answer within {timeout} s")
+        return reply
+
+    def call(self, kind: int, doc: Mapping[str, Any] | None = None, a: int = 0, b: int = 0,
+             tensors: Sequence[NpuTensor] | None = None) -> Reply:
+        """A request whose failure is an exception (ValueError for what the service calls bad input)."""
+        reply = self.request(kind, doc, a, b, tensors)
+        if reply.status is not StatusCode.SUCCESS:
+            if reply.status is StatusCode.INVALID_INPUT:
+                raise ValueError(reply.error)
+            raise NpuError(reply.error if reply.status is StatusCode.FAILURE
+                           else f"{reply.status.name}: {reply.error}")
+        return reply
+
+    def run(self, binding_id: int, context_id: int, on_reply: Any = None) -> Reply | None:
+        """RUN a registration: the reply (blocking), or None at once with ``on_reply(reply)`` called later."""
+        if self.stopping:
+            self._drain()  # gone by now?
+        if self.stopping and not self._lost:  # the service said it is shutting down: it would refuse the job
+            reply = Reply(p.DONE, StatusCode.FAILURE, 0, 0, {
+                "error": f"the npurt service at {self.socket_path} is shutting down ({self.stopping}): no new jobs"})
+            if on_reply is None:
+                return reply
+            on_reply(reply)
+            return None
+        pending = _Pending(on_reply)
+        req = self._submit(pending, lambda r: p.HEAD.pack(p.RUN, 0, 0, binding_id, context_id, r))
+        if on_reply is not None:
+            if not self._reading:
+                self._wanted.set()
+            return None
+        return self._wait(pending, req, None, read=True)
+
+    # -- receiving ----------------------------------------------------------------------------------------------
+    def _wait(self, pending: _Pending, req: int, timeout: float | None, read: bool) -> Reply | None:
+        """The reply to ``pending``: read the connection while nobody else does (``read``), else wait for it to be
+        handed over. None on timeout."""
+        while True:
+            with self._lock:
+                if pending.reply is not None:
+                    return pending.reply
+                mine = read and not self._reading
+                if mine:
+                    self._reading = True
+                else:
+                    lock = pending.lock
+                    if lock is None:
+                        lock = pending.lock = threading.Lock()
+                        lock.acquire()
+                    pending.signalled = False
+            if mine:
+                self._read_while(pending)
+                continue
+            if not self._reading:
+                self._wanted.set()
+            if not lock.acquire(timeout=-1 if timeout is None else timeout):
+                with self._lock:
+                    if pending.reply is None:
+                        self._pending.pop(req, None)
+                        return None
+
+    def _read_while(self, pending: _Pending | None) -> None:
+        """Read answers until ``pending`` has its own (None: until none is awaited), then let another read."""
+        try:
+            while True:
+                if pending is not None:
+                    if pending.reply is not None:
+                        break
+                else:
+                    with self._lock:
+                        if not self._pending or self._lost:
+                            break
+                self._read_one()
+        except (OSError, ValueError) as e:  # the end of the connection (_Closed) among them
+            self._lose(self._lost_message(e))
+        finally:
+            self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        """Stop reading; if answers are still awaited, wake a caller waiting for one (it reads next), else the
+        reader thread (for callbacks)."""
+        with self._lock:
+            self._reading = False
+            if not self._pending or self._lost:
+                return
+            for entry in self._pending.values():
+                if entry.lock is not None and not entry.signalled:  # a caller waiting: it reads next
+                    entry.signalled = True
+                    entry.lock.release()
+                    return
+        self._wanted.set()
+
+    def _read_one(self, flags: int = 0) -> None:
+        n, ancdata, msg_flags, _ = self._sock.recvmsg_into([self._buffer], p.ANCILLARY_SIZE,
+                                                           socket.MSG_CMSG_CLOEXEC | flags)
+        if n == 0:
+            raise _Closed()
+        data = self._view[:n]
+        kind, status, flags, a, b, req = p.unpack(data)
+        tensors = None
+        if flags & p.FLAG_TENSORS:
+            tensors = p.unpack_tensors(data, ancdata, msg_flags)
+            doc: dict[str, Any] = {}
+        else:
+            if ancdata:
+                p.close_fds(ancdata)
+            doc = p.body_json(data) if n > p.HEAD.size else {}
+        if kind == p.NOTICE:
+            self.stopping = str(doc.get("shutdown", doc))
+            log.info("npurt serve client: the service is shutting down: %s", self.stopping)
+            return
+        with self._lock:
+            pending = self._pending.pop(req, None)
+        if pending is not None:  # else: an answer nobody waits for any more (a request that timed out)
+            self._deliver(pending, Reply(kind, p.status_name(status), a, b, doc, tensors))
+
+    def _deliver(self, pending: _Pending, reply: Reply) -> None:
+        if pending.on_reply is not None:
+            try:
+                pending.on_reply(reply)
+            except Exception:  # noqa: BLE001 - the reader must live on
+                log.exception("npurt serve client: handling a reply failed")
+            return
+        with self._lock:
+            pending.reply = reply
+            if pending.lock is not None and not pending.signalled:
+                pending.signalled = True
+                pending.lock.release()
+
+    def _fail_pending(self, req: int, why: str) -> None:
+        with self._lock:
+            pending = self._pending.pop(req, None)
+        if pending is not None:
+            self._deliver(pending, Reply(p.REPLY, StatusCode.FAILURE, 0, 0, {"error": why}))
+
+    def _reader_thread(self) -> None:
+        """Reads while answers are awaited that no caller reads for (callbacks of execute_async, queries)."""
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if self._closing or self._lost:
+                return
+            with self._lock:
+                if self._reading or not self._pending:
+                    continue
+                self._reading = True
+            self._read_while(None)
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            if not self._lost:
+                self._lost = why
+            pending, self._pending = list(self._pending.values()), {}
+        for entry in pending:
+            self._deliver(entry, Reply(p.REPLY, StatusCode.FAILURE, 0, 0, {"error": self._lost}))
+        self._wanted.set()
+
+    # -- the API ------------------------------------------------------------------------------------------------
+    def models(self) -> list[dict[str, Any]]:
+        """What the service serves: each model's name, its options, and the runners loaded for it."""
+        return list(self.call(p.MODELS).doc.get("models", []))
+
+    def stats(self) -> dict[str, Any]:
+        """The service's view of this connection (jobs, registered memory) and of itself (clients, queue)."""
+        return dict(self.call(p.STATS).doc)
+
+    def open_runner(self, model: str, options: Mapping[str, Any] | None = None) -> Runner:
+        """A Runner of the service's model ``model``. Options: a runner's; those the client keeps (its job table,
+        batch size, memory, carried state) apply here, the others choose what the service compiles (options left
+        at their defaults take the service's settings for the model, e.g. its pinned shapes)."""
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"a served model is named by a string, got {model!r}")
+        parsed = parse_options(options)
+        served = p.served_options(parsed, options or {})
+        effective = self.call(p.DESCRIBE, {"model": model, "options": served}).doc.get("options", {})
+        return Runner(self.backend_class, model, {**p.client_options(options), **effective})
+
+    def close(self) -> None:
+        """Close the connection; runners opened through it fail from then on (close them first)."""
+        try:
+            with self._send_lock:
+                if self._unbind and not self._lost:
+                    self._flush_unbind()
+        except OSError:
+            pass
+        self._closing = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._lose(f"the connection to the npurt service at {self.socket_path} was closed by this client")
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+        self._sock.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else f"lost: {self._lost}"
+        return f"<ServiceClient {self.socket_path} (service pid {self.server_pid}) {state}>"
+
+
+def connect(socket: str | Path | None = None, timeout: float = CONNECT_TIMEOUT_S) -> ServiceClient:
+    """Connect to an ``npurt serve`` (default socket: ``$NPURT_SERVICE``, else ``$XDG_RUNTIME_DIR/npurt/serve.sock``).
+
+    NpuError when no service listens there, or it refuses this process (its uid, or a limit: the message says)."""
+    path = Path(socket) if socket is not None else p.default_socket_path()
+    try:
+        return ServiceClient(path, timeout)
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        raise NpuError(f"no npurt service listens at {path} ({e.strerror}); start one with 'npurt serve --model "
+                       "NAME=PATH'") from None
+    except PermissionError as e:
+        raise NpuError(f"the npurt service at {path} does not let this user in ({e.strerror}): its socket's "
+                       "permissions, see 'npurt serve --group'") from None
+
+
+# ---------------------------------------------------------------------------------------------- the backend
+class RemoteBackend(Backend):
+    """Runner type SERVICE: the model is a name the service serves; its engines run in the service.
+
+    ``ServiceClient.open_runner`` uses a subclass bound to its connection. The class itself is not in the backend
+    registry by default: it is no engine, and RunnerType.AUTO, `npurt devices` and loops over the installed
+    backends would take it for one. ``RunnerFactory.register_backend("SERVICE", RemoteBackend)`` makes
+    ``RunnerFactory.create_runner("SERVICE", name, {"service": socket})`` work (a connection of its own)."""
+
+    name = "SERVICE"
+    model_is_a_file = False
+    client: ClassVar[ServiceClient | None] = None  # set on the per-connection subclass of ServiceClient
+
+    def __init__(self, model_path: Path, options: RunnerOptions) -> None:
+        super().__init__(model_path, options)
+        self._conn: ServiceClient | None = type(self).client
+        self._own_conn = False  # a connection of this backend's own (RunnerFactory's path), closed with it
+        self._runner_id = 0
+        self._served: dict[str, Any] = {}
+        self.target = ""
+
+    @classmethod
+    def npu_present(cls) -> bool:
+        return False  # AUTO never prefers a service: use it by name (RunnerFactory "SERVICE", or npurt.connect)
+
+    @property
+    def connection(self) -> ServiceClient:
+        if self._conn is None:  # RunnerFactory.create_runner("SERVICE", name, {"service": path})
+            model = str(self.model_path)
+            if self.options.service is None and (os.sep in model or model.endswith((".onnx", ".xml"))):
+                raise NpuError(f"SERVICE runs a model that an npurt service serves, by name, on the device the "
+                               f"service chose (device {self.options.device} asked); {model!r} is a model file: serve "
+                               "it with 'npurt serve --model NAME=PATH' and name the socket with option 'service'")
+            self._conn = connect(self.options.service)
+            self._own_conn = True
+        return self._conn
+
+    def open(self) -> OpenedModel:
+        client = self.connection
+        served = p.served_options(self.options)
+        reply = client.call(p.OPEN, {"model": str(self.model_path), "options": served})
+        doc = reply.doc
+        self._runner_id = reply.a
+        self._served = doc
+        try:
+            effective = parse_options(doc["options"])
+            mismatch = p.view_mismatch(self.options, effective)
+            if mismatch:
+                raise NpuError(f"the service serves {self.model_path} with "
+                               + ", ".join(f"{f}={getattr(effective, f)!r}" for f in mismatch)
+                               + " where this runner's options say "
+                               + ", ".join(f"{getattr(self.options, f)!r}" for f in mismatch)
+                               + "; pass the same options, or open it with npurt.connect(...).open_runner(), which "
+                                 "takes the service's")
+            self.target = str(doc["target"])
+            info = p.device_info_from_dict(doc["device_info"])
+            ins = [p.spec_from_dict(s) for s in doc["inputs"]]
+            outs = [p.spec_from_dict(s) for s in doc["outputs"]]
+            dynamic = bool(doc["dynamic_shapes"])
+        except (KeyError, TypeError, ValueError) as e:
+            self.close()
+            raise NpuError(f"the service's description of {self.model_path} is not understood: {e}") from None
+        except NpuError:
+            self.close()
+            raise
+        return OpenedModel(info, ins, outs, dynamic_shapes=dynamic)
+
+    def compile(self, inputs: list[Port], ports: PortFactory) -> Engine:
+        dynamic = any(not port.is_static for port in inputs)
+        signature = None if dynamic else [list(port.cpu.shape) for port in inputs]
+        doc = self.connection.call(p.COMPILE, {"signature": signature}, a=self._runner_id).doc
+        try:
+            served_in = [p.port_from_dict(x) for x in doc["inputs"]]
+            served_out = [p.port_from_dict(x) for x in doc["outputs"]]
+            state_names = [str(n) for n in doc["state_names"]]
+        except (KeyError, TypeError) as e:
+            raise NpuError(f"the service's ports are not understood: {e}") from None
+        if served_in != inputs:
+            raise NpuError(f"the service compiled inputs {[x.engine.describe() for x in served_in]} where this "
+                           f"runner expects {[x.engine.describe() for x in inputs]}")
+        return RemoteEngine(self, inputs, served_out, state_names)
+
+    def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:
+        return info
+
+    def default_max_concurrent_runs(self, engine: Engine | None) -> int:
+        return max(1, int(self._served.get("max_concurrent_runs", 2)))
+
+    def engine_settings(self) -> dict[str, str]:
+        settings = {str(k): str(v) for k, v in self._served.get("engine_settings", {}).items()}
+        settings.update(service=str(self.connection.socket_path) if self._runner_id else "",
+                        served_backend=str(self._served.get("backend", "")))
+        return settings
+
+    @property
+    def runner_id(self) -> int:
+        return self._runner_id
+
+    def close(self) -> None:
+        client = self._conn
+        if client is not None and self._runner_id and client.connected:
+            try:
+                client.request(p.CLOSE_RUNNER, a=self._runner_id, timeout=client.timeout)
+            except NpuError:
+                pass
+        self._runner_id = 0
+        if self._own_conn and client is not None:
+            client.close()
+            self._own_conn = False
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+class RemoteBinding:
+    """Tensors registered with the service (the registration goes when this object does), and the staging
+    tensors that stand in for user memory. It holds the caller's memory (its bytes), never the caller's NpuTensor
+    objects: the runner's plan cache forgets a plan when those are collected."""
+
+    __slots__ = ("binding_id", "staged_in", "staged_out", "__weakref__")
+
+    def __init__(self, binding_id: int, staged_in: list[tuple[np.ndarray, NpuTensor]],
+                 staged_out: list[tuple[int, np.ndarray, NpuTensor]]) -> None:
+        self.binding_id = binding_id
+        self.staged_in = staged_in  # (the caller's bytes, its stand-in)
+        self.staged_out = staged_out  # (output index, the caller's bytes, its stand-in)
+
+
+class RemoteEngine(Engine):
+    """One engine of the served runner, run through the connection."""
+
+    def __init__(self, backend: RemoteBackend, inputs: list[Port], outputs: list[Port], state_names: list[str]
+                 ) -> None:
+        self.backend = backend
+        self.client = backend.connection
+        self.inputs, self.outputs = inputs, outputs
+        self.state_names = state_names
+        self._closed = False
+        self._lock = threading.Lock()
+        self._array_stages: dict[tuple[tuple[int, ...], ...], list[list[NpuTensor]]] = {}
+
+    # -- binding ----------------------------------------------------------------------------------------------
+    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> RemoteBinding:
+        shared = [t if _shareable(t) else _stand_in(t) for t in (*inputs, *outputs)]
+        reply = self.client.request(p.BIND, a=self.backend.runner_id, b=len(inputs), tensors=shared)
+        if reply.status is not StatusCode.SUCCESS:
+            raise StatusError(reply.status, _unprefixed(reply.error))
+        n = len(inputs)
+        staged_in = [(t.raw_bytes(), s) for t, s in zip(inputs, shared) if s is not t]
+        staged_out = [(j, t.raw_bytes(), s) for j, (t, s) in enumerate(zip(outputs, shared[n:])) if s is not t]
+        binding = RemoteBinding(reply.a, staged_in, staged_out)
+        weakref.finalize(binding, self.client.forget_binding, reply.a)
+        return binding
+
+    # -- runs ---------------------------------------------------------------------------------------------------
+    def _context_id(self, context: Any) -> int:
+        return context if isinstance(context, int) else 0
+
+    def run(self, binding: RemoteBinding, context: Any = None) -> ResultShapes:
+        if binding.staged_in:
+            self._copy_in(binding)
+        reply = self.client.run(binding.binding_id, self._context_id(context))
+        assert reply is not None
+        return self._finish(binding, reply)
+
+    def start(self, binding: RemoteBinding, done: Done, context: Any = None) -> bool:
+        if binding.staged_in:
+            self._copy_in(binding)
+
+        def on_reply(reply: Reply) -> None:
+            try:
+                shapes = self._finish(binding, reply)
+            except Exception as e:  # noqa: BLE001 - the job's status
+                done(e, None)
+                return
+            done(None, shapes)
+
+        self.client.run(binding.binding_id, self._context_id(context), on_reply)
+        return True
+
+    def _finish(self, binding: RemoteBinding, reply: Reply) -> ResultShapes:
+        if reply.status is not StatusCode.SUCCESS:
+            raise StatusError(reply.status, _unprefixed(reply.error))
+        raw = reply.doc.get("shapes")
+        shapes = [tuple(s) if s is not None else None for s in raw] if raw else None
+        if binding.staged_out:
+            self._copy_out(binding, shapes)
+        return shapes
+
+    def _copy_in(self, binding: RemoteBinding) -> None:
+        for src, stage in binding.staged_in:
+            stage.raw_bytes()[...] = src
+            self.backend.count_copy(src.nbytes)
+
+    def _copy_out(self, binding: RemoteBinding, shapes: ResultShapes) -> None:
+        for j, dst, stage in binding.staged_out:
+            shape = shapes[j] if shapes else None
+            n = dst.nbytes if shape is None else int(np.prod(shape)) * stage.info.data_type.itemsize
+            dst[:n] = stage.raw_bytes()[:n]
+            self.backend.count_copy(n)
+
+    def run_arrays(self, arrays: Sequence[np.ndarray], context: Any = None) -> list[np.ndarray]:
+        """Runner.run: the arrays copied into memory the service maps (counted), its outputs mapped back."""
+        key = tuple(a.shape for a in arrays)
+        with self._lock:
+            free = self._array_stages.get(key)
+            stages = free.pop() if free else None
+        if stages is None:
+            stages = [allocate_tensor(NpuTensorInfo(name=port.name, data_type=port.engine.data_type, shape=a.shape,
+                                                    tensor_type=TensorType.CPU), MemoryType.XRT_BO, "memfd")
+                      for port, a in zip(self.inputs, arrays)]
+        try:
+            for stage, a in zip(stages, arrays):
+                stage.numpy()[...] = a
+                self.backend.count_copy(a.nbytes)
+            reply = self.client.request(p.RUN_ARRAYS, a=self.backend.runner_id, b=self._context_id(context),
+                                        tensors=stages)
+        finally:
+            with self._lock:
+                self._array_stages.setdefault(key, []).append(stages)
+        if reply.status is not StatusCode.SUCCESS:
+            raise StatusError(reply.status, reply.error)
+        by_name = {t.info.name: t for t in reply.tensors or ()}
+        try:
+            return [by_name[port.name].numpy() for port in self.outputs]
+        except KeyError as e:
+            raise NpuError(f"the service's answer has no output {e}") from None
+
+    # -- contexts (models whose engine keeps variables) -------------------------------------------------------
+    def open_context(self) -> Any:
+        if not self.state_names:
+            return None
+        return self.client.call(p.CONTEXT_OPEN, a=self.backend.runner_id).a
+
+    def close_context(self, context: Any) -> None:
+        if context and self.client.connected:
+            self.client.request(p.CONTEXT_CLOSE, a=context)
+
+    def get_state(self, context: Any) -> dict[str, np.ndarray]:
+        if not context:
+            return {}
+        reply = self.client.call(p.STATE_GET, a=context)
+        return {t.info.name: t.numpy().copy() for t in reply.tensors or ()}
+
+    def set_state(self, context: Any, state: Mapping[str, np.ndarray]) -> None:
+        if not context:
+            super().set_state(context, state)
+            return
+        tensors = []
+        for name, value in state.items():
+            value = np.ascontiguousarray(value)
+            t = allocate_tensor(NpuTensorInfo(name=name, data_type=DataType.from_numpy(value.dtype), shape=value.shape,
+                                              tensor_type=TensorType.CPU), MemoryType.XRT_BO, "memfd")
+            t.numpy()[...] = value
+            tensors.append(t)
+        self.client.call(p.STATE_SET, a=context, tensors=tensors)
+
+    def reset_state(self, context: Any) -> None:
+        if context:
+            self.client.call(p.STATE_RESET, a=context)
+
+    def close(self) -> None:
+        self._closed = True
+        self._array_stages.clear()
+
+
+def _shareable(t: NpuTensor) -> bool:
+    buffer = t._buffer  # the native buffer behind runner-allocated and DMA_FD memory
+    return buffer is not None and buffer.fd >= 0
+
+
+def _stand_in(t: NpuTensor) -> NpuTensor:
+    """Memory the service can map, for a tensor in memory it cannot (user memory)."""
+    return allocate_tensor(t.info, MemoryType.XRT_BO, "memfd")
+
+
+def _unprefixed(message: str) -> str:
+    return message[len(_SLOT_PREFIX):] if message.startswith(_SLOT_PREFIX) else message
+
+
+__all__ = ["RemoteBackend", "RemoteEngine", "ServiceClient", "connect"]
