@@ -121,7 +121,7 @@ class Backend(ABC):
     """Adapts one engine. Registered by name (entry point group ``npurt.backends``)."""
 
     name: ClassVar[str] = ""
-    target: ClassVar[str] = ""  # the NPU's HW view family (formats.hw_view): "OPENVINO" or "VAIML"
+    target: str = ""  # the NPU's HW view family (formats.hw_view): "OPENVINO" or "VAIML"
     model_is_a_file: ClassVar[bool] = True  # False where the "model path" names something else (a served model)
 
     def __init__(self, model_path: Path, options: RunnerOptions) -> None:

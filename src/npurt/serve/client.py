@@ -303,6 +303,7 @@ class ServiceClient:
                 continue
             if not self._reading:
                 self._wanted.set()
+            assert lock is not None
             if not lock.acquire(timeout=-1 if timeout is None else timeout):
                 with self._lock:
                     if pending.reply is None:
@@ -536,7 +537,8 @@ class RemoteBackend(Backend):
             raise
         return OpenedModel(info, ins, outs, dynamic_shapes=dynamic)
 
-    def compile(self, inputs: list[Port], ports: PortFactory) -> Engine:
+    def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
+        # ``store`` is unused: the service compiles, with its own cache
         dynamic = any(not port.is_static for port in inputs)
         signature = None if dynamic else [list(port.cpu.shape) for port in inputs]
         doc = self.connection.call(p.COMPILE, {"signature": signature}, a=self._runner_id).doc

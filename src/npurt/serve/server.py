@@ -278,7 +278,7 @@ class ServedModel:
         assert binding is not None
         runner = self.runner
         status = runner.execute(binding.inputs, binding.outputs, job.stream)
-        shapes = _NO_SHAPES
+        shapes: list[list[int] | None] = _NO_SHAPES  # type: ignore[assignment]  # shared empty list, never written
         for k, t in enumerate(binding.outputs[0]):
             result = t.result_info
             if result is not t.info:
@@ -884,7 +884,7 @@ class Service:
                 raise ServiceError(StatusCode.RESOURCE_UNAVAILABLE,
                                    f"the service runs {len(self._served)} models-with-options, its limit "
                                    f"(--max-runners {self.limits.max_runners}); open {name!r} with the options "
-                                   f"others use: {sorted(s.options for s in self._served.values() if s.name == name)}")
+                                   f"others use: {list(s.options for s in self._served.values() if s.name == name)}")
             raw = p.served_options(options, {**defaults, **requested})
             t0 = time.perf_counter()
             runner = self._create_runner(self.models[name], raw)
