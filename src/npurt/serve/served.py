@@ -1,0 +1,257 @@
+"""A served model: one runner of ``npurt serve``, shared by every client that opened the model with the same options.
+
+- ``ServedModel`` is one runner per (model name, options that change what is compiled), created on first use by the
+  ``Service`` and shared by every client that opens the model with those options. ``slots`` jobs run at once, on
+  the thread of the client that sent one when a slot is free, else on the served model's workers.
+- Its jobs wait in a ``FairQueue`` (round robin over clients: one job of each client with work in turn, so a client
+  with many jobs in flight cannot starve one with few) and run with ``Runner.execute``; the run's end answers them.
+- A ``Binding`` is a client's registered tensors as the runner takes them; a ``Job`` is one run of one client.
+
+Why workers with ``execute`` rather than ``execute_async`` and its callback: measured on this machine, a job's trip
+through the runner's job table and callback thread costs 30-60 us more than ``execute`` (PP-OCR classifier), and the
+workers give the queue its order. The runner underneath is the same contract; nothing of it is copied here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from ..runner import Runner
+from ..streams import Stream
+from ..tensor import NpuTensor
+from ..types import StatusCode
+from . import protocol as p
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("npurt.serve")
+
+_NO_SHAPES: list[None] = []
+
+
+# ---------------------------------------------------------------------------------------------- the queue
+class FairQueue:
+    """Jobs of several clients, taken in round robin: one job of each client that has any, in turn."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ring: OrderedDict[int, deque[Job]] = OrderedDict()  # client -> its jobs, the next client first
+        self._closed = False
+        self._size = 0
+
+    def put(self, client: int, job: Job) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            jobs = self._ring.get(client)
+            if jobs is None:
+                self._ring[client] = deque((job,))
+            else:
+                jobs.append(job)
+            self._size += 1
+            return True
+
+    def get(self) -> Job | None:
+        """The next job, None where there is none."""
+        with self._lock:
+            if not self._ring:
+                return None
+            client, jobs = next(iter(self._ring.items()))
+            job = jobs.popleft()
+            if jobs:
+                self._ring.move_to_end(client)  # the others' turn first
+            else:
+                del self._ring[client]
+            self._size -= 1
+            return job
+
+    def drop(self, client: int | None = None) -> list[Job]:
+        """Take out one client's queued jobs (None: everyone's)."""
+        with self._lock:
+            if client is None:
+                dropped = [j for jobs in self._ring.values() for j in jobs]
+                self._ring.clear()
+            else:
+                dropped = list(self._ring.pop(client, ()))
+            self._size -= len(dropped)
+            return dropped
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def __len__(self) -> int:
+        return self._size
+
+
+# ---------------------------------------------------------------------------------------------- served models
+class Binding:
+    """A client's registered tensors (mapped here), as the runner takes them: one batch slot."""
+
+    __slots__ = ("served", "runner_id", "inputs", "outputs", "nbytes")
+
+    def __init__(self, served: ServedModel, runner_id: int, inputs: list[NpuTensor], outputs: list[NpuTensor],
+                 nbytes: int) -> None:
+        self.served, self.runner_id = served, runner_id
+        self.inputs, self.outputs = [inputs], [outputs]
+        self.nbytes = nbytes
+
+
+class Job:
+    __slots__ = ("session", "req", "binding", "stream", "arrays", "queued_at")
+
+    def __init__(self, session: Session, req: int, binding: Binding | None, stream: Stream | None,
+                 arrays: list[NpuTensor] | None = None) -> None:
+        self.session, self.req, self.binding, self.stream, self.arrays = session, req, binding, stream, arrays
+        self.queued_at = time.monotonic()
+
+
+class ServedModel:
+    """One runner shared by every client that opened the model with these options, and its workers.
+
+    ``slots`` runs at once. A run that finds a slot free and nobody queued runs at once on the thread of the client
+    that sent it; the others wait in the fair queue. A thread that ends a run takes the next queued job itself,
+    keeping the slot (no thread handoff: each costs tens of microseconds when the CPU it wakes was idle); the
+    workers take queued jobs when slots are free and no running thread will."""
+
+    def __init__(self, name: str, key: str, options: dict[str, Any], runner: Runner, slots: int) -> None:
+        self.name, self.key, self.options, self.runner = name, key, options, runner
+        self.queue = FairQueue()
+        self.slots = slots
+        self._cond = threading.Condition(threading.Lock())  # slots in use, and workers waiting for a job
+        self._busy = 0
+        self._closed = False
+        self.stateful = bool(runner.engine_for().state_names) if _has_default(runner) else False
+        self.jobs_run = 0
+        self.description = self._describe()
+        self._workers = [threading.Thread(target=self._work, name=f"npurt-serve-{name}-{k}", daemon=True)
+                         for k in range(slots)]
+        for w in self._workers:
+            w.start()
+
+    def try_slot(self) -> bool:
+        """A slot for a run on the caller's thread: only when one is free and nobody waits in the queue."""
+        with self._cond:
+            if self._busy < self.slots and not len(self.queue):
+                self._busy += 1
+                return True
+            return False
+
+    def submit(self, client: int, job: Job) -> bool:
+        """Queue a job (False once closed); a worker takes it if a slot is free."""
+        if not self.queue.put(client, job):
+            return False
+        with self._cond:
+            if self._busy < self.slots:
+                self._cond.notify()
+        return True
+
+    def run_inline(self, job: Job) -> None:
+        """Run a job in the slot ``try_slot`` gave (and the queued jobs after it while there are any)."""
+        self._run_in_slot(job)
+
+    def release_slot(self) -> None:
+        """Give back a slot ``try_slot`` gave, unused."""
+        with self._cond:
+            self._busy -= 1
+            self._cond.notify()
+
+    def _run_in_slot(self, job: Job | None) -> None:
+        while job is not None:
+            self.run(job)
+            with self._cond:
+                job = self.queue.get()
+                if job is None:
+                    self._busy -= 1
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    job = self.queue.get() if self._busy < self.slots else None
+                    if job is not None:
+                        self._busy += 1
+                        break
+                    self._cond.wait()
+            self._run_in_slot(job)
+            del job  # an idle worker must not keep its last job's tensors (a gone client's memory) alive
+
+    def _describe(self) -> dict[str, Any]:
+        r = self.runner
+        info = r.device_info
+        return {"model": self.name, "backend": r.runner_type, "target": r.backend.target,
+                "device_info": p.device_info_to_dict(info), "dynamic_shapes": info.shape_mode == "dynamic",
+                "inputs": [p.spec_to_dict(s) for s in r.input_specs],
+                "outputs": [p.spec_to_dict(s) for s in r.output_specs], "options": self.options,
+                "max_concurrent_runs": r.max_concurrent_runs, "engine_settings": dict(info.engine_settings),
+                "stateful": self.stateful}
+
+    def run(self, job: Job) -> None:
+        """Run one job and answer it (a worker, or a client's thread, never dies of a job)."""
+        try:
+            self._run(job)
+        except Exception:  # noqa: BLE001
+            log.exception("model %s: a job of client %d failed unexpectedly", self.name, job.session.sid)
+            job.session.reply_done(job.req, StatusCode.FAILURE, "the service failed to run the job", None)
+        finally:
+            job.session.job_ended()
+
+    def _run(self, job: Job) -> None:
+        session = job.session
+        if session.closed:
+            return  # its client is gone: nobody waits for the answer
+        self.jobs_run += 1
+        if job.arrays is not None:
+            session.reply_arrays(job.req, self.runner, job.arrays, job.stream)
+            return
+        binding = job.binding
+        assert binding is not None
+        runner = self.runner
+        status = runner.execute(binding.inputs, binding.outputs, job.stream)
+        shapes: list[list[int] | None] = _NO_SHAPES  # type: ignore[assignment]  # shared empty list, never written
+        for k, t in enumerate(binding.outputs[0]):
+            result = t.result_info
+            if result is not t.info:
+                if not shapes:
+                    shapes = [None] * len(binding.outputs[0])
+                shapes[k] = list(result.shape)
+        session.reply_done(job.req, status, runner.last_error if status is not StatusCode.SUCCESS else "", shapes)
+
+    def ports_for(self, signature: list[tuple[int, ...]] | None) -> dict[str, Any]:
+        """The ports (and variables) of the engine that runs these input shapes (None: the dynamic one),
+        compiling it if needed."""
+        # The Runner offers no public "compile the engine for these shapes and give its ports" (engine_for only
+        # finds compiled ones), so this reaches into its shape variants, the only place this package does.
+        variants = self.runner._variants
+        assert variants is not None
+        variant = variants._dynamic_variant() if signature is None else variants.get(tuple(signature))
+        return {"inputs": [p.port_to_dict(x) for x in variant.inputs],
+                "outputs": [p.port_to_dict(x) for x in variant.outputs],
+                "state_names": list(variant.engine.state_names)}
+
+    def close(self) -> None:
+        self.queue.close()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for w in self._workers:
+            w.join()
+        self.runner.close()
+
+
+def _has_default(runner: Runner) -> bool:
+    try:
+        runner.engine_for()
+        return True
+    except ValueError:
+        return False
+
+
+__all__ = ["Binding", "FairQueue", "Job", "ServedModel"]
