@@ -485,3 +485,26 @@ def test_infer_queue_runs_every_frame_through_its_slots(backend):
         assert queue.is_ready() and sorted(got) == list(range(10))
         for k, x in enumerate(xs):
             np.testing.assert_array_equal(got[k], raw(backend, "ocr_cls", x, static=True))
+
+
+def test_infer_queue_fed_one_array_again_sees_its_new_values_and_shape(backend):
+    """The queue reuses its wrapping of an array fed again (its plan and binding); refilled values are read, and an
+    array whose shape was reassigned in place is wrapped anew."""
+    from npurt import InferQueue
+
+    with pinned(backend, "ocr_cls", max_concurrent_runs=2) as r:
+        queue = InferQueue(r, output_shapes={OUTPUT["ocr_cls"]: (1, 2)})
+        got: list[np.ndarray] = []
+        queue.set_callback(lambda slot, _: got.append(slot.results()[OUTPUT["ocr_cls"]].copy()))
+        buffer = frame(SHAPES["ocr_cls"], seed=70)
+        for seed in (70, 71, 72):
+            buffer[...] = frame(SHAPES["ocr_cls"], seed=seed)  # the app refills its one buffer
+            queue.start_async({"x": buffer})
+            assert queue.wait_all(60)
+            np.testing.assert_array_equal(got[-1], raw(backend, "ocr_cls", buffer, static=True))
+        before = got[-1]
+        buffer.shape = (1, 3, 96, 96)  # the same bytes in another shape: a run at that shape, not the old one
+        queue.start_async({"x": buffer})
+        assert queue.wait_all(60)
+        np.testing.assert_array_equal(got[-1], raw(backend, "ocr_cls", buffer, static=True))
+        assert not np.array_equal(got[-1], before)
