@@ -54,7 +54,7 @@ class NpuTensor:
     """
 
     __slots__ = ("_info", "_memory_type", "_bytes", "_source", "_provider", "_owner", "_offset", "_parent",
-                 "_buffer", "_dmabuf", "_result_shape", "__weakref__")
+                 "_buffer", "_dmabuf", "_result_shape", "_address", "__weakref__")
 
     def __init__(self, info: NpuTensorInfo, buffer: Any, memory_type: MemoryType = MemoryType.USER_POINTER_NON_CMA,
                  *, offset: int = 0) -> None:
@@ -84,6 +84,7 @@ class NpuTensor:
         self._buffer: _native.Buffer | None = None  # the native memory, for sync and export
         self._dmabuf = False
         self._result_shape: tuple[int, ...] | None = None
+        self._address = -1  # not asked yet
         if memory_type in (MemoryType.USER_POINTER_CMA, MemoryType.USER_POINTER_NON_CMA):
             self._init_user_pointer(buffer)
         elif memory_type in (MemoryType.XRT_BO, MemoryType.DMA_FD):
@@ -111,6 +112,7 @@ class NpuTensor:
         self._buffer = None
         self._dmabuf = False
         self._result_shape = None
+        self._address = -1  # not asked yet
         self._bytes = array.reshape(-1).view(np.uint8)
         source: Any = array  # (the buffer a tensor was made from: an array, an fd, a native Buffer)
         self._source = source
@@ -236,10 +238,14 @@ class NpuTensor:
 
     def get_virtual_address(self) -> int:
         """The address of the tensor's first byte in this process, 0 where there is none."""
-        try:
-            return int(self._bytes.__array_interface__["data"][0])
-        except Exception:  # a sentinel, never an exception (VART-ML accessor contract)
-            return 0
+        address = self._address  # a tensor's memory never moves: engines bind by address on every call
+        if address < 0:
+            try:
+                address = int(self._bytes.__array_interface__["data"][0])
+            except Exception:  # a sentinel, never an exception (VART-ML accessor contract)
+                return 0
+            self._address = address
+        return address
 
     def numpy(self) -> np.ndarray:
         """A zero-copy array over the tensor's memory, shaped and typed by ``info`` (BF16 shows as uint16);
@@ -358,6 +364,7 @@ def _owned(info: NpuTensorInfo, memory_type: MemoryType, data: np.ndarray, provi
     t._buffer = buffer
     t._dmabuf = buffer is not None and buffer.is_dmabuf
     t._result_shape = None
+    t._address = -1
     return t
 
 
@@ -371,6 +378,7 @@ def import_dma_fd(info: NpuTensorInfo, fd: int, offset: int = 0, *, allow_file: 
     t = NpuTensor.__new__(NpuTensor)
     t._info, t._memory_type, t._offset = info, MemoryType.DMA_FD, offset
     t._owner, t._parent, t._buffer, t._dmabuf, t._result_shape = None, None, None, False, None
+    t._address = -1
     info.require_static("a tensor's memory needs a concrete shape")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"tensor {info.name!r}: offset {offset!r} is not a byte offset >= 0")
