@@ -206,3 +206,29 @@ def test_a_restarted_process_loads_the_static_variants_it_compiled(tmp_path):
     first, second = _child(code), _child(code)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert "COMPILES 3" in first.stdout and "COMPILES 0" in second.stdout
+
+
+def test_external_data_is_part_of_the_key(tmp_path):
+    """A model whose weights live in a file beside it: changing that file changes the key (the .onnx is the same)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.arange(64, dtype=np.float32).reshape(8, 8), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
+              size_threshold=0)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(model, plain)
+
+    cache = CompiledModelCache(tmp_path / "cache")
+    first = cache.content_hash(path)
+    assert cache.content_hash(plain) != first
+    assert cache.content_hash(path) == first  # from the index
+    data = path.parent / "w.bin"
+    data.write_bytes(np.arange(64, 128, dtype=np.float32).tobytes())  # new weights, the same .onnx
+    assert cache.content_hash(path) != first

@@ -19,8 +19,10 @@ full disk) degrades to compiling, with one warning.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -106,11 +108,11 @@ class CompiledModelCache:
         index = self._read_index()
         known = index.get(name)
         if not isinstance(known, dict):
-            h = hashlib.sha256()
-            with open(model, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            known = {"sha256": h.hexdigest(), "external": _uses_external_data(model)}
+            with _mapped(model) as data:  # mapped, not read: a cold load hashes megabytes once, without copies
+                digest = hashlib.sha256(data).hexdigest()
+                # every external tensor names its file under the key "location": none there, no walk of the graph
+                names_a_location = data.find(b"location") >= 0
+            known = {"sha256": digest, "external": _uses_external_data(model, names_a_location)}
             index[name] = known
             self._write_index(index)
         if not known.get("external"):
@@ -240,9 +242,11 @@ class CompiledModelCache:
             self.unwritable(e)
 
 
-def _uses_external_data(model: Path) -> bool:
+def _uses_external_data(model: Path, names_a_location: bool) -> bool:
     if model.suffix.lower() != ".onnx":
         return model.suffix.lower() == ".xml"  # an IR's weights are its .bin beside it
+    if not names_a_location:  # no "location" anywhere in the file: no tensor can be external (skip the walk)
+        return False
     from .modelfile import read_onnx_ports
 
     try:
@@ -252,8 +256,16 @@ def _uses_external_data(model: Path) -> bool:
 
 
 def _crc32(path: Path) -> int:
-    crc = 0
+    with _mapped(path) as data:
+        return zlib.crc32(data)
+
+
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[mmap.mmap | bytes]:
+    """A file's bytes, mapped (an empty file cannot be mapped: b"")."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield data
