@@ -208,8 +208,14 @@ def test_a_restarted_process_loads_the_static_variants_it_compiled(tmp_path):
     assert "COMPILES 3" in first.stdout and "COMPILES 0" in second.stdout
 
 
-def test_external_data_is_part_of_the_key(tmp_path):
-    """A model whose weights live in a file beside it: changing that file changes the key (the .onnx is the same)."""
+@pytest.mark.parametrize("hash_on_a_thread", [False, True])
+def test_external_data_is_part_of_the_key(tmp_path, monkeypatch, hash_on_a_thread):
+    """A model whose weights live in a file beside it: changing that file changes the key (the .onnx is the same).
+    Both ways of hashing (megabytes are hashed on a second thread while the bytes are searched)."""
+    import npurt.cache
+
+    if hash_on_a_thread:
+        monkeypatch.setattr(npurt.cache, "HASH_ON_A_THREAD", 0)
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from .logs import LOGGER
 
+HASH_ON_A_THREAD = 1 << 20  # bytes from which hashing beside the search pays for a thread
 FORMAT = 1
 ROOT_NAME = f"npurt-v{FORMAT}"
 MANIFEST = "manifest.json"
@@ -109,9 +110,7 @@ class CompiledModelCache:
         known = index.get(name)
         if not isinstance(known, dict):
             with _mapped(model) as data:  # mapped, not read: a cold load hashes megabytes once, without copies
-                digest = hashlib.sha256(data).hexdigest()
-                # every external tensor names its file under the key "location": none there, no walk of the graph
-                names_a_location = data.find(b"location") >= 0
+                digest, names_a_location = _digest_and_location(data)
             known = {"sha256": digest, "external": _uses_external_data(model, names_a_location)}
             index[name] = known
             self._write_index(index)
@@ -253,6 +252,23 @@ def _uses_external_data(model: Path, names_a_location: bool) -> bool:
         return read_onnx_ports(model).uses_external_data
     except ValueError:
         return False
+
+
+def _digest_and_location(data: mmap.mmap | bytes) -> tuple[str, bool]:
+    """The SHA-256 of a model's bytes, and whether the bytes "location" occur in them (every external tensor names
+    its file under that key: where they do not occur, no tensor is external and the graph need not be walked).
+    Megabytes are hashed on a second thread (hashlib releases the GIL) while this one searches: a cold load pays
+    the longer of the two, not their sum."""
+    if len(data) < HASH_ON_A_THREAD:
+        return hashlib.sha256(data).hexdigest(), data.find(b"location") >= 0
+    digest: list[str] = []
+    hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(data).hexdigest()), name="npurt-hash")
+    hasher.start()
+    try:
+        found = data.find(b"location") >= 0
+    finally:
+        hasher.join()
+    return digest[0], found
 
 
 def _crc32(path: Path) -> int:
