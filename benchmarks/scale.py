@@ -4,7 +4,8 @@ PP-OCR classifier (1x3x48x192) and recogniser (1x3x48x320), the models' own dyna
 
 npurt's side: one runner per (model, N) with ``performance_hint="THROUGHPUT"`` and ``max_concurrent_runs=N``
 (``RunnerFactory.create_runner`` options, device CPU), driven four ways:
-- InferQueue: ``npurt.InferQueue(runner, N)`` with a callback, ``start_async`` on numpy inputs;
+- InferQueue: ``npurt.InferQueue(runner, N)`` with a callback, ``start_async`` on numpy inputs (on a runner with
+  ``callback_order="completion"``, as AsyncInferQueue's callbacks run as requests end);
 - wait_any: N jobs kept in flight with ``execute_async`` on N runner-allocated tensor sets, ``wait_any`` for the
   next one to end;
 - callbacks: N chains of ``execute_async`` whose callbacks submit the next job (a runner with
@@ -278,7 +279,7 @@ def measure(backend: str, name: str, n: int, block_s: float, blocks: int, table:
         def sets(r: Runner) -> list[tuple[list[Any], list[Any]]]:
             return [runner_tensors(r, feeds, TensorType.CPU, shapes) for _ in range(n)]
 
-        subjects = [QueuePattern(runner, feeds, n, shapes), WaitAnyPattern(runner, sets(runner)),
+        subjects = [QueuePattern(chained, feeds, n, shapes), WaitAnyPattern(runner, sets(runner)),
                     CallbackPattern(chained, sets(chained)), ThreadsPattern(runner, sets(runner)),
                     raw_subject(backend, runner, path, feeds, n)]
         budget = Budget(niter=None, time_s=block_s * blocks, warmup=3, blocks=blocks)
