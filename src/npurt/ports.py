@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import formats
-from .modelfile import OnnxPort
+from .modelfile import OnnxPort, read_onnx_ports
 from .options import RunnerOptions
 from .types import (
     DYNAMIC_DIM,
@@ -112,6 +113,14 @@ def spec_of_onnx_port(port: OnnxPort, what: str) -> PortSpec:
     shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in port.shape)
     names = tuple(d if isinstance(d, str) and d else None for d in port.shape)
     return PortSpec(port.name, dtype, shape, dim_names=names)
+
+
+def onnx_port_specs(path: str | os.PathLike[str]) -> tuple[list[PortSpec], list[PortSpec]]:
+    """An ONNX model's own inputs and outputs, read from the file without loading it (its nodes are not walked).
+    ValueError where the file is not an ONNX model; NpuUnsupportedError naming a port npurt cannot carry."""
+    info = read_onnx_ports(path, nodes=False)
+    return ([spec_of_onnx_port(p, "input") for p in info.inputs],
+            [spec_of_onnx_port(p, "output") for p in info.outputs])
 
 
 class PortFactory:

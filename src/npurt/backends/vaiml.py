@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from .. import devices, modelfile
+from .. import devices
 from ..engine import Backend, Engine, OpenedModel, OutputTooSmallError, ResultShapes
-from ..ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, spec_of_onnx_port
+from ..ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, onnx_port_specs
 from ..tensor import NpuTensor
 from ..types import DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection
 
@@ -282,11 +282,9 @@ class VaimlBackend(Backend):
             raise NpuError(f"{BACKEND_NAME} reads ONNX models; {self.model_path.name} is an OpenVINO IR model")
         # The model's own ports, read from the file without loading it (a session or the cache loads it later).
         try:
-            onnx_info = modelfile.read_onnx_ports(self.model_path, nodes=False)
+            ins, outs = onnx_port_specs(self.model_path)
         except ValueError as e:
             raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
-        ins = [spec_of_onnx_port(p, "input") for p in onnx_info.inputs]
-        outs = [spec_of_onnx_port(p, "output") for p in onnx_info.outputs]
         if self.npu_views:
             # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
             from .. import qdq

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("npurt.serve")
 
-_NO_SHAPES: list[None] = []
-
 
 # ---------------------------------------------------------------------------------------------- the queue
 class FairQueue:
@@ -215,11 +213,11 @@ class ServedModel:
         assert binding is not None
         runner = self.runner
         status = runner.execute(binding.inputs, binding.outputs, job.stream)
-        shapes: list[list[int] | None] = _NO_SHAPES  # type: ignore[assignment]  # shared empty list, never written
+        shapes: list[list[int] | None] | None = None  # only where a run decided an output's shape
         for k, t in enumerate(binding.outputs[0]):
             result = t.result_info
             if result is not t.info:
-                if not shapes:
+                if shapes is None:
                     shapes = [None] * len(binding.outputs[0])
                 shapes[k] = list(result.shape)
         session.reply_done(job.req, status, runner.last_error if status is not StatusCode.SUCCESS else "", shapes)

@@ -9,9 +9,9 @@ from typing import Any
 import openvino as ov
 from openvino.preprocess import PrePostProcessor
 
-from ... import devices, formats, modelfile
+from ... import devices, formats
 from ...engine import Backend, Engine, OpenedModel
-from ...ports import Port, PortFactory, PortSpec, spec_of_onnx_port
+from ...ports import Port, PortFactory, PortSpec, onnx_port_specs
 from ...types import DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from .discovery import (
     ENGINE,
@@ -56,14 +56,15 @@ class OpenVINOBackend(Backend):
         ov_core = core()
         if self.options.device == "CPU":
             # Named, and in every OpenVINO build: listing every device would load the NPU and GPU plugins (~25 ms
-            # in a new process) to choose the device already chosen. (A build without it fails to compile, saying so.)
-            available = ["CPU"]
+            # in a new process) to choose the device already chosen, and no other device's absence needs a reason.
+            # (A build without it fails to compile, saying so.)
+            present, unavailable = {"CPU"}, {}
         else:
             available = list(ov_core.available_devices)
-        present = {device_family(d) for d in available}
-        unavailable = {"NPU": npu_unavailable_reason(available), "GPU": gpu_unavailable_reason(available)}
-        if "CPU" not in present:
-            unavailable["CPU"] = f"no 'CPU' in OpenVINO's available_devices {available}"
+            present = {device_family(d) for d in available}
+            unavailable = {"NPU": npu_unavailable_reason(available), "GPU": gpu_unavailable_reason(available)}
+            if "CPU" not in present:
+                unavailable["CPU"] = f"no 'CPU' in OpenVINO's available_devices {available}"
         selection = devices.select_device(self.options.device, {k: v for k, v in unavailable.items() if v},
                                           present, self.options.fallback, ENGINE)
         self.device = selection.attached
@@ -81,11 +82,9 @@ class OpenVINOBackend(Backend):
             # The ports are the ONNX model's own, whatever OpenVINO makes of them (see ModelPorts); OpenVINO reads the
             # model only to compile it (a load from npurt's cache never does).
             try:
-                onnx_info = modelfile.read_onnx_ports(self.model_path, nodes=False)
+                ins, outs = onnx_port_specs(self.model_path)
             except ValueError as e:
                 raise NpuError(f"OpenVINO cannot read the model {self.model_path}: {e}") from None
-            ins = [spec_of_onnx_port(p, "input") for p in onnx_info.inputs]
-            outs = [spec_of_onnx_port(p, "output") for p in onnx_info.outputs]
             if self.options.hw_view == "npu" or self.device == "NPU":
                 ins, outs = self._qdq_boundaries(ins, outs)
         else:
