@@ -4,8 +4,9 @@ PP-OCR classifier (1x3x48x192) and recogniser (1x3x48x320), the models' own dyna
 
 npurt's side: one runner per (model, N) with ``performance_hint="THROUGHPUT"`` and ``max_concurrent_runs=N``
 (``RunnerFactory.create_runner`` options, device CPU), driven four ways:
-- InferQueue: ``npurt.InferQueue(runner, N)`` with a callback, ``start_async`` on numpy inputs (on a runner with
-  ``callback_order="completion"``, as AsyncInferQueue's callbacks run as requests end);
+- InferQueue: ``npurt.InferQueue(runner)`` (its default slots: N running, N more waiting) with a callback,
+  ``start_async`` on numpy inputs (on a runner with ``callback_order="completion"``, as AsyncInferQueue's
+  callbacks run as requests end);
 - wait_any: N jobs kept in flight with ``execute_async`` on N runner-allocated tensor sets, ``wait_any`` for the
   next one to end;
 - callbacks: N chains of ``execute_async`` whose callbacks submit the next job (a runner with
@@ -22,7 +23,8 @@ raw block beside it (``npurt.bench.paired_ratio``), over at least 5 blocks.
 Target (issue "Throughput that scales with every core"): npurt/raw >= 0.98 at every N, on both backends, for every
 pattern and model.
 
-    python -m benchmarks.scale [--quick] [--json] [--max-n N] [--backends OPENVINO,VAIML] [--models cls,rec]
+    python -m benchmarks.scale [--quick] [--json] [--max-n N] [--blocks K] [--backends OPENVINO,VAIML]
+                               [--models cls,rec]
 """
 
 from __future__ import annotations
@@ -75,13 +77,13 @@ def _check(status: StatusCode, runner: Runner, what: str) -> None:
 
 
 class QueuePattern(Subject):
-    """``InferQueue`` with N slots and a callback; ``start_async`` on the numpy inputs."""
+    """``InferQueue`` with its default slots (2N: N run) and a callback; ``start_async`` on the numpy inputs."""
 
     def __init__(self, runner: Runner, feeds: Mapping[str, np.ndarray], n: int,
                  output_shapes: Mapping[str, Sequence[int]]) -> None:
         self.label, self.requests = "InferQueue", n
         self.feeds = dict(feeds)
-        self.queue = InferQueue(runner, jobs=n, tensor_type=TensorType.CPU, output_shapes=output_shapes)
+        self.queue = InferQueue(runner, tensor_type=TensorType.CPU, output_shapes=output_shapes)
         self.done = 0
         self.failed = ""
         lock = threading.Lock()
@@ -308,6 +310,8 @@ def main() -> int:
     p.add_argument("--max-n", type=int, default=os.cpu_count() or 1, help="largest N (default: the core count)")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: OPENVINO, VAIML")
     p.add_argument("--models", default=None, help="comma-separated subset of cls,rec (default both; --quick: cls)")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="alternating blocks per N (default 9, --quick 5; at least 5)")
     args = p.parse_args()
     wanted = {b.strip().upper() for b in args.backends.split(",") if b.strip()}
     if wanted - set(BACKENDS):
@@ -316,7 +320,9 @@ def main() -> int:
     names = (args.models or ("cls" if args.quick else ",".join(MODELS))).split(",")
     if set(names) - set(MODELS) or args.max_n < 1:
         p.error(f"--models takes {', '.join(MODELS)}; --max-n >= 1")
-    blocks = 5 if args.quick else 9
+    blocks = args.blocks or (5 if args.quick else 9)
+    if blocks < 5:
+        p.error("--blocks >= 5: a ratio is the median of at least 5 paired blocks")
     report = Report(f"Throughput with N jobs in flight, npurt against the engines used directly, CPU "
                     f"({os.cpu_count()} cores), {'quick' if args.quick else 'full'} run")
     table = Table(["backend", "model", "N", "pattern", "npurt jobs/s", "raw jobs/s", "npurt/raw"],

@@ -507,6 +507,42 @@ def test_infer_queue_slots_callbacks_and_failures(axpy_model):
         InferQueue(r, output_shapes={"y": (4, 3, 4, 4)})
 
 
+def test_infer_queue_slots_beyond_the_runs_wait_and_start_as_jobs_end(axpy_model):
+    """The default queue has twice the runner's runs: the slots beyond them wait (start_async does not block) and
+    are started as jobs end, never more at once than the runner runs; closing the runner ends the waiting ones with
+    FAILURE through their callbacks (none is lost)."""
+    from npurt import InferQueue
+
+    def x(k):
+        return np.full((1, 3, 4, 4), float(k), np.float32)
+
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=200), {"max_concurrent_runs": 2,
+                                                                         "callback_order": "completion"}) as r:
+        queue = InferQueue(r)
+        assert len(queue) == 4
+        seen = {}
+        queue.set_callback(lambda slot, k: seen.__setitem__(k, (slot.status, slot.results()["y"].copy())))
+        for k in range(4):
+            queue.start_async({"x": x(k)}, userdata=k)
+        assert not queue.is_ready() and r.stats["jobs_submitted"] == 2  # two run, two wait for a run
+        for k in range(4, 8):
+            queue.start_async({"x": x(k)}, userdata=k)
+        assert queue.wait_all(30)
+        assert r.stats["jobs_submitted"] == 8 and sorted(seen) == list(range(8))
+        for k, (status, y) in seen.items():
+            assert status is StatusCode.SUCCESS and np.all(y == 2 * k + 1)
+    r = RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=200), {"max_concurrent_runs": 1,
+                                                                        "callback_order": "completion"})
+    queue = InferQueue(r)
+    statuses = {}
+    queue.set_callback(lambda slot, k: statuses.__setitem__(k, slot.status))
+    for k in range(2):
+        queue.start_async({"x": x(k)}, userdata=k)
+    r.close()
+    assert queue.wait_all(30)
+    assert statuses == {0: StatusCode.SUCCESS, 1: StatusCode.FAILURE}
+
+
 def test_an_evicted_engine_is_closed_once_nothing_uses_it(axpy_model):
     import gc
 

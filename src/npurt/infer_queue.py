@@ -1,12 +1,18 @@
-"""InferQueue: a pool of N slots over one runner, in the style of OpenVINO's ``AsyncInferQueue``.
+"""InferQueue: a pool of slots over one runner, in the style of OpenVINO's ``AsyncInferQueue``.
 
 Each slot owns its output tensors (allocated by the runner once) and runs one job at a time through the runner's
 ``execute_async``. ``start_async`` takes the next free slot, blocking only while every slot is busy; when a job
-ends its slot's callback runs (on one of the runner's callback threads) with the slot and the job's user data, and
-the slot is free again. ``wait_all`` waits for every job started. Inputs are numpy arrays (wrapped, not copied:
-keep them unchanged until the job ends) or NpuTensors.
+ends its slot's callback runs (where the runner runs job callbacks) with the slot and the job's user data, and the
+slot is free again. ``wait_all`` waits for every job started. Inputs are numpy arrays (wrapped, not copied: keep
+them unchanged until the job ends) or NpuTensors.
 
-    queue = InferQueue(runner, jobs=4)
+By default there are twice as many slots as the runner runs at once (``max_concurrent_runs``): while that many
+jobs run, the others wait in the queue, and each job that ends starts the next waiting one on the thread that
+ended it. The runner's runs never wait for the caller's thread to wake up (a thread wake-up costs tens of
+microseconds of CPU and more of latency, a real share of a short job), and the caller, when every slot is busy,
+is woken once several slots are free rather than once per job.
+
+    queue = InferQueue(runner)
     queue.set_callback(lambda slot, frame_no: results.append((frame_no, slot.results())))
     for k, frame in enumerate(frames):
         queue.start_async({"x": frame}, userdata=k)
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,11 +53,12 @@ class QueueSlot:
 
 
 class InferQueue:
-    """N slots of tensors over one runner; ``start_async`` blocks only while every slot is busy."""
+    """Slots of tensors over one runner; ``start_async`` blocks only while every slot is busy."""
 
     def __init__(self, runner: Runner, jobs: int = 0, tensor_type: TensorType = TensorType.CPU,
                  output_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
-        """``jobs``: the number of slots (0: the runner's ``max_concurrent_runs``). ``tensor_type``: the view of the
+        """``jobs``: the number of slots (0: twice the runner's ``max_concurrent_runs``; slots beyond the runs the
+        runner has wait for one, see the module's docstring). ``tensor_type``: the view of the
         slots' output tensors. ``output_shapes``: shapes for outputs whose dims the model leaves open (their largest
         shape: a job writes its result at the start of the tensor, see ``NpuTensor.result_info``). The output tensors
         are allocated once, by the runner. ValueError for a runner that is not a Runner, a negative ``jobs``,
@@ -60,7 +68,8 @@ class InferQueue:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
             raise ValueError(f"InferQueue: jobs must be an integer >= 0, got {jobs!r}")
         self.runner = runner
-        n = jobs or runner.max_concurrent_runs
+        self._limit = runner.max_concurrent_runs  # this queue's jobs submitted to the runner at most
+        n = jobs or 2 * self._limit
         given = dict(output_shapes or {})
         infos = runner.get_tensors_info(TensorDirection.OUTPUT, TensorType(tensor_type))
         unknown = sorted(set(given) - {i.name for i in infos})
@@ -83,7 +92,12 @@ class InferQueue:
         self.slots = [QueueSlot(k, [runner.allocate_npu_tensor(i) for i in shaped]) for k in range(n)]
         self._callback: SlotCallback | None = None
         self._free = list(range(n))
-        self._busy = 0
+        self._busy = 0  # slots started and not yet released
+        self._submitted = 0  # jobs of this queue submitted to the runner and not yet ended
+        self._waiting: deque[QueueSlot] = deque()  # started slots waiting for a run of the runner
+        # A caller blocked on a full queue is woken once this many slots are free (one per job would cost a
+        # wake-up per job while the waiting slots keep the runner busy anyway).
+        self._wake_at = max(1, (n - self._limit) // 2)
         self._cond = threading.Condition()
 
     def __len__(self) -> int:
@@ -114,22 +128,56 @@ class InferQueue:
         with self._cond:
             while not self._free:
                 self._cond.wait()
-            k = self._free.pop()
+            slot = self.slots[self._free.pop()]
             self._busy += 1
-        slot = self.slots[k]
-        slot.userdata, slot._inputs = userdata, tensors
+            slot.userdata, slot._inputs = userdata, tensors
+            if self._submitted >= self._limit:  # every run is ours and busy: a job that ends starts this one
+                self._waiting.append(slot)
+                return slot.index
+            self._submitted += 1
         while True:
-            job = self.runner.execute_async([tensors], [slot.outputs], functools.partial(self._ended, slot))
-            if job.status is not StatusCode.RESOURCE_UNAVAILABLE:
+            status = self._submit(slot)
+            if status is not StatusCode.RESOURCE_UNAVAILABLE:
                 break
             # every run of the runner is taken (by its other users): wait for one of ours, or give others a moment
             with self._cond:
                 self._cond.wait(0.001)
-        if job.status is not StatusCode.SUCCESS:
+        if status is not StatusCode.SUCCESS:
             message = self.runner.last_error
+            with self._cond:
+                self._submitted -= 1
             self._release(slot)
-            raise NpuError(f"{job.status.name}: {message}")
-        return k
+            self._start_waiting()
+            raise NpuError(f"{status.name}: {message}")
+        return slot.index
+
+    def _submit(self, slot: QueueSlot) -> StatusCode:
+        return self.runner.execute_async([slot._inputs], [slot.outputs], functools.partial(self._ended, slot)).status
+
+    def _start_waiting(self) -> None:
+        """Submit waiting slots while this queue has runs to spare (on the thread that ended a job: no hand-off).
+        A slot the runner refuses ends with that status (its callback says so); RESOURCE_UNAVAILABLE (the
+        runner's other users hold its runs) leaves it waiting for the next job of ours to end."""
+        while True:
+            with self._cond:
+                if not self._waiting or self._submitted >= self._limit:
+                    return
+                slot = self._waiting.popleft()
+                self._submitted += 1
+            status = self._submit(slot)
+            if status is StatusCode.SUCCESS:
+                continue
+            with self._cond:
+                self._submitted -= 1
+                if status is StatusCode.RESOURCE_UNAVAILABLE:
+                    self._waiting.appendleft(slot)
+                    if self._submitted:  # one of ours will end and try again
+                        return
+            if status is StatusCode.RESOURCE_UNAVAILABLE:  # none of ours runs: give the others a moment
+                with self._cond:
+                    self._cond.wait(0.001)
+                continue
+            self._ended(slot, JobHandle(status, 0), submitted=False)
 
     def _tensors(self, inputs: Mapping[str, Any] | Sequence[NpuTensor]) -> list[NpuTensor]:
         if isinstance(inputs, Mapping):
@@ -161,21 +209,27 @@ class InferQueue:
             raise ValueError("InferQueue.start_async takes {name: array} or a list of NpuTensors")
         return list(inputs)
 
-    def _ended(self, slot: QueueSlot, handle: JobHandle) -> None:
+    def _ended(self, slot: QueueSlot, handle: JobHandle, submitted: bool = True) -> None:
         slot.status = handle.status
         slot.error = self.runner.last_error  # the job's message, on this (callback) thread
         try:
             if self._callback is not None:
                 self._callback(slot, slot.userdata)
         finally:
+            if submitted:
+                with self._cond:
+                    self._submitted -= 1
             self._release(slot)
+            if submitted:
+                self._start_waiting()
 
     def _release(self, slot: QueueSlot) -> None:
         slot._inputs = []
         with self._cond:
             self._free.append(slot.index)
             self._busy -= 1
-            self._cond.notify_all()
+            if len(self._free) >= self._wake_at or not self._busy:
+                self._cond.notify_all()
 
     def wait_all(self, timeout_s: float | None = None) -> bool:
         """Wait until every started job has ended and its callback returned; False on timeout."""

@@ -6,7 +6,8 @@ At most ``max_concurrent`` jobs are in flight: beyond that ``submit`` answers RE
 transient. Job ids start at 1.
 
 Each job holds a plain lock from submission until it has its final status: waiting on it blocks without the GIL
-and costs no Condition machinery. ``wait_any`` registers one more lock with each job it waits on.
+and costs no Condition machinery. ``wait_any`` registers one lock with the set of job ids it waits on, once,
+whatever their number; a job that ends releases the locks of the waits whose sets hold it.
 
 Callbacks run on npurt's own threads, never on an engine library's. ``callback_order``:
 - "completion": as jobs end, on the thread that ended the job where that is npurt's (a worker, or an engine's
@@ -44,7 +45,7 @@ _SLICE_S = 0.1  # untimed waits block in slices, so that KeyboardInterrupt reach
 class Job:
     """One asynchronous run and its outcome."""
 
-    __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "waiters", "ended", "on_worker")
+    __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "ended", "on_worker")
 
     def __init__(self, job_id: int, callback: Callback | None, seq: int) -> None:
         self.job_id = job_id
@@ -55,7 +56,6 @@ class Job:
         self.status = StatusCode.JOB_PENDING
         self.error = ""
         self.state = _QUEUED
-        self.waiters: list[threading.Lock] = []  # wait_any calls waiting on this job
         self.ended = 0  # order of ending, for wait_any
         self.on_worker = False  # run by a worker (else started on the engine)
 
@@ -111,6 +111,7 @@ class JobScheduler:
         self._workers_in_callbacks = 0
         self._inline_ended = threading.Condition(self._lock)
         self._tls = threading.local()  # .in_callback: this thread is running a callback inline
+        self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, start: Start | None, callback: Callback | None,
@@ -240,8 +241,8 @@ class JobScheduler:
         self._running -= 1
         self._stats.job_ended(status is StatusCode.SUCCESS)
         job.done.release()
-        for waiter in job.waiters:
-            if waiter.locked():
+        for ids, waiter in self._any_waits:
+            if job.job_id in ids and waiter.locked():
                 waiter.release()
         if job.callback is None:
             return False
@@ -304,26 +305,23 @@ class JobScheduler:
             jobs.append(job)
         if not jobs:
             return StatusCode.INVALID_JOB_ID, 0, "wait_any needs at least one job"
-        waiter = threading.Lock()
-        waiter.acquire()
-        with self._lock:
-            ended = [j for j in jobs if j.finished]
-            if not ended:
-                for job in jobs:
-                    job.waiters.append(waiter)
+        ended = [j for j in jobs if j.finished]
         if not ended:
-            try:
-                _block(waiter, timeout_s)
-            finally:
-                with self._lock:
-                    for job in jobs:
-                        try:
-                            job.waiters.remove(waiter)
-                        except ValueError:
-                            pass
-                    ended = [j for j in jobs if j.finished]
+            wait = (set(job_ids), threading.Lock())
+            wait[1].acquire()
+            with self._lock:
+                ended = [j for j in jobs if j.finished]
+                if not ended:
+                    self._any_waits.append(wait)
             if not ended:
-                return StatusCode.JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
+                try:
+                    _block(wait[1], timeout_s)
+                finally:
+                    with self._lock:
+                        self._any_waits.remove(wait)
+                        ended = [j for j in jobs if j.finished]
+                if not ended:
+                    return StatusCode.JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
         first = min(ended, key=lambda j: j.ended)
         self._collect(first)
         return first.status, first.job_id, first.error
