@@ -35,19 +35,27 @@ def test_requests_point_at_the_tensors_memory():
         assert r.stats["copies"] == 0
 
 
-def test_async_jobs_run_on_the_engines_requests_without_runner_workers():
+def test_async_jobs_run_on_runner_workers_over_the_pooled_requests():
+    """Jobs run on the runner's workers, each a synchronous infer on a request of the engine's pool (no thread of
+    npurt's waits in start_async's wait per run); at most max_concurrent_runs requests; results as execute's."""
     workers_before = pool_workers()
     with make("ocr_rec", max_concurrent_runs=2) as r:
-        xt = r.allocate_npu_tensor(r.get_tensor_info_by_name("x"))
-        xt.numpy()[...] = frame(SHAPES["ocr_rec"], seed=3)
-        y = r.allocate_npu_tensor(r.get_tensors_info(TensorDirection.OUTPUT)[0])
-        assert r.wait(r.execute_async([[xt]], [[y]]), 30_000) is StatusCode.SUCCESS, r.last_error
-        assert pool_workers() == workers_before  # no runner worker thread ran it
+        sets = []
+        for seed in (3, 4):
+            xt = r.allocate_npu_tensor(r.get_tensor_info_by_name("x"))
+            xt.numpy()[...] = frame(SHAPES["ocr_rec"], seed=seed)
+            sets.append((xt, r.allocate_npu_tensor(r.get_tensors_info(TensorDirection.OUTPUT)[0])))
+        jobs = [r.execute_async([[xt]], [[y]]) for xt, y in sets]
+        for job in jobs:
+            assert r.wait(job, 30_000) is StatusCode.SUCCESS, r.last_error
+        assert 0 < pool_workers() - workers_before <= 2
         assert len(r.engine_for().requests) <= 2
-        first = y.numpy().copy()
-        y.numpy()[...] = 0
-        assert r.execute([[xt]], [[y]]) is StatusCode.SUCCESS  # execute after async runs on the executor too
-        np.testing.assert_array_equal(y.numpy(), first)
+        for xt, y in sets:
+            first = y.numpy().copy()
+            y.numpy()[...] = 0
+            assert r.execute([[xt]], [[y]]) is StatusCode.SUCCESS
+            np.testing.assert_array_equal(y.numpy(), first)
+        assert not np.array_equal(sets[0][1].numpy(), sets[1][1].numpy())
 
 
 def test_properties_and_engine_options_pass_through():

@@ -68,9 +68,6 @@ class Engine(ABC):
     inputs: list[Port]
     outputs: list[Port]
     state_names: list[str] = []
-    # whether start()'s done() is called on threads the engine made for npurt (not the engine library's own), where
-    # the runner may run the job's callback: the job's end then reaches it with no further thread hand-off
-    reports_on_own_threads = False
     cache_metadata: Mapping[str, Any] = {}  # set by a compile that wrote what npurt's cache keeps (JSON)
 
     @abstractmethod
@@ -84,9 +81,8 @@ class Engine(ABC):
 
     def start(self, binding: Any, done: Done, context: Any = None) -> bool:
         """Start one inference on the engine's own asynchronous machinery and return at once; call
-        ``done(error, shapes)`` when it ends (on any thread, quickly: no user code, unless
-        ``reports_on_own_threads``). False when the engine cannot
-        start one now (the runner then runs the job on its own workers with ``run``)."""
+        ``done(error, shapes)`` when it ends (on any thread, quickly: no user code runs there). False when the engine
+        cannot start one now (the runner then runs the job on its own workers with ``run``)."""
         return False
 
     @abstractmethod

@@ -10,9 +10,9 @@ and costs no Condition machinery. ``wait_any`` registers one lock with the set o
 whatever their number; a job that ends releases the locks of the waits whose sets hold it.
 
 Callbacks run on npurt's own threads, never on an engine library's. ``callback_order``:
-- "completion": as jobs end, on the thread that ended the job where that is npurt's (a worker, or an engine's
-  reporting thread: ``Engine.reports_on_own_threads``), so that a job's end reaches its callback with no further
-  hand-off; otherwise on callback threads, as many as there are jobs in flight. A callback may resubmit, wait on
+- "completion": as jobs end, on the worker that ran the job, so that a job's end reaches its callback with no
+  further hand-off; jobs started on an engine's own machinery (which ends them on threads where no user code
+  runs) have theirs on callback threads, as many as there are jobs in flight. A callback may resubmit, wait on
   another job, or raise (the exception is logged and the thread lives on): while workers are in callbacks, more
   workers start, so that queued jobs never wait for a callback to return;
 - "submission": in submission order, one after the other, on one callback thread.
@@ -115,12 +115,11 @@ class JobScheduler:
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, start: Start | None, callback: Callback | None,
-               on_accept: Callable[[], None] | None = None, start_reports_on_own_threads: bool = False) -> Job:
+               on_accept: Callable[[], None] | None = None) -> Job:
         """Register a job and start it on the engine (``start``) or queue it for the workers (``work``).
 
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
-        its job's place in line there, so that places follow the queue's order). ``start_reports_on_own_threads``:
-        the engine ends started jobs on threads of npurt's own, where their callbacks may run. StatusError
+        its job's place in line there, so that places follow the queue's order). StatusError
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
         with self._lock:
             if self._closed:
@@ -142,7 +141,7 @@ class JobScheduler:
                 return job
             job.state = _RUNNING
         try:
-            started = start(lambda error: self._engine_done(job, error, start_reports_on_own_threads))
+            started = start(lambda error: self._engine_done(job, error))
         except BaseException as e:  # noqa: BLE001 - the engine's error is the job's status
             self.finish(job, *status_of(e, 0))
             if not isinstance(e, Exception):
@@ -167,11 +166,11 @@ class JobScheduler:
             self._workers.append(worker)
         self._queue.put((job, work))
 
-    def _engine_done(self, job: Job, error: BaseException | None, own_thread: bool) -> None:
+    def _engine_done(self, job: Job, error: BaseException | None) -> None:
         if error is None:
-            self.finish(job, StatusCode.SUCCESS, "", inline=own_thread)
+            self.finish(job, StatusCode.SUCCESS, "")
         else:
-            self.finish(job, *status_of(error, 0), inline=own_thread)
+            self.finish(job, *status_of(error, 0))
 
     def _work(self) -> None:
         """A worker: run queued jobs until the sentinel; a worker never dies of a job."""
@@ -373,7 +372,7 @@ class JobScheduler:
         for thread in threads:
             if thread is not me:
                 thread.join()
-        # callbacks that engines' reporting threads run: let them return (all but this thread's own)
+        # callbacks run inline: let them return (all but this thread's own, where close() is called from one)
         mine = 1 if getattr(self._tls, "in_callback", False) else 0
         with self._lock:
             while self._inline > mine:

@@ -322,9 +322,7 @@ class Runner:
             else:
                 plan = self._planner.plan(inputs, outputs)
                 start = engine_start(plan, outputs)
-                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs), start, callback,
-                                        start_reports_on_own_threads=start is not None
-                                        and plan[0].variant.engine.reports_on_own_threads)
+                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs), start, callback)
         except StatusError as e:
             self._fail(e.status, str(e))
             return JobHandle(e.status, 0)

@@ -1,18 +1,19 @@
-"""OpenVINO engines: a compiled model, its pool of infer requests, bindings of tensors, and the threads that report
-the end of asynchronous runs.
+"""OpenVINO engines: a compiled model, its pool of infer requests, and bindings of tensors.
 
 A binding wraps each tensor's memory in an ``ov.Tensor`` once; a request is pointed at it with ``set_tensor`` only
 when it held something else, so a tensor in its port's view is never copied on the host. Outputs whose shape only
 the run tells are written into the bound memory (OpenVINO reshapes a tensor within its capacity) and their shapes
-reported. OpenVINO's Python callbacks are not called when an inference fails, so each asynchronous run is reported
-by a thread of npurt's (a reporter) that blocks in ``request.wait()`` (GIL released) and reports the end, failures
-included: nothing polls. The reporter also runs the job's callback where the runner asks (``reports_on_own_threads``):
-one thread hand-off per job, as OpenVINO's own AsyncInferQueue has.
+reported.
+
+Asynchronous jobs run on the runner's workers, each a synchronous ``infer`` (GIL released) on a pooled request:
+the worker that ran a job ends it, failures included, and runs its "completion" callback. Starting jobs on
+OpenVINO's own ``start_async`` instead needs a thread of npurt's to learn each run's end (OpenVINO's Python
+callbacks are not called when an inference fails), two more thread wake-ups per job: measured on the 2-core VM,
+the PP-OCR classifier at N = 2 ran 4-12 % fewer jobs a second that way (``benchmarks/scale.py``).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from queue import Empty, SimpleQueue
@@ -22,13 +23,10 @@ import numpy as np
 import openvino as ov
 from openvino import _pyopenvino
 
-from ...engine import Done, Engine, OutputTooSmallError, ResultShapes
+from ...engine import Engine, OutputTooSmallError, ResultShapes
 from ...ports import Port
 from ...tensor import NpuTensor
-from ...types import NpuError
 from .model_ports import ModelPorts
-
-log = logging.getLogger("npurt")
 
 # The C++ methods under the Python wrappers: no Python data dispatch per call. infer(inputs, share_outputs,
 # decode_strings) releases the GIL while inferring.
@@ -90,74 +88,8 @@ class _Request:
         return shapes
 
 
-class _Reporter:
-    """A thread that reports the end of one asynchronous run at a time: it blocks in ``wait()`` (GIL released),
-    gives the request back, then calls the run's ``done`` (where the runner may run the job's callback: the
-    reporter is npurt's own thread, not OpenVINO's), and goes back to the engine's idle reporters. Reporters are
-    not tied to requests: a request started again while its last reporter is still in a callback gets another
-    reporter, so a callback that waits for that run does not wait for itself."""
-
-    __slots__ = ("engine", "go", "request", "done", "fills", "thread", "closing")
-
-    def __init__(self, engine: OpenVINOEngine) -> None:
-        self.engine = engine
-        self.go = threading.Lock()  # released by start(): the run to report is set
-        self.go.acquire()
-        self.request: _Request | None = None
-        self.done: Done | None = None
-        self.fills: list[Fill] = []
-        self.closing = False
-        self.thread = threading.Thread(target=self._report, name="npurt-ov-report", daemon=True)
-        self.thread.start()
-
-    def start(self, request: _Request, done: Done, fills: list[Fill]) -> None:
-        self.request, self.done, self.fills = request, done, fills
-        _start_async(request.request, {}, None)
-        self.go.release()
-
-    def _report(self) -> None:
-        engine = self.engine
-        while True:
-            self.go.acquire()
-            if self.closing:
-                return
-            request = self.request
-            assert request is not None
-            error: BaseException | None = None
-            shapes: ResultShapes = None
-            try:
-                request.request.wait()
-                shapes = request.finish(self.fills)
-            except BaseException as e:  # noqa: BLE001 - the run's failure is the job's status
-                error = engine.translate(e)
-            done, self.done, self.fills, self.request = self.done, None, [], None
-            if request.pooled:
-                engine.release(request)  # free before the job ends: its callback may start the next one
-            if done is not None:
-                try:
-                    done(error, shapes)
-                except BaseException:  # noqa: BLE001 - done() reports; its own failure must not end the thread
-                    log.exception("npurt: reporting the end of an OpenVINO run failed")
-            done = error = None  # the job's tensors must not live on here until the next run
-            if not engine.idle_reporter(self):
-                return
-
-    def stop(self) -> None:
-        """End the thread (idle: waiting for a run) and wait for it: a thread left inside OpenVINO at interpreter
-        exit aborts the process ("terminate called without an active exception")."""
-        self.closing = True
-        try:
-            self.go.release()
-        except RuntimeError:  # a run is set and not yet picked up: the thread sees closing after it
-            pass
-        if self.thread is not threading.current_thread():
-            self.thread.join()
-
-
 class OpenVINOEngine(Engine):
     """A compiled model and its pool of infer requests."""
-
-    reports_on_own_threads = True  # reporters are npurt's threads
 
     def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], pm: ModelPorts,
                  device: str, properties: dict[str, Any], limit: int, count_copy: Any) -> None:
@@ -179,11 +111,10 @@ class OpenVINOEngine(Engine):
         # run_arrays' output tensors start empty where the run decides the shape (OpenVINO then sizes them)
         self.output_shapes = [ov.Shape([0 if d < 0 else d for d in outputs[j].engine.shape])
                               for j in self.bound_outputs]
-        self.started_async = False  # whether start() has used OpenVINO's asynchronous execution
         # OpenVINO's CPU plugin with one inference thread loses the errors of a synchronous infer(): an output too
         # small for the shape the run produced leaves the tensor unwritten and infer() returns as if it had run
-        # (OpenVINO 2026.4, seen with plain OpenVINO; start_async() + wait() reports it). Such engines always run
-        # asynchronously.
+        # (OpenVINO 2026.4, seen with plain OpenVINO; start_async() + wait() reports it). Such engines run
+        # start_async() + wait() on the calling thread.
         try:
             self.sync_loses_errors = int(compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
         except RuntimeError:  # a device without the property
@@ -195,8 +126,6 @@ class OpenVINOEngine(Engine):
         self.limit = max(1, limit)  # requests made at most
         self.made: list[_Request] = []
         self.contexts: list[_Request] = []  # streams' own requests
-        self.reporters: list[_Reporter] = []  # every reporter thread made
-        self._idle_reporters: list[_Reporter] = []  # those waiting for a run (the last to finish is reused first)
         self._free: SimpleQueue[_Request] = SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -250,11 +179,11 @@ class OpenVINOEngine(Engine):
         return _Binding(wrapped, fills)
 
     def _infer(self, request: _Request) -> None:
-        if self.started_async or self.sync_loses_errors:
-            # Once start() has used OpenVINO's asynchronous execution, run() goes there too: OpenVINO's CPU plugin,
-            # given both infer() on callers' threads and start_async() on one compiled model, grows its memory by
-            # ~50 MiB steps under CPU contention (seen with plain OpenVINO: +300 to +550 MiB over 20,000 mixed
-            # calls beside two busy loops; flat with either kind alone).
+        # Only one kind of execution per compiled model: OpenVINO's CPU plugin, given both infer() on callers'
+        # threads and start_async() on one compiled model, grows its memory by ~50 MiB steps under CPU contention
+        # (seen with plain OpenVINO: +300 to +550 MiB over 20,000 mixed calls beside two busy loops; flat with
+        # either kind alone).
+        if self.sync_loses_errors:
             _start_async(request.request, {}, None)
             request.request.wait()
         else:
@@ -274,38 +203,6 @@ class OpenVINOEngine(Engine):
         finally:
             if request.pooled:
                 self.release(request)
-
-    def start(self, binding: _Binding, done: Done, context: _Request | None = None) -> bool:
-        request = context or self.acquire(block=False)
-        if request is None:
-            return False
-        self.started_async = True
-        try:
-            request.point(binding.wrapped)
-            self._reporter().start(request, done, binding.fills)
-        except Exception:
-            if request.pooled:
-                self.release(request)  # it never started
-            raise
-        return True
-
-    def _reporter(self) -> _Reporter:
-        with self._lock:
-            if self._closed:
-                raise NpuError("the engine is closed")
-            if self._idle_reporters:
-                return self._idle_reporters.pop()
-            reporter = _Reporter(self)
-            self.reporters.append(reporter)
-            return reporter
-
-    def idle_reporter(self, reporter: _Reporter) -> bool:
-        """A reporter is free again; False once the engine closed (the thread ends)."""
-        with self._lock:
-            if self._closed or reporter.closing:
-                return False
-            self._idle_reporters.append(reporter)
-            return True
 
     def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
         request = context or self.acquire()
@@ -398,10 +295,6 @@ class OpenVINOEngine(Engine):
             if self._closed:
                 return
             self._closed = True
-            reporters, self.reporters, self._idle_reporters = self.reporters, [], []
-        # Reporters still reporting a run finish it first (the runner has waited for its jobs by now).
-        for reporter in reporters:
-            reporter.stop()
         self.made, self.contexts = [], []
         while True:
             try:
