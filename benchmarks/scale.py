@@ -4,7 +4,7 @@ PP-OCR classifier (1x3x48x192) and recogniser (1x3x48x320), the models' own dyna
 
 npurt's side: one runner per (model, N) with ``performance_hint="THROUGHPUT"`` and ``max_concurrent_runs=N``
 (``RunnerFactory.create_runner`` options, device CPU), driven four ways:
-- InferQueue: ``npurt.InferQueue(runner)`` (its default slots: N running, N more waiting) with a callback,
+- InferQueue: ``npurt.InferQueue(runner)`` (its default slots: N running, max(N, 4) more waiting) with a callback,
   ``start_async`` on numpy inputs (on a runner with ``callback_order="completion"``, as AsyncInferQueue's
   callbacks run as requests end);
 - wait_any: N jobs kept in flight with ``execute_async`` on N runner-allocated tensor sets, ``wait_any`` for the
@@ -77,7 +77,8 @@ def _check(status: StatusCode, runner: Runner, what: str) -> None:
 
 
 class QueuePattern(Subject):
-    """``InferQueue`` with its default slots (2N: N run) and a callback; ``start_async`` on the numpy inputs."""
+    """``InferQueue`` with its default slots (N run, max(N, 4) wait) and a callback; ``start_async`` on the numpy
+    inputs."""
 
     def __init__(self, runner: Runner, feeds: Mapping[str, np.ndarray], n: int,
                  output_shapes: Mapping[str, Sequence[int]]) -> None:

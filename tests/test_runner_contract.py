@@ -508,9 +508,9 @@ def test_infer_queue_slots_callbacks_and_failures(axpy_model):
 
 
 def test_infer_queue_slots_beyond_the_runs_wait_and_start_as_jobs_end(axpy_model):
-    """The default queue has twice the runner's runs: the slots beyond them wait (start_async does not block) and
-    are started as jobs end, never more at once than the runner runs; closing the runner ends the waiting ones with
-    FAILURE through their callbacks (none is lost)."""
+    """The default queue has more slots than the runner's runs: the slots beyond them wait (start_async does not
+    block) and are started as jobs end, never more at once than the runner runs; closing the runner ends the
+    waiting ones with FAILURE through their callbacks (none is lost)."""
     from npurt import InferQueue
 
     def x(k):
@@ -519,16 +519,16 @@ def test_infer_queue_slots_beyond_the_runs_wait_and_start_as_jobs_end(axpy_model
     with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=200), {"max_concurrent_runs": 2,
                                                                          "callback_order": "completion"}) as r:
         queue = InferQueue(r)
-        assert len(queue) == 4
+        assert len(queue) == 6
         seen = {}
         queue.set_callback(lambda slot, k: seen.__setitem__(k, (slot.status, slot.results()["y"].copy())))
-        for k in range(4):
+        for k in range(6):
             queue.start_async({"x": x(k)}, userdata=k)
-        assert not queue.is_ready() and r.stats["jobs_submitted"] == 2  # two run, two wait for a run
-        for k in range(4, 8):
+        assert not queue.is_ready() and r.stats["jobs_submitted"] == 2  # two run, four wait for a run
+        for k in range(6, 10):
             queue.start_async({"x": x(k)}, userdata=k)
         assert queue.wait_all(30)
-        assert r.stats["jobs_submitted"] == 8 and sorted(seen) == list(range(8))
+        assert r.stats["jobs_submitted"] == 10 and sorted(seen) == list(range(10))
         for k, (status, y) in seen.items():
             assert status is StatusCode.SUCCESS and np.all(y == 2 * k + 1)
     r = RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=200), {"max_concurrent_runs": 1,
@@ -541,6 +541,30 @@ def test_infer_queue_slots_beyond_the_runs_wait_and_start_as_jobs_end(axpy_model
     r.close()
     assert queue.wait_all(30)
     assert statuses == {0: StatusCode.SUCCESS, 1: StatusCode.FAILURE}
+
+
+def test_infer_queue_waiting_slots_run_next_on_the_worker_that_ended_a_job(axpy_model):
+    """A waiting slot is the next job of the worker whose job ended (its callback submits it as a continuation):
+    one worker runs them all, no spare worker is started for them, and user callbacks that submit still get one."""
+    from npurt import InferQueue
+
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=20), {"max_concurrent_runs": 1,
+                                                                        "callback_order": "completion"}) as r:
+        queue = InferQueue(r)
+        threads = []
+        queue.set_callback(lambda slot, k: threads.append(threading.current_thread().name))
+        for k in range(len(queue)):
+            queue.start_async({"x": np.full((1, 3, 4, 4), float(k), np.float32)}, userdata=k)
+        assert queue.wait_all(30)
+        assert len(threads) == len(queue) and len(set(threads)) == 1
+        assert [t.name for t in r._jobs.threads()] == threads[:1]
+        # a user callback that submits keeps a spare worker for the queued job (it may wait for it)
+        ins, outs = cpu_io(r, 1.0)
+        ended = threading.Event()
+        r.execute_async(ins, outs, callback=lambda h: r.wait(r.execute_async(ins, outs, callback=lambda _: ended.set()),
+                                                              10_000))
+        assert ended.wait(10)
+        assert len(r._jobs.threads()) == 2
 
 
 def test_an_evicted_engine_is_closed_once_nothing_uses_it(axpy_model):

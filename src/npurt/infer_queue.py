@@ -6,11 +6,11 @@ ends its slot's callback runs (where the runner runs job callbacks) with the slo
 slot is free again. ``wait_all`` waits for every job started. Inputs are numpy arrays (wrapped, not copied: keep
 them unchanged until the job ends) or NpuTensors.
 
-By default there are twice as many slots as the runner runs at once (``max_concurrent_runs``): while that many
-jobs run, the others wait in the queue, and each job that ends starts the next waiting one on the thread that
-ended it. The runner's runs never wait for the caller's thread to wake up (a thread wake-up costs tens of
-microseconds of CPU and more of latency, a real share of a short job), and the caller, when every slot is busy,
-is woken once several slots are free rather than once per job.
+By default there are more slots than the runner runs at once (``max_concurrent_runs`` + max(it, 4)): while that
+many jobs run, the others wait in the queue, and each job that ends starts the next waiting one as the next job
+of the worker that ended it. The runner's runs never wait for the caller's thread or another worker to wake up (a
+thread wake-up costs tens of microseconds of CPU and more of latency, a real share of a short job), and the
+caller, when every slot is busy, is woken once half the waiting slots are free rather than once per job.
 
     queue = InferQueue(runner)
     queue.set_callback(lambda slot, frame_no: results.append((frame_no, slot.results())))
@@ -57,8 +57,8 @@ class InferQueue:
 
     def __init__(self, runner: Runner, jobs: int = 0, tensor_type: TensorType = TensorType.CPU,
                  output_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
-        """``jobs``: the number of slots (0: twice the runner's ``max_concurrent_runs``; slots beyond the runs the
-        runner has wait for one, see the module's docstring). ``tensor_type``: the view of the
+        """``jobs``: the number of slots (0: the runner's ``max_concurrent_runs`` + max(it, 4); slots beyond the
+        runs the runner has wait for one, see the module's docstring). ``tensor_type``: the view of the
         slots' output tensors. ``output_shapes``: shapes for outputs whose dims the model leaves open (their largest
         shape: a job writes its result at the start of the tensor, see ``NpuTensor.result_info``). The output tensors
         are allocated once, by the runner. ValueError for a runner that is not a Runner, a negative ``jobs``,
@@ -69,7 +69,7 @@ class InferQueue:
             raise ValueError(f"InferQueue: jobs must be an integer >= 0, got {jobs!r}")
         self.runner = runner
         self._limit = runner.max_concurrent_runs  # this queue's jobs submitted to the runner at most
-        n = jobs or 2 * self._limit
+        n = jobs or self._limit + max(self._limit, 4)
         given = dict(output_shapes or {})
         infos = runner.get_tensors_info(TensorDirection.OUTPUT, TensorType(tensor_type))
         unknown = sorted(set(given) - {i.name for i in infos})
@@ -151,10 +151,13 @@ class InferQueue:
             raise NpuError(f"{status.name}: {message}")
         return slot.index
 
-    def _submit(self, slot: QueueSlot) -> StatusCode:
-        return self.runner.execute_async([slot._inputs], [slot.outputs], functools.partial(self._ended, slot)).status
+    def _submit(self, slot: QueueSlot, continuation: bool = False) -> StatusCode:
+        # continuation: submitted at the end of a job's callback, which returns right after; the worker that ran
+        # the callback runs the job next (no other worker is woken for it)
+        return self.runner._submit([slot._inputs], [slot.outputs], functools.partial(self._ended, slot),
+                                   continuation=continuation).status
 
-    def _start_waiting(self) -> None:
+    def _start_waiting(self, continuation: bool = False) -> None:
         """Submit waiting slots while this queue has runs to spare (on the thread that ended a job: no hand-off).
         A slot the runner refuses ends with that status (its callback says so); RESOURCE_UNAVAILABLE (the
         runner's other users hold its runs) leaves it waiting for the next job of ours to end."""
@@ -164,7 +167,8 @@ class InferQueue:
                     return
                 slot = self._waiting.popleft()
                 self._submitted += 1
-            status = self._submit(slot)
+            status = self._submit(slot, continuation)
+            continuation = False  # a worker runs one job next
             if status is StatusCode.SUCCESS:
                 continue
             with self._cond:
@@ -221,7 +225,7 @@ class InferQueue:
                     self._submitted -= 1
             self._release(slot)
             if submitted:
-                self._start_waiting()
+                self._start_waiting(continuation=True)
 
     def _release(self, slot: QueueSlot) -> None:
         slot._inputs = []

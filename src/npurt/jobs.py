@@ -110,16 +110,21 @@ class JobScheduler:
         self._inline = 0  # running now
         self._workers_in_callbacks = 0
         self._inline_ended = threading.Condition(self._lock)
-        self._tls = threading.local()  # .in_callback: this thread is running a callback inline
+        # .in_callback: this thread is running a callback inline; .on_worker: as a worker; .next: the job that
+        # worker runs once its callback returns (a continuation, see submit)
+        self._tls = threading.local()
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, start: Start | None, callback: Callback | None,
-               on_accept: Callable[[], None] | None = None) -> Job:
+               on_accept: Callable[[], None] | None = None, continuation: bool = False) -> Job:
         """Register a job and start it on the engine (``start``) or queue it for the workers (``work``).
 
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
-        its job's place in line there, so that places follow the queue's order). StatusError
+        its job's place in line there, so that places follow the queue's order). ``continuation``: the caller is a
+        worker's inline callback that returns right after this (the InferQueue starting a waiting slot): the job
+        is that worker's next, with no other worker woken for it; user callbacks never ask this, since one that
+        submits and then waits for the job must not wait for itself. StatusError
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
         with self._lock:
             if self._closed:
@@ -137,7 +142,7 @@ class JobScheduler:
             if on_accept is not None:
                 on_accept()
             if start is None:
-                self._enqueue(job, work)
+                self._enqueue(job, work, continuation)
                 return job
             job.state = _RUNNING
         try:
@@ -153,11 +158,15 @@ class JobScheduler:
                     self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
                 else:
                     job.state = _QUEUED
-                    self._enqueue(job, work)
+                    self._enqueue(job, work, continuation)
         return job
 
-    def _enqueue(self, job: Job, work: Work) -> None:
-        """Queue for the workers (under _lock), starting them on the first job."""
+    def _enqueue(self, job: Job, work: Work, continuation: bool = False) -> None:
+        """Queue for the workers (under _lock), starting them on the first job; a continuation (see submit) is the
+        calling worker's next job instead."""
+        if continuation and getattr(self._tls, "on_worker", False) and getattr(self._tls, "next", None) is None:
+            self._tls.next = (job, work)
+            return
         # worker_count workers, plus one for each worker that is in a callback (which may wait for this job)
         wanted = self._worker_count + self._workers_in_callbacks
         while len(self._workers) < wanted:
@@ -174,11 +183,15 @@ class JobScheduler:
 
     def _work(self) -> None:
         """A worker: run queued jobs until the sentinel; a worker never dies of a job."""
-        get = self._queue.get
+        get, tls = self._queue.get, self._tls
         while True:
-            item = get()
+            item = getattr(tls, "next", None)
             if item is None:
-                return
+                item = get()
+                if item is None:
+                    return
+            else:
+                tls.next = None
             job, work = item
             with self._lock:
                 if job.state == _DONE:  # ended by close() before it started
@@ -206,11 +219,11 @@ class JobScheduler:
             self._run_inline(job, on_worker)
 
     def _run_inline(self, job: Job, on_worker: bool) -> None:
-        self._tls.in_callback = True
+        self._tls.in_callback, self._tls.on_worker = True, on_worker
         try:
             self._call(job)
         finally:
-            self._tls.in_callback = False
+            self._tls.in_callback = self._tls.on_worker = False
             with self._lock:
                 self._jobs.pop(job.job_id, None)
                 self._inline -= 1

@@ -312,6 +312,13 @@ class Runner:
         runner's threads when the job ends (option ``callback_order``), with the job's message in ``last_error``;
         a job with a callback is released after its callback returns. ``stream``: the job runs in the stream's
         line, after the stream's earlier runs."""
+        return self._submit(inputs, outputs, callback, stream)
+
+    def _submit(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
+                callback: Callable[[JobHandle], Any] | None, stream: Stream | int | None = None,
+                continuation: bool = False) -> JobHandle:
+        """execute_async; ``continuation``: called by a callback that returns right after (the InferQueue starting
+        a waiting slot), the job runs next on the worker running that callback (``JobScheduler.submit``)."""
         try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
@@ -322,7 +329,8 @@ class Runner:
             else:
                 plan = self._planner.plan(inputs, outputs)
                 start = engine_start(plan, outputs)
-                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs), start, callback)
+                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs), start, callback,
+                                        continuation=continuation)
         except StatusError as e:
             self._fail(e.status, str(e))
             return JobHandle(e.status, 0)
