@@ -98,7 +98,8 @@ class InferQueue:
         # A caller blocked on a full queue is woken once this many slots are free (one per job would cost a
         # wake-up per job while the waiting slots keep the runner busy anyway).
         self._wake_at = max(1, (n - self._limit) // 2)
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # a plain lock for the per-job bookkeeping (a C-level with)
+        self._cond = threading.Condition(self._lock)  # the same lock, for the waits
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -115,7 +116,7 @@ class InferQueue:
 
     def is_ready(self) -> bool:
         """Whether a slot is free (start_async would not block)."""
-        with self._cond:
+        with self._lock:
             return bool(self._free)
 
     def start_async(self, inputs: Mapping[str, Any] | Sequence[NpuTensor], userdata: Any = None) -> int:
@@ -125,7 +126,7 @@ class InferQueue:
         the job ends), or NpuTensors in either view. Raises ValueError for unknown, missing or mistyped inputs, and
         NpuError when the runner refuses the job (its StatusCode and message)."""
         tensors = self._tensors(inputs)
-        with self._cond:
+        with self._lock:
             while not self._free:
                 self._cond.wait()
             slot = self.slots[self._free.pop()]
@@ -140,11 +141,11 @@ class InferQueue:
             if status is not StatusCode.RESOURCE_UNAVAILABLE:
                 break
             # every run of the runner is taken (by its other users): wait for one of ours, or give others a moment
-            with self._cond:
+            with self._lock:
                 self._cond.wait(0.001)
         if status is not StatusCode.SUCCESS:
             message = self.runner.last_error
-            with self._cond:
+            with self._lock:
                 self._submitted -= 1
             self._release(slot)
             self._start_waiting()
@@ -162,7 +163,7 @@ class InferQueue:
         A slot the runner refuses ends with that status (its callback says so); RESOURCE_UNAVAILABLE (the
         runner's other users hold its runs) leaves it waiting for the next job of ours to end."""
         while True:
-            with self._cond:
+            with self._lock:
                 if not self._waiting or self._submitted >= self._limit:
                     return
                 slot = self._waiting.popleft()
@@ -171,23 +172,23 @@ class InferQueue:
             continuation = False  # a worker runs one job next
             if status is StatusCode.SUCCESS:
                 continue
-            with self._cond:
+            with self._lock:
                 self._submitted -= 1
                 if status is StatusCode.RESOURCE_UNAVAILABLE:
                     self._waiting.appendleft(slot)
                     if self._submitted:  # one of ours will end and try again
                         return
             if status is StatusCode.RESOURCE_UNAVAILABLE:  # none of ours runs: give the others a moment
-                with self._cond:
+                with self._lock:
                     self._cond.wait(0.001)
                 continue
             self._ended(slot, JobHandle(status, 0), submitted=False)
 
     def _tensors(self, inputs: Mapping[str, Any] | Sequence[NpuTensor]) -> list[NpuTensor]:
         if isinstance(inputs, Mapping):
-            unknown = sorted(set(inputs) - set(self._in_infos))
-            missing = sorted(set(self._in_infos) - set(inputs))
-            if unknown or missing:
+            if inputs.keys() != self._in_infos.keys():
+                unknown = sorted(set(inputs) - set(self._in_infos))
+                missing = sorted(set(self._in_infos) - set(inputs))
                 raise ValueError(f"InferQueue.start_async: unknown inputs {unknown} and missing inputs {missing}; "
                                  f"the model's inputs are {list(self._in_infos)}")
             tensors = []
@@ -220,16 +221,21 @@ class InferQueue:
             if self._callback is not None:
                 self._callback(slot, slot.userdata)
         finally:
-            if submitted:
-                with self._cond:
+            slot._inputs = []
+            with self._lock:  # _release, and the count of runs, under one lock
+                if submitted:
                     self._submitted -= 1
-            self._release(slot)
-            if submitted:
+                self._free.append(slot.index)
+                self._busy -= 1
+                if len(self._free) >= self._wake_at or not self._busy:
+                    self._cond.notify_all()
+                more = submitted and self._waiting and self._submitted < self._limit
+            if more:
                 self._start_waiting(continuation=True)
 
     def _release(self, slot: QueueSlot) -> None:
         slot._inputs = []
-        with self._cond:
+        with self._lock:
             self._free.append(slot.index)
             self._busy -= 1
             if len(self._free) >= self._wake_at or not self._busy:
@@ -237,5 +243,5 @@ class InferQueue:
 
     def wait_all(self, timeout_s: float | None = None) -> bool:
         """Wait until every started job has ended and its callback returned; False on timeout."""
-        with self._cond:
+        with self._lock:
             return self._cond.wait_for(lambda: self._busy == 0, timeout_s)

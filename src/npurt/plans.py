@@ -26,7 +26,7 @@ from .types import DYNAMIC_DIM, MemoryLayout, NpuTensorInfo, StatusCode, TensorD
 from .variants import ShapeError, ShapeVariants, Variant
 
 # The plan caches' keys: the ids of a call's tensors, and their infos ([inputs][slot][tensor], [outputs]...)
-IdKey = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
+IdKey = tuple[Any, ...]  # the tensors' ids (and how they split into inputs and outputs)
 InfoKey = tuple[tuple[tuple[NpuTensorInfo, ...], ...], tuple[tuple[NpuTensorInfo, ...], ...]]
 
 PLAN_CACHE_SIZE = 64  # plans kept per runner, per cache
@@ -91,13 +91,17 @@ class Planner:
     def plan(self, inputs: Any, outputs: Any) -> Plan:
         """The plan of one call (StatusError for anything wrong with the lists or tensors)."""
         try:
-            key = (tuple(tuple(map(id, s)) for s in inputs), tuple(tuple(map(id, s)) for s in outputs))
+            if len(inputs) == 1 and len(outputs) == 1:  # one batch slot (most calls): a flat key, built in C
+                flat = (*inputs[0], *outputs[0])
+                key: Any = (len(inputs[0]), *map(id, flat))
+            else:
+                key = (tuple(tuple(map(id, s)) for s in inputs), tuple(tuple(map(id, s)) for s in outputs))
+                flat = (*(t for s in inputs for t in s), *(t for s in outputs for t in s))
         except TypeError:
             return self._validate(inputs, outputs)  # not lists of lists: let validation say what is wrong
         hit = self._by_id.get(key)
         if hit is not None:
             refs, plan = hit
-            flat = [t for s in inputs for t in s] + [t for s in outputs for t in s]
             if all(r() is t for r, t in zip(refs, flat)):
                 return plan
         try:

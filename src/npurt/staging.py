@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from . import formats
-from .engine import ResultShapes
+from .engine import Engine, ResultShapes
 from .plans import Plan, SlotPlan
 from .stats import RunnerStats
 from .status import status_of
@@ -151,6 +151,8 @@ def engine_start(plan: Plan, outputs: Sequence[Sequence[NpuTensor]]
     if len(plan) != 1 or plan[0].binding is None or plan[0].sync:
         return None
     slot = plan[0]
+    if type(slot.variant.engine).start is Engine.start:  # the engine has no machinery of its own: workers run it
+        return None
 
     def start(done: Callable[[BaseException | None], None]) -> bool:
         def ended(error: BaseException | None, shapes: Any) -> None:
