@@ -12,6 +12,12 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def fd_set() -> set[str]:
+    """The numbers of the process's open fds (a leak check compares sets: fds other threads close meanwhile, such
+    as a collected object of an earlier test, are not this code's business; a count would see them)."""
+    return set(os.listdir("/proc/self/fd"))
+
+
 def settled_fds(expected: int, seconds: float = 2.0) -> int:
     """The open-fd count once it equals ``expected`` or ``seconds`` have passed: fds that other threads or
     the garbage collector are closing at this moment are not leaks."""
