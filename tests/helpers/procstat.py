@@ -12,9 +12,33 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def fd_targets(fds: list[int]) -> set[str]:
+    """What the fds refer to (``/proc/self/fd`` links: "memfd:...", "pipe:[...]", a path), for ``leaked_fds``."""
+    out = set()
+    for fd in fds:
+        try:
+            out.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # not an open fd
+            pass
+    return out
+
+
+def leaked_fds(before: set[str], targets: set[str]) -> list[str]:
+    """Fds opened since ``before`` (a set of fd numbers) that refer to one of ``targets``: what the code under test
+    left open of the objects it was given. Fds other threads open or close meanwhile (a collected object of an
+    earlier test, an engine's file) refer to other things and do not count; a comparison of counts would."""
+    leaked = []
+    for n in set(os.listdir("/proc/self/fd")) - before:
+        try:
+            if os.readlink(f"/proc/self/fd/{n}") in targets:
+                leaked.append(n)
+        except OSError:  # closed meanwhile
+            pass
+    return leaked
+
+
 def fd_set() -> set[str]:
-    """The numbers of the process's open fds (a leak check compares sets: fds other threads close meanwhile, such
-    as a collected object of an earlier test, are not this code's business; a count would see them)."""
+    """The numbers of the process's open fds."""
     return set(os.listdir("/proc/self/fd"))
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from npurt import DataType, NpuError, _native
 from npurt.share import HEADER, MAGIC, VERSION, recv_tensors
-from tests.helpers.procstat import fd_set
+from tests.helpers.procstat import fd_set, fd_targets, leaked_fds
 
 CONVERT_EXAMPLES = 400
 IMPORT_EXAMPLES = 300
@@ -100,6 +100,7 @@ def _fd_of(kind: str, size: int, seals: int) -> int:
 def test_fd_import(kind, real, seals, size, offset, allow_file):
     before = fd_set()
     fd = _fd_of(kind, real, seals)
+    targets = fd_targets([fd])
     try:
         buf = _native.Buffer.import_fd(fd, size, offset, allow_file)
     except EXPECTED:
@@ -113,7 +114,7 @@ def test_fd_import(kind, real, seals, size, offset, allow_file):
     finally:
         if fd >= 0 and kind not in ("closed", "huge"):
             os.close(fd)
-    assert fd_set() <= before  # nothing opened here is left open
+    assert not leaked_fds(before, targets)  # no duplicate of the fd is left open
 
 
 def _entry(**over):
@@ -147,6 +148,7 @@ def test_share_message_parsing(shape, noise, field, value, fd_kinds, declared, m
     fds = [_fd_of("memfd" if k != "pipe" else "pipe", 64, 1 if k == "sealed" else 0) if k != "file"
            else _fd_of("file", 64, 0) for k in fd_kinds]
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    targets = fd_targets(fds)
     try:
         socket.send_fds(a, [message], fds)
         a.close()
@@ -163,7 +165,7 @@ def test_share_message_parsing(shape, noise, field, value, fd_kinds, declared, m
             os.close(fd)
         b.close()
         a.close()
-    assert fd_set() <= before  # nothing opened here is left open
+    assert not leaked_fds(before, targets)  # no received fd is left open
 
 
 def test_header_struct_is_what_the_fuzzer_speaks():
