@@ -145,10 +145,8 @@ class InferQueue:
                 self._cond.wait(0.001)
         if status is not StatusCode.SUCCESS:
             message = self.runner.last_error
-            with self._lock:
-                self._submitted -= 1
-            self._release(slot)
-            self._start_waiting()
+            if self._release(slot, submitted=True):
+                self._start_waiting()
             raise NpuError(f"{status.name}: {message}")
         return slot.index
 
@@ -221,25 +219,20 @@ class InferQueue:
             if self._callback is not None:
                 self._callback(slot, slot.userdata)
         finally:
-            slot._inputs = []
-            with self._lock:  # _release, and the count of runs, under one lock
-                if submitted:
-                    self._submitted -= 1
-                self._free.append(slot.index)
-                self._busy -= 1
-                if len(self._free) >= self._wake_at or not self._busy:
-                    self._cond.notify_all()
-                more = submitted and self._waiting and self._submitted < self._limit
-            if more:
+            if self._release(slot, submitted):
                 self._start_waiting(continuation=True)
 
-    def _release(self, slot: QueueSlot) -> None:
+    def _release(self, slot: QueueSlot, submitted: bool) -> bool:
+        """Free a slot (``submitted``: and the run its job held); whether a waiting slot can start now."""
         slot._inputs = []
         with self._lock:
+            if submitted:
+                self._submitted -= 1
             self._free.append(slot.index)
             self._busy -= 1
             if len(self._free) >= self._wake_at or not self._busy:
                 self._cond.notify_all()
+            return submitted and bool(self._waiting) and self._submitted < self._limit
 
     def wait_all(self, timeout_s: float | None = None) -> bool:
         """Wait until every started job has ended and its callback returned; False on timeout."""

@@ -106,12 +106,9 @@ class JobScheduler:
         self.before_callback: Callable[[str], None] | None = None  # given the job's message (last_error) first
         self._idle_callback_threads = 0
         self._queued_callbacks = 0
-        # callbacks run by the thread that ended their job
-        self._inline = 0  # running now
-        self._workers_in_callbacks = 0
-        self._inline_ended = threading.Condition(self._lock)
-        # .in_callback: this thread is running a callback inline; .on_worker: as a worker; .next: the job that
-        # worker runs once its callback returns (a continuation, see submit)
+        self._workers_in_callbacks = 0  # workers running the callback of the job they ran
+        # .in_callback: this worker is running a job's callback; .next: the job it runs once the callback returns
+        # (a continuation, see submit)
         self._tls = threading.local()
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
 
@@ -164,7 +161,7 @@ class JobScheduler:
     def _enqueue(self, job: Job, work: Work, continuation: bool = False) -> None:
         """Queue for the workers (under _lock), starting them on the first job; a continuation (see submit) is the
         calling worker's next job instead."""
-        if continuation and getattr(self._tls, "on_worker", False) and getattr(self._tls, "next", None) is None:
+        if continuation and getattr(self._tls, "in_callback", False) and getattr(self._tls, "next", None) is None:
             self._tls.next = (job, work)
             return
         # worker_count workers, plus one for each worker that is in a callback (which may wait for this job)
@@ -202,35 +199,28 @@ class JobScheduler:
                 status, message = work()
             except BaseException as e:  # noqa: BLE001
                 status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
-            self.finish(job, status, message, inline=True, on_worker=True)
+            self.finish(job, status, message, on_worker=True)
 
     # -- completion --------------------------------------------------------------------------------------
-    def finish(self, job: Job, status: StatusCode, message: str, inline: bool = False, on_worker: bool = False
-               ) -> None:
-        """Give a job its final status; ``inline``: the calling thread is npurt's and may run the job's callback
-        (``on_worker``: it is one of the workers)."""
+    def finish(self, job: Job, status: StatusCode, message: str, on_worker: bool = False) -> None:
+        """Give a job its final status; ``on_worker``: the caller is the worker that ran it, which runs the job's
+        callback itself in completion order."""
         with self._lock:
-            here = self._finish_locked(job, status, message, inline)
+            here = self._finish_locked(job, status, message, on_worker)
             if here:
-                self._inline += 1
-                if on_worker:
-                    self._workers_in_callbacks += 1
+                self._workers_in_callbacks += 1
         if here:
-            self._run_inline(job, on_worker)
+            self._run_inline(job)
 
-    def _run_inline(self, job: Job, on_worker: bool) -> None:
-        self._tls.in_callback, self._tls.on_worker = True, on_worker
+    def _run_inline(self, job: Job) -> None:
+        self._tls.in_callback = True
         try:
             self._call(job)
         finally:
-            self._tls.in_callback = self._tls.on_worker = False
+            self._tls.in_callback = False
             with self._lock:
                 self._jobs.pop(job.job_id, None)
-                self._inline -= 1
-                if on_worker:
-                    self._workers_in_callbacks -= 1
-                if not self._inline:
-                    self._inline_ended.notify_all()
+                self._workers_in_callbacks -= 1
 
     def _call(self, job: Job) -> None:
         """A job's callback, after ``before_callback``; an exception is logged (the thread lives on)."""
@@ -385,8 +375,5 @@ class JobScheduler:
         for thread in threads:
             if thread is not me:
                 thread.join()
-        # callbacks run inline: let them return (all but this thread's own, where close() is called from one)
-        mine = 1 if getattr(self._tls, "in_callback", False) else 0
-        with self._lock:
-            while self._inline > mine:
-                self._inline_ended.wait(_SLICE_S)
+        # callbacks run inline by workers have returned with them (all but this thread's own, where close() is
+        # called from one)
