@@ -114,11 +114,14 @@ class OpenVINOEngine(Engine):
         # OpenVINO's CPU plugin with one inference thread loses the errors of a synchronous infer(): an output too
         # small for the shape the run produced leaves the tensor unwritten and infer() returns as if it had run
         # (OpenVINO 2026.4, seen with plain OpenVINO; start_async() + wait() reports it). Such engines run
-        # start_async() + wait() on the calling thread.
+        # start_async() + wait() on the calling thread, which hands each run to OpenVINO's stream thread and back
+        # (~100 us on the 2-core VM); only outputs whose shape the run decides can be too small, so engines whose
+        # outputs are all static keep infer().
         try:
-            self.sync_loses_errors = int(compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
+            one_thread = int(compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
         except RuntimeError:  # a device without the property
-            self.sync_loses_errors = False
+            one_thread = False
+        self.sync_loses_errors = one_thread and self.dynamic_outputs
         try:
             self.optimal_requests = max(1, int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         except RuntimeError:
