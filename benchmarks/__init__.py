@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from npurt.bench import Report, render
+from npurt import StatusCode
+from npurt.bench import BenchError, Report, render
+
+if TYPE_CHECKING:
+    from npurt.runner import Runner
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -26,3 +31,9 @@ def finish(report: Report, as_json: bool = False) -> int:
     if report.missed and as_json:
         print("targets missed: " + "; ".join(report.missed), file=sys.stderr)
     return report.exit_code
+
+
+def check(status: StatusCode, runner: Runner, what: str) -> None:
+    """BenchError unless ``status`` is SUCCESS: a failed job is never timed as one done."""
+    if status is not StatusCode.SUCCESS:
+        raise BenchError(f"{what} failed: {status.name}: {runner.last_error}")

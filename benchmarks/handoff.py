@@ -32,10 +32,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from queue import SimpleQueue
+from typing import Any
 
 import numpy as np
 
-from benchmarks import finish, parser
+from benchmarks import check, finish, parser
 from benchmarks.apps import BACKENDS
 from npurt import InferQueue, JobHandle, RunnerFactory, StatusCode, TensorType
 from npurt.bench import BenchError, Report, Table
@@ -87,11 +88,6 @@ def ping_pong(k: int, cores: tuple[int, int] | None = None) -> None:
         os.sched_setaffinity(0, allowed)
 
 
-def _ok(status: StatusCode, runner: Runner) -> None:
-    if status is not StatusCode.SUCCESS:
-        raise BenchError(f"{status.name}: {runner.last_error}")
-
-
 def npurt_patterns(backend: str, path: str, feeds: dict[str, np.ndarray]) -> tuple[dict[str, Pattern], list[Runner]]:
     options = {"device": "CPU", "max_concurrent_runs": 1, "num_threads": 1}
     runner = RunnerFactory.create_runner(backend, path, options)
@@ -99,10 +95,17 @@ def npurt_patterns(backend: str, path: str, feeds: dict[str, np.ndarray]) -> tup
     ins, outs = runner_tensors(runner, feeds, TensorType.CPU)
     c_ins, c_outs = runner_tensors(chained, feeds, TensorType.CPU)
     queue = InferQueue(chained)
+    queue_failed: list[str] = []
+
+    def slot_ended(slot: Any, _userdata: Any) -> None:
+        if slot.status is not StatusCode.SUCCESS:
+            queue_failed.append(f"InferQueue job failed: {slot.status.name}: {slot.error}")
+
+    queue.set_callback(slot_ended)
 
     def execute(k: int) -> None:
         for _ in range(k):
-            _ok(runner.execute([ins], [outs]), runner)
+            check(runner.execute([ins], [outs]), runner, "execute")
 
     def run(k: int) -> None:
         for _ in range(k):
@@ -110,11 +113,11 @@ def npurt_patterns(backend: str, path: str, feeds: dict[str, np.ndarray]) -> tup
 
     def async_wait(k: int) -> None:
         for _ in range(k):
-            _ok(runner.wait(runner.execute_async([ins], [outs])), runner)
+            check(runner.wait(runner.execute_async([ins], [outs])), runner, "wait")
 
     def async_wait_any(k: int) -> None:
         for _ in range(k):
-            _ok(runner.wait_any([runner.execute_async([ins], [outs])]).status, runner)
+            check(runner.wait_any([runner.execute_async([ins], [outs])]).status, runner, "wait_any")
 
     def callbacks(k: int) -> None:
         left, done, failed = [k], threading.Event(), []
@@ -143,8 +146,10 @@ def npurt_patterns(backend: str, path: str, feeds: dict[str, np.ndarray]) -> tup
         for _ in range(k):
             queue.start_async(feeds)
         queue.wait_all()
+        if queue_failed:
+            raise BenchError(queue_failed[0])
 
-    patterns = {"npurt execute": execute, "npurt run": run, "execute_async + wait": async_wait,
+    patterns: dict[str, Pattern] = {"npurt execute": execute, "npurt run": run, "execute_async + wait": async_wait,
                 "execute_async + wait_any": async_wait_any, "callbacks (chain)": callbacks, "InferQueue": infer_queue}
     return patterns, [runner, chained]
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import finish, parser
+from benchmarks import check, finish, parser
 from benchmarks.apps import BACKENDS, model_path, npurt_runner
 from npurt import InferQueue, JobHandle, StatusCode, TensorType
 from npurt.bench import (
@@ -69,11 +69,6 @@ def n_values(max_n: int) -> list[int]:
         out.append(n)
         n *= 2
     return out + [max_n]
-
-
-def _check(status: StatusCode, runner: Runner, what: str) -> None:
-    if status is not StatusCode.SUCCESS:
-        raise BenchError(f"{what} failed: {status.name}: {runner.last_error}")
 
 
 class QueuePattern(Subject):
@@ -129,7 +124,7 @@ class WaitAnyPattern(Subject):
         def collect() -> None:
             nonlocal done
             handle = runner.wait_any(list(running))
-            _check(handle.status, runner, "wait_any")
+            check(handle.status, runner, "wait_any")
             free.append(running.pop(handle.job_id))
             done += 1
 
@@ -147,7 +142,7 @@ class WaitAnyPattern(Subject):
             else:
                 free.append(k)
                 if job.status is not StatusCode.RESOURCE_UNAVAILABLE or not running:
-                    _check(job.status, runner, "execute_async")
+                    check(job.status, runner, "execute_async")
                 collect()
         while running:
             collect()
@@ -228,7 +223,7 @@ class ThreadsPattern(Subject):
                     if budget.done(counts["started"], time.perf_counter() - start):
                         return
                     counts["started"] += 1
-                _check(self.runner.execute([ins], [outs]), self.runner, "execute")
+                check(self.runner.execute([ins], [outs]), self.runner, "execute")
                 with lock:
                     counts["done"] += 1
 
