@@ -557,14 +557,64 @@ def test_infer_queue_waiting_slots_run_next_on_the_worker_that_ended_a_job(axpy_
             queue.start_async({"x": np.full((1, 3, 4, 4), float(k), np.float32)}, userdata=k)
         assert queue.wait_all(30)
         assert len(threads) == len(queue) and len(set(threads)) == 1
-        assert [t.name for t in r._jobs.threads()] == threads[:1]
+        assert [t.name for t in r._core.jobs.threads()] == threads[:1]
         # a user callback that submits keeps a spare worker for the queued job (it may wait for it)
         ins, outs = cpu_io(r, 1.0)
         ended = threading.Event()
         r.execute_async(ins, outs, callback=lambda h: r.wait(r.execute_async(ins, outs, callback=lambda _: ended.set()),
                                                               10_000))
         assert ended.wait(10)
-        assert len(r._jobs.threads()) == 2
+        assert len(r._core.jobs.threads()) == 2
+
+
+def test_a_callbacks_submission_runs_next_on_its_worker_with_no_spare_woken(axpy_model):
+    """AsyncInferQueue's contract: the job a callback submits is its worker's next job (a continuation): a chain of
+    jobs, each submitted by the previous one's callback, runs on one worker and no other worker starts."""
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=2), {"max_concurrent_runs": 1,
+                                                                       "callback_order": "completion"}) as r:
+        ins, outs = cpu_io(r, 1.0)
+        ran_on, done = [], threading.Event()
+
+        def chain(handle, left=[12]):
+            ran_on.append(threading.current_thread().name)
+            left[0] -= 1
+            if left[0] == 0 or handle.status is not StatusCode.SUCCESS:
+                done.set()
+            else:
+                assert r.execute_async(ins, outs, callback=chain).status is StatusCode.SUCCESS
+
+        assert r.execute_async(ins, outs, callback=chain).status is StatusCode.SUCCESS
+        assert done.wait(30)
+        assert len(ran_on) == 12 and len(set(ran_on)) == 1
+        assert [t.name for t in r._core.jobs.threads()] == ran_on[:1]
+
+
+@pytest.mark.parametrize("how", ["wait", "wait_any"])
+def test_a_callback_that_submits_and_waits_through_npurt_does_not_deadlock(axpy_model, how):
+    """A callback that waits (through npurt) for the job it submitted hands that job, its worker's continuation, to
+    another worker first: the wait ends with the job's status, and the job ran on a thread other than the waiter's."""
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=5), {"max_concurrent_runs": 2,
+                                                                       "callback_order": "completion"}) as r:
+        ins, outs = cpu_io(r, 2.0)
+        seen, done = {}, threading.Event()
+
+        def inner_ended(_handle):
+            seen["inner_thread"] = threading.current_thread().name
+
+        def outer_ended(_handle):
+            seen["waiter"] = threading.current_thread().name
+            job = r.execute_async(ins, outs, callback=inner_ended)
+            if how == "wait":
+                seen["status"] = r.wait(job, 20_000)
+            else:
+                seen["status"] = r.wait_any([job], 20_000).status
+            done.set()
+
+        assert r.execute_async(ins, outs, callback=outer_ended).status is StatusCode.SUCCESS
+        assert done.wait(30)
+        assert seen["status"] is StatusCode.SUCCESS
+        assert seen["inner_thread"] != seen["waiter"]
+        np.testing.assert_array_equal(outs[0][0].numpy(), np.full(outs[0][0].info.shape, 2.0 * 2.0 + 1.0))
 
 
 def test_an_evicted_engine_is_closed_once_nothing_uses_it(axpy_model):

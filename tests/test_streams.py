@@ -119,7 +119,7 @@ def test_each_stream_has_its_own_engine_context_on_openvino():
         streams = [r.open_stream() for _ in range(3)]
         for s in streams:
             s.run({"input": chunks(1)[0], "sr": SR})
-        engine = r._variants.default.engine
+        engine = r.engine_for()
         assert len(engine.contexts) == 3 and r.max_concurrent_runs < 3
         assert streams[0].close() is StatusCode.SUCCESS
         assert len(engine.contexts) == 2

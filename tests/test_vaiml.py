@@ -111,7 +111,7 @@ def test_new_tensors_over_memory_bound_before_reuse_the_binding():
         session = ort.InferenceSession(str(model_or_skip("ocr_cls")), providers=[CPU_EP])
         xs = [frame(SHAPES["ocr_cls"], seed=s) for s in range(3)]
         y = np.zeros(y_info.shape, np.float32)
-        engine = r._variants.default.engine
+        engine = r.engine_for()
         before = engine.bindings_made
         for _ in range(3):
             for x in xs:

@@ -10,19 +10,16 @@ counted conversion each way).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .core import RunnerCore
 from .ports import Signature
 from .status import StatusError, status_of
+from .stream_state import StreamState
 from .tensor import NpuTensor
 from .types import NpuError, StatusCode, TensorType
 from .variants import ShapeError, Variant
-
-if TYPE_CHECKING:
-    from .runner import Runner
-    from .streams import StreamState
 
 RUN_CACHE_SIZE = 64  # input signatures remembered
 
@@ -30,10 +27,11 @@ RUN_CACHE_SIZE = 64  # input signatures remembered
 class ArrayRuns:
     """run() for one runner: its inputs as arrays in, new arrays out."""
 
-    def __init__(self, runner: Runner, names: list[str], dtypes: list[np.dtype]) -> None:
-        self.runner = runner
-        self.names = names  # the inputs an app feeds (a stream's carried state is not among them)
-        self.dtypes = dtypes
+    def __init__(self, core: RunnerCore) -> None:
+        self.core = core
+        self.names = core.input_names  # the inputs an app feeds (a stream's carried state is not among them)
+        carried = set(core.streams.pairs)
+        self.dtypes = [s.data_type.numpy for s in core.in_specs if s.name not in carried]
         self._variants: dict[Signature, Variant | None] = {}  # signature -> variant (None: its ports convert)
 
     def feeds(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -60,7 +58,6 @@ class ArrayRuns:
 
     def run(self, arrays: list[np.ndarray], stream: StreamState | None = None) -> list[np.ndarray]:
         """One run of the model's inputs (all of them, in order) on numpy arrays: its outputs, in order."""
-        runner = self.runner
         signature = tuple(a.shape for a in arrays)
         try:
             variant = self._variants[signature]
@@ -70,20 +67,19 @@ class ArrayRuns:
             return self._through_a_plan(signature, arrays, stream)
         variant.touch()
         try:
-            context = None if stream is None else runner._stream_runs.context(stream, variant.engine)
+            context = None if stream is None else stream.context(variant.engine)
             results = variant.engine.run_arrays(arrays, context)
         except Exception as e:  # noqa: BLE001 - the engine's error, in the contract's words
-            runner._stats.executed(False)
+            self.core.stats.executed(False)
             status, message = status_of(e)
             raise NpuError(f"{status.name}: {message}") from None
-        runner._stats.executed(True)
+        self.core.stats.executed(True)
         return results
 
     def _variant(self, signature: Signature) -> Variant | None:
         """The variant to give arrays to directly for these shapes (None: some port converts views)."""
-        assert self.runner._variants is not None
         try:
-            variant = self.runner._variants.get(signature)
+            variant = self.core.variants.get(signature)
         except ShapeError as e:
             raise ValueError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - the engine could not compile these shapes
@@ -105,18 +101,17 @@ class ArrayRuns:
     def _through_a_plan(self, signature: Signature, arrays: list[np.ndarray], stream: StreamState | None
                         ) -> list[np.ndarray]:
         """Ports that take HW views other than the model's: CPU-view tensors over the arrays, converted by a plan."""
-        runner = self.runner
-        assert runner._variants is not None
-        variant = runner._variants.get(signature)
+        core = self.core
+        variant = core.variants.get(signature)
         ins = [NpuTensor(p.cpu.replace(shape=a.shape), a) for p, a in zip(variant.inputs, arrays)]
         results = [np.empty(p.cpu.shape, p.cpu.numpy_dtype) for p in variant.outputs]
         outs = [NpuTensor(p.cpu, r) for p, r in zip(variant.outputs, results)]
         try:
-            plan = runner._planner.plan([ins], [outs])
-            status, message = runner._execute_plan(plan, [ins], [outs], stream)
+            plan = core.planner.plan([ins], [outs])
+            status, message = core.execute_plan(plan, [ins], [outs], stream)
         except StatusError as e:
             status, message = e.status, str(e)
-        runner._stats.executed(status is StatusCode.SUCCESS)
+        core.stats.executed(status is StatusCode.SUCCESS)
         if status is not StatusCode.SUCCESS:
             raise NpuError(f"{status.name}: {message}")
         return results

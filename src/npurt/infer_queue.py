@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .jobs import hand_over_continuation
 from .runner import Runner
 from .tensor import NpuTensor
 from .types import JobHandle, NpuError, StatusCode, TensorDirection, TensorType
@@ -126,6 +127,8 @@ class InferQueue:
         the job ends), or NpuTensors in either view. Raises ValueError for unknown, missing or mistyped inputs, and
         NpuError when the runner refuses the job (its StatusCode and message)."""
         tensors = self._tensors(inputs)
+        if not self._free:  # about to block: inside a job's callback, the job it started must not wait for this
+            hand_over_continuation()
         with self._lock:
             while not self._free:
                 self._cond.wait()
@@ -150,13 +153,11 @@ class InferQueue:
             raise NpuError(f"{status.name}: {message}")
         return slot.index
 
-    def _submit(self, slot: QueueSlot, continuation: bool = False) -> StatusCode:
-        # continuation: submitted at the end of a job's callback, which returns right after; the worker that ran
-        # the callback runs the job next (no other worker is woken for it)
-        return self.runner._submit([slot._inputs], [slot.outputs], functools.partial(self._ended, slot),
-                                   continuation=continuation).status
+    def _submit(self, slot: QueueSlot) -> StatusCode:
+        # at the end of a job's callback, the worker that ran it runs this job next (no other worker is woken)
+        return self.runner.execute_async([slot._inputs], [slot.outputs], functools.partial(self._ended, slot)).status
 
-    def _start_waiting(self, continuation: bool = False) -> None:
+    def _start_waiting(self) -> None:
         """Submit waiting slots while this queue has runs to spare (on the thread that ended a job: no hand-off).
         A slot the runner refuses ends with that status (its callback says so); RESOURCE_UNAVAILABLE (the
         runner's other users hold its runs) leaves it waiting for the next job of ours to end."""
@@ -166,8 +167,7 @@ class InferQueue:
                     return
                 slot = self._waiting.popleft()
                 self._submitted += 1
-            status = self._submit(slot, continuation)
-            continuation = False  # a worker runs one job next
+            status = self._submit(slot)
             if status is StatusCode.SUCCESS:
                 continue
             with self._lock:
@@ -220,7 +220,7 @@ class InferQueue:
                 self._callback(slot, slot.userdata)
         finally:
             if self._release(slot, submitted):
-                self._start_waiting(continuation=True)
+                self._start_waiting()
 
     def _release(self, slot: QueueSlot, submitted: bool) -> bool:
         """Free a slot (``submitted``: and the run its job held); whether a waiting slot can start now."""
@@ -236,5 +236,6 @@ class InferQueue:
 
     def wait_all(self, timeout_s: float | None = None) -> bool:
         """Wait until every started job has ended and its callback returned; False on timeout."""
+        hand_over_continuation()
         with self._lock:
             return self._cond.wait_for(lambda: self._busy == 0, timeout_s)

@@ -9,7 +9,12 @@ Each job holds a plain lock from submission until it has its final status: waiti
 and costs no Condition machinery. ``wait_any`` registers one lock with the set of job ids it waits on, once,
 whatever their number; a job that ends releases the locks of the waits whose sets hold it.
 
-Callbacks run on npurt's own threads, never on an engine library's. ``callback_order``:
+Callbacks run on npurt's own threads, never on an engine library's. The contract is OpenVINO's
+``AsyncInferQueue``'s: a callback may submit jobs and may wait for them through npurt's own waits (``wait``,
+``wait_any``, an InferQueue's), never by other means (its own lock, event or future). That lets a worker run the
+first job its callback submits as its own next job (a continuation), with no other thread woken for it; where the
+callback then waits through npurt, the worker hands the continuation to the other workers first, so that nothing
+deadlocks. ``callback_order``:
 - "completion": as jobs end, on the worker that ran the job, so that a job's end reaches its callback with no
   further hand-off; jobs started on an engine's own machinery (which ends them on threads where no user code
   runs) have theirs on callback threads, as many as there are jobs in flight. A callback may resubmit, wait on
@@ -37,6 +42,10 @@ log = logging.getLogger("npurt")
 Work = Callable[[], tuple[StatusCode, str]]  # a job run on a worker: never raises
 Start = Callable[[Callable[[BaseException | None], None]], bool]  # start on the engine; False: cannot now
 Callback = Callable[[JobHandle], Any]
+
+# A worker running the callback of a job it ran: its scheduler, and the continuation that callback submitted (the
+# worker's next job). Module-wide, so that a wait of any runner, or of an InferQueue, can hand it over first.
+_callback_thread = threading.local()
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
 _SLICE_S = 0.1  # untimed waits block in slices, so that KeyboardInterrupt reaches a waiting main thread
@@ -107,21 +116,16 @@ class JobScheduler:
         self._idle_callback_threads = 0
         self._queued_callbacks = 0
         self._workers_in_callbacks = 0  # workers running the callback of the job they ran
-        # .in_callback: this worker is running a job's callback; .next: the job it runs once the callback returns
-        # (a continuation, see submit)
-        self._tls = threading.local()
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, start: Start | None, callback: Callback | None,
-               on_accept: Callable[[], None] | None = None, continuation: bool = False) -> Job:
-        """Register a job and start it on the engine (``start``) or queue it for the workers (``work``).
+               on_accept: Callable[[], None] | None = None) -> Job:
+        """Register a job and start it on the engine (``start``) or queue it for the workers (``work``); the first
+        job a worker's callback submits is that worker's next (see the module's docstring).
 
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
-        its job's place in line there, so that places follow the queue's order). ``continuation``: the caller is a
-        worker's inline callback that returns right after this (the InferQueue starting a waiting slot): the job
-        is that worker's next, with no other worker woken for it; user callbacks never ask this, since one that
-        submits and then waits for the job must not wait for itself. StatusError
+        its job's place in line there, so that places follow the queue's order). StatusError
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
         with self._lock:
             if self._closed:
@@ -139,7 +143,7 @@ class JobScheduler:
             if on_accept is not None:
                 on_accept()
             if start is None:
-                self._enqueue(job, work, continuation)
+                self._enqueue(job, work)
                 return job
             job.state = _RUNNING
         try:
@@ -155,15 +159,19 @@ class JobScheduler:
                     self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
                 else:
                     job.state = _QUEUED
-                    self._enqueue(job, work, continuation)
+                    self._enqueue(job, work)
         return job
 
-    def _enqueue(self, job: Job, work: Work, continuation: bool = False) -> None:
-        """Queue for the workers (under _lock), starting them on the first job; a continuation (see submit) is the
-        calling worker's next job instead."""
-        if continuation and getattr(self._tls, "in_callback", False) and getattr(self._tls, "next", None) is None:
-            self._tls.next = (job, work)
+    def _enqueue(self, job: Job, work: Work) -> None:
+        """Queue for the workers (under _lock), starting them on the first job; the first job a worker's callback
+        submits is that worker's next job instead (a continuation)."""
+        here = _callback_thread.__dict__
+        if here.get("scheduler") is self and here.get("next") is None:
+            here["next"] = (job, work)
             return
+        self._to_workers(job, work)
+
+    def _to_workers(self, job: Job, work: Work) -> None:
         # worker_count workers, plus one for each worker that is in a callback (which may wait for this job)
         wanted = self._worker_count + self._workers_in_callbacks
         while len(self._workers) < wanted:
@@ -172,6 +180,14 @@ class JobScheduler:
             self._workers.append(worker)
         self._queue.put((job, work))
 
+    def _hand_over(self, job: Job, work: Work) -> None:
+        """A continuation given back to the workers (hand_over_continuation); once closed, it ends unrun."""
+        with self._lock:
+            if self._closed:
+                self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
+            else:
+                self._to_workers(job, work)
+
     def _engine_done(self, job: Job, error: BaseException | None) -> None:
         if error is None:
             self.finish(job, StatusCode.SUCCESS, "")
@@ -179,16 +195,16 @@ class JobScheduler:
             self.finish(job, *status_of(error, 0))
 
     def _work(self) -> None:
-        """A worker: run queued jobs until the sentinel; a worker never dies of a job."""
-        get, tls = self._queue.get, self._tls
+        """A worker: run queued jobs until the sentinel (its continuations first); a worker never dies of a job."""
+        get, here = self._queue.get, _callback_thread.__dict__
         while True:
-            item = getattr(tls, "next", None)
+            item = here.get("next")
             if item is None:
                 item = get()
                 if item is None:
                     return
             else:
-                tls.next = None
+                here["next"] = None
             job, work = item
             with self._lock:
                 if job.state == _DONE:  # ended by close() before it started
@@ -213,11 +229,12 @@ class JobScheduler:
             self._run_inline(job)
 
     def _run_inline(self, job: Job) -> None:
-        self._tls.in_callback = True
+        here = _callback_thread.__dict__
+        here["scheduler"] = self
         try:
             self._call(job)
         finally:
-            self._tls.in_callback = False
+            here["scheduler"] = None
             with self._lock:
                 self._jobs.pop(job.job_id, None)
                 self._workers_in_callbacks -= 1
@@ -291,6 +308,8 @@ class JobScheduler:
         job = self._jobs.get(job_id)  # a single dict operation: atomic
         if job is None:
             return StatusCode.INVALID_JOB_ID, f"job {job_id} is unknown to this runner or was already collected"
+        if not job.finished and timeout_s != 0:
+            hand_over_continuation()
         if not job.finished and not job.block(timeout_s):
             return StatusCode.JOB_PENDING, f"job {job_id} is still running"
         self._collect(job)
@@ -308,6 +327,8 @@ class JobScheduler:
         if not jobs:
             return StatusCode.INVALID_JOB_ID, 0, "wait_any needs at least one job"
         ended = [j for j in jobs if j.finished]
+        if not ended and timeout_s != 0:
+            hand_over_continuation()
         if not ended:
             wait = (set(job_ids), threading.Lock())
             wait[1].acquire()
@@ -377,3 +398,16 @@ class JobScheduler:
                 thread.join()
         # callbacks run inline by workers have returned with them (all but this thread's own, where close() is
         # called from one)
+
+
+def hand_over_continuation() -> None:
+    """On a worker inside a job's callback: give the job that callback submitted (the worker's next job) to the
+    other workers, so that a wait that follows cannot wait for it in vain. Any npurt wait that may block inside a
+    callback calls this first; elsewhere it does nothing."""
+    here = _callback_thread.__dict__
+    item = here.get("next")
+    if item is None:
+        return
+    here["next"] = None
+    scheduler: JobScheduler = here["scheduler"]
+    scheduler._hand_over(*item)

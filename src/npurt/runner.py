@@ -3,12 +3,9 @@
 A runner loads one model on one device through a backend (``engine.Backend``: an adapter of OpenVINO or ONNX
 Runtime) and runs it. This module is the contract as a facade; its parts live in their own modules:
 
-- ``options``: the option names and values; ``ports``: the model's ports and both views of each;
-- ``variants``: the engines compiled for input shapes (one dynamic engine, or one per static signature);
-- ``plans``: ``[batch][tensor]`` lists validated once, cached by tensor identity and by value, with their binding;
-- ``staging``: conversions between views through reused staging tensors, and DMA-BUF CPU-access brackets;
-- ``jobs``: the job table, workers, engine-started jobs, ``wait`` / ``wait_any`` and callbacks;
-- ``stats``: the counters behind ``Runner.stats``.
+- ``core``: the parts every path shares, assembled once here (``options``, ``ports``, ``variants``: the engines
+  compiled per input shapes, ``plans``, ``staging``, ``jobs``, ``stream_state``, ``stats``);
+- ``arrays``: ``run`` on numpy arrays; ``streams``: runs in streams. Both hold the core, never the facade.
 
 Queries and construction raise (ValueError for bad arguments, NpuError for the rest). Execution never raises:
 ``execute``, ``execute_async``, ``wait`` and ``wait_any`` return StatusCodes, and ``last_error`` (per thread) holds
@@ -20,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -30,16 +26,18 @@ from typing import Any
 import numpy as np
 
 from .arrays import ArrayRuns
+from .core import RunnerCore
 from .engine import Backend, Engine
 from .jobs import JobScheduler
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
-from .plans import Plan, Planner
+from .plans import Planner
 from .ports import Port, PortFactory, PortSpec, check_port_options
-from .staging import Staging, engine_start, run_plan
+from .staging import Staging, engine_start
 from .stats import RunnerStats
 from .status import StatusError
-from .streams import Stream, StreamRuns, StreamState, StreamTable
+from .stream_state import StreamTable
+from .streams import Stream, StreamRuns
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
 from .types import (
     DeviceInfo,
@@ -67,57 +65,50 @@ class Runner:
 
     def __init__(self, backend: type[Backend], model_path: str | Path,
                  options: Mapping[str, Any] | None = None) -> None:
-        self._closed = True  # until fully constructed, so that a failed __init__ leaves nothing to close
         self.options: RunnerOptions = parse_options(options)
         self.model_path = Path(model_path)
         if backend.model_is_a_file and not self.model_path.exists():
             raise ValueError(f"model file not found: {self.model_path}")
         self.log = RunnerLog(self.options.log_level)
-        self._tls = threading.local()
-        self._stats = RunnerStats()
+        stats = RunnerStats()
         self._backend = backend(self.model_path, self.options)
-        self._backend.count_copy = self._stats.copy
-        self._variants: ShapeVariants | None = None
+        self._backend.count_copy = stats.copy
+        variants: ShapeVariants | None = None
         try:
             t0 = time.perf_counter()
             opened = self._backend.open()
             open_ms = (time.perf_counter() - t0) * 1e3
-            self._in_specs, self._out_specs = list(opened.inputs), list(opened.outputs)
-            pairs = check_port_options(self.options, self._in_specs, self._out_specs)
-            self._ports = PortFactory(self.options, self._backend.target, opened.device_info.attached)
-            self._variants = ShapeVariants(self._backend, opened, self._ports, self.options, self._stats)
-            self._planner = Planner(self._variants, self.options.batch_size)
-            self._variants.on_evict = self._forget_variant
-            default = self._variants.default
+            pairs = check_port_options(self.options, opened.inputs, opened.outputs)
+            ports = PortFactory(self.options, self._backend.target, opened.device_info.attached)
+            variants = ShapeVariants(self._backend, opened, ports, self.options, stats)
+            default = variants.default
             max_concurrent = self.options.max_concurrent_runs or self._backend.default_max_concurrent_runs(
                 default.engine if default is not None else None)
-            self._jobs = JobScheduler(max_concurrent, self.options.async_threadpool_depth or max_concurrent,
-                                      self.options.callback_order, self._stats)
-            self._jobs.before_callback = self._set_last_error
+            jobs = JobScheduler(max_concurrent, self.options.async_threadpool_depth or max_concurrent,
+                                self.options.callback_order, stats)
         except BaseException:
-            if self._variants is not None:
-                self._variants.close()
+            if variants is not None:
+                variants.close()
             self._backend.close()
             raise
-        self._staging = Staging(self.options.memory_provider, self._stats)
+        core = RunnerCore(list(opened.inputs), list(opened.outputs), variants,
+                          Planner(variants, self.options.batch_size), Staging(self.options.memory_provider, stats),
+                          jobs, StreamTable(pairs, self._allocate_state), stats, self.log, self.model_path.name)
+        jobs.before_callback = core.set_last_error
         self._device_info = dataclasses.replace(
             self._backend.refine_device_info(opened.device_info),
-            hw_view="npu" if self._ports.npu_views else "device", shape_mode=self._variants.mode,
+            hw_view="npu" if ports.npu_views else "device", shape_mode=variants.mode,
             engine_settings=tuple(sorted(self._backend.engine_settings().items())),
-            load_steps=(("open the model", open_ms), *self._variants.load_steps))
-        self._streams = StreamTable(pairs, self._allocate_state)
-        carried_in, carried_out = set(self._streams.pairs), set(self._streams.pairs.values())
-        self._input_names = [s.name for s in self._in_specs if s.name not in carried_in]
-        self._arrays = ArrayRuns(self, self._input_names,
-                                 [s.data_type.numpy for s in self._in_specs if s.name not in carried_in])
-        self._output_names = [s.name for s in self._out_specs if s.name not in carried_out]
-        self._stream_runs = StreamRuns(self, self._streams)
-        self._closed = False
+            load_steps=(("open the model", open_ms), *variants.load_steps))
+        self._arrays = ArrayRuns(core)
+        self._streams = StreamRuns(core, self._arrays)
+        self._core = core
+        variants.on_evict = self._forget_variant
         _open_runners.add(self)
 
     def _forget_variant(self, variant: Variant) -> None:
         """The LRU dropped an engine: the plans and run() shortcuts that use it go with it."""
-        self._planner.forget_variant(variant)
+        self._core.planner.forget_variant(variant)
         self._arrays.forget(variant)
 
     def _allocate_state(self, info: NpuTensorInfo) -> NpuTensor:
@@ -125,16 +116,8 @@ class Runner:
 
     # ---------------------------------------------------------------- queries (raise)
     def _require_open(self) -> None:
-        if self._closed:
+        if self._core.closed:
             raise NpuError(f"runner for {self.model_path.name} is closed")
-
-    def _query_ports(self, direction: TensorDirection) -> list[Port]:
-        """The ports an app passes tensors for: the model's, but those a stream carries (option state_pairs)."""
-        assert self._variants is not None
-        direction = TensorDirection(direction)
-        carried = set(self._streams.pairs) if direction is TensorDirection.INPUT else set(self._streams.pairs.values())
-        ports = self._variants.ports(direction)
-        return [p for p in ports if p.name not in carried] if carried else ports
 
     def get_tensors_info(self, direction: TensorDirection, tensor_type: TensorType = TensorType.HW
                          ) -> list[NpuTensorInfo]:
@@ -145,7 +128,7 @@ class Runner:
         (``info.replace(shape=...)``). A stream's carried state (option state_pairs) is left out. ValueError for a
         bad direction or tensor type, NpuError once closed."""
         self._require_open()
-        return [p.info(TensorType(tensor_type)) for p in self._query_ports(direction)]
+        return [p.info(TensorType(tensor_type)) for p in self._core.app_ports(direction)]
 
     def get_tensor_info_by_name(self, name: str, tensor_type: TensorType = TensorType.HW) -> NpuTensorInfo:
         """One port's info in one view (ValueError for a name the model does not have)."""
@@ -155,16 +138,7 @@ class Runner:
         """Both views of a port and which one the engine consumes (ValueError for a name the model does not have,
         NpuError once closed)."""
         self._require_open()
-        return self._port(name)
-
-    def _port(self, name: str) -> Port:
-        """get_port for the runner's own parts, which finish the runs in flight while it closes."""
-        assert self._variants is not None
-        for port in self._variants.ports(TensorDirection.INPUT) + self._variants.ports(TensorDirection.OUTPUT):
-            if port.name == name:
-                return port
-        raise ValueError(f"no tensor named {name!r}; the model has inputs {self._input_names} and outputs "
-                         f"{self._output_names}")
+        return self._core.port(name)
 
     def get_quant_parameters(self, name: str) -> QuantParameters | None:
         """The scale and zero point of a port whose HW view is the quantized tensor; None for float views.
@@ -173,11 +147,11 @@ class Runner:
 
     def get_num_input_tensors(self) -> int:
         """The inputs an app passes tensors for (a stream's carried state is not counted)."""
-        return len(self._input_names)
+        return len(self._core.input_names)
 
     def get_num_output_tensors(self) -> int:
         """The outputs an app passes tensors for (a stream's carried state is not counted)."""
-        return len(self._output_names)
+        return len(self._core.output_names)
 
     def get_batch_size(self) -> int:
         """The number of batch slots one execute takes (option batch_size)."""
@@ -186,12 +160,12 @@ class Runner:
     @property
     def input_specs(self) -> list[PortSpec]:
         """The model's inputs as read, dynamic dims (None) included, state ports too (a new list)."""
-        return list(self._in_specs)
+        return list(self._core.in_specs)
 
     @property
     def output_specs(self) -> list[PortSpec]:
         """The model's outputs as read, dynamic dims (None) included, state ports too (a new list)."""
-        return list(self._out_specs)
+        return list(self._core.out_specs)
 
     @property
     def device_info(self) -> DeviceInfo:
@@ -208,30 +182,35 @@ class Runner:
         """The backend's name ("OPENVINO", "VAIML", or a registered backend's)."""
         return self._backend.name
 
-    def engine_for(self, shapes: Sequence[Sequence[int]] | None = None) -> Engine:
+    def engine_for(self, shapes: Sequence[Sequence[int]] | None = None, compile: bool = False) -> Engine:
         """The compiled engine that runs these input CPU shapes (default: the default shapes), for diagnostics
-        (``.compiled_model``, ``.session``...). ValueError where none is compiled."""
+        (``.compiled_model``, ``.session``...) and for a service that describes an engine to its clients.
+        ``compile``: compile it where none is yet (with ``shapes`` None: the engine of the model's own dims, open
+        ones included, on a device that compiles dynamic shapes). ValueError where none is compiled (and
+        ``compile`` is False) or the model cannot take the shapes; NpuError where the engine cannot compile them."""
         self._require_open()
-        assert self._variants is not None
+        variants = self._core.variants
         signature = None if shapes is None else tuple(tuple(int(d) for d in s) for s in shapes)
-        return self._variants.find(signature).engine
+        if not compile:
+            return variants.find(signature).engine
+        return (variants.dynamic_variant() if signature is None else variants.get(signature)).engine
 
     @property
     def stats(self) -> dict[str, int]:
         """Totals since the runner was made: ``copies`` / ``bytes_copied`` (every host-side copy of tensor data
         the runner did), ``executes`` / ``execute_failures``, ``jobs_submitted`` / ``jobs_completed`` /
         ``jobs_failed``, ``compiles``. A snapshot (a new dict)."""
-        return self._stats.snapshot()
+        return self._core.stats.snapshot()
 
     @property
     def last_error(self) -> str:
         """The message behind the last non-SUCCESS status returned to this thread."""
-        return getattr(self._tls, "error", "")
+        return self._core.last_error
 
     @property
     def max_concurrent_runs(self) -> int:
         """Jobs that may be in flight at once (option max_concurrent_runs, else the backend's choice)."""
-        return self._jobs.max_concurrent
+        return self._core.jobs.max_concurrent
 
     # ---------------------------------------------------------------- memory
     def allocate_npu_tensor(self, info: NpuTensorInfo, memory_type: MemoryType = MemoryType.XRT_BO) -> NpuTensor:
@@ -257,21 +236,6 @@ class Runner:
         return sub_tensor(parent, info, offset)
 
     # ---------------------------------------------------------------- execution (never raises)
-    def _set_last_error(self, message: str) -> None:
-        self._tls.error = message
-
-    def _fail(self, status: StatusCode, message: str) -> StatusCode:
-        self._tls.error = message
-        if status is not StatusCode.SUCCESS:
-            self.log.debug("%s: %s", status.name, message)
-        return status
-
-    def _execute_plan(self, plan: Plan, inputs: Sequence[Sequence[NpuTensor]],
-                      outputs: Sequence[Sequence[NpuTensor]], stream: StreamState | None = None
-                      ) -> tuple[StatusCode, str]:
-        context_of = None if stream is None else (lambda engine: self._stream_runs.context(stream, engine))
-        return run_plan(plan, inputs, outputs, self._staging, context_of)
-
     def execute(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
                 stream: Stream | int | None = None) -> StatusCode:
         """Run one batch synchronously: ``inputs[b][i]``, ``outputs[b][j]`` (batch slot b, tensors matched to
@@ -285,22 +249,22 @@ class Runner:
 
         ``stream`` (see ``open_stream``): the run takes its place in the stream's line, reads its state and leaves
         the next state there; on a model with state and no stream given, the default stream."""
+        core = self._core
         try:
-            if self._closed:
-                raise StatusError(StatusCode.FAILURE, "the runner is closed")
-            if stream is not None or self._stream_runs.stateful:
-                status, message = self._stream_runs.execute(stream, inputs, outputs)
+            core.check_open()
+            if stream is not None or self._streams.stateful:
+                status, message = self._streams.execute(stream, inputs, outputs)
             else:
-                plan = self._planner.plan(inputs, outputs)
-                status, message = self._execute_plan(plan, inputs, outputs)
+                plan = core.planner.plan(inputs, outputs)
+                status, message = core.execute_plan(plan, inputs, outputs)
         except StatusError as e:
             status, message = e.status, str(e)
         except BaseException as e:  # noqa: BLE001 - execution never raises (VART-ML contract)
             if isinstance(e, KeyboardInterrupt):
                 raise
             status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
-        self._stats.executed(status is StatusCode.SUCCESS)
-        return self._fail(status, message)
+        core.stats.executed(status is StatusCode.SUCCESS)
+        return core.fail(status, message)
 
     def execute_async(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
                       callback: Callable[[JobHandle], Any] | None = None,
@@ -310,45 +274,31 @@ class Runner:
         RESOURCE_UNAVAILABLE when ``max_concurrent_runs`` jobs are in flight (transient: wait for one and retry).
         The tensors must stay alive and unchanged until the job ends. ``callback(JobHandle)`` runs on one of the
         runner's threads when the job ends (option ``callback_order``), with the job's message in ``last_error``;
-        a job with a callback is released after its callback returns. ``stream``: the job runs in the stream's
-        line, after the stream's earlier runs."""
-        return self._submit(inputs, outputs, callback, stream)
-
-    def _submit(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
-                callback: Callable[[JobHandle], Any] | None, stream: Stream | int | None = None,
-                continuation: bool = False) -> JobHandle:
-        """execute_async; ``continuation``: called by a callback that returns right after (the InferQueue starting
-        a waiting slot), the job runs next on the worker running that callback (``JobScheduler.submit``)."""
+        a job with a callback is released after its callback returns. A callback may submit jobs and wait for them
+        through npurt's own waits (``wait``, ``wait_any``, an InferQueue's), never by other means (a lock, an event
+        or a future of its own): its first submission runs next on the thread that runs the callback
+        (docs/throughput.md). ``stream``: the job runs in the stream's line, after the stream's earlier runs."""
+        core = self._core
         try:
-            if self._closed:
-                raise StatusError(StatusCode.FAILURE, "the runner is closed")
+            core.check_open()
             if callback is not None and not callable(callback):
                 raise StatusError(StatusCode.INVALID_INPUT, f"callback {callback!r} is not callable")
-            if stream is not None or self._stream_runs.stateful:
-                job = self._stream_runs.submit(stream, inputs, outputs, callback)
+            if stream is not None or self._streams.stateful:
+                job = self._streams.submit(stream, inputs, outputs, callback)
             else:
-                plan = self._planner.plan(inputs, outputs)
+                plan = core.planner.plan(inputs, outputs)
                 start = engine_start(plan, outputs)
-                job = self._jobs.submit(lambda: self._execute_plan(plan, inputs, outputs), start, callback,
-                                        continuation=continuation)
+                job = core.jobs.submit(lambda: core.execute_plan(plan, inputs, outputs), start, callback)
         except StatusError as e:
-            self._fail(e.status, str(e))
+            core.fail(e.status, str(e))
             return JobHandle(e.status, 0)
         except BaseException as e:  # noqa: BLE001 - submission never raises either (VART-ML contract)
             if isinstance(e, KeyboardInterrupt):
                 raise
-            self._fail(StatusCode.FAILURE, f"unexpected error: {e!r}")
+            core.fail(StatusCode.FAILURE, f"unexpected error: {e!r}")
             return JobHandle(StatusCode.FAILURE, 0)
-        self._tls.error = ""
+        core.set_last_error("")
         return JobHandle(StatusCode.SUCCESS, job.job_id)
-
-    def _timeout_s(self, timeout_ms: Any) -> float | None:
-        if timeout_ms is None:
-            return None
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms >= 0:
-            raise StatusError(StatusCode.INVALID_INPUT,
-                              f"timeout_ms must be None (no limit) or a number >= 0, got {timeout_ms!r}")
-        return timeout_ms / 1000.0
 
     def wait(self, job: JobHandle | int, timeout_ms: int | None = None) -> StatusCode:
         """Wait for a job (a JobHandle or its id): ``timeout_ms`` 0 polls, None waits for as long as it takes.
@@ -356,14 +306,15 @@ class Runner:
         JOB_PENDING on timeout; INVALID_JOB_ID for a job that is unknown or already collected; INVALID_INPUT for a
         negative or non-numeric timeout; otherwise the job's own status (and its message in ``last_error``). A
         collected job is forgotten. Never raises."""
+        core = self._core
         job_id = _job_id_of(job)
         if job_id is None:
-            return self._fail(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
+            return core.fail(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
         try:
-            timeout_s = self._timeout_s(timeout_ms)
+            timeout_s = _timeout_s(timeout_ms)
         except StatusError as e:
-            return self._fail(e.status, str(e))
-        return self._fail(*self._jobs.wait(job_id, timeout_s))
+            return core.fail(e.status, str(e))
+        return core.fail(*core.jobs.wait(job_id, timeout_s))
 
     def wait_any(self, jobs: Sequence[JobHandle | int], timeout_ms: int | None = None) -> JobHandle:
         """Wait for whichever of ``jobs`` (JobHandles or ids) ends first and collect it, as ``wait`` does.
@@ -372,6 +323,7 @@ class Runner:
         ends within ``timeout_ms``; ``JobHandle(INVALID_JOB_ID, id)`` for a job that is unknown or already
         collected; ``JobHandle(INVALID_INPUT, 0)`` for a bad ``timeout_ms``. Where several have ended, the one that
         ended first. Never raises."""
+        core = self._core
         try:
             if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence):
                 raise StatusError(StatusCode.INVALID_JOB_ID, f"wait_any takes a list of jobs, got {jobs!r}")
@@ -381,12 +333,12 @@ class Runner:
                 if job_id is None:
                     raise StatusError(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
                 ids.append(job_id)
-            timeout_s = self._timeout_s(timeout_ms)
+            timeout_s = _timeout_s(timeout_ms)
         except StatusError as e:
-            self._fail(e.status, str(e))
+            core.fail(e.status, str(e))
             return JobHandle(e.status, 0)
-        status, job_id, message = self._jobs.wait_any(ids, timeout_s)
-        self._fail(status, message)
+        status, job_id, message = core.jobs.wait_any(ids, timeout_s)
+        core.fail(status, message)
         return JobHandle(status, job_id)
 
     # ---------------------------------------------------------------- convenience (raises)
@@ -401,10 +353,10 @@ class Runner:
         arrays, the engine's own where it makes them. ``stream``: as for execute (the state a stream carries is
         neither passed nor returned)."""
         self._require_open()
-        if stream is not None or self._stream_runs.stateful:
-            return self._stream_runs.run(stream, feeds)
+        if stream is not None or self._streams.stateful:
+            return self._streams.run(stream, feeds)
         arrays = self._arrays.feeds(feeds)
-        return dict(zip(self._output_names, self._arrays.run(arrays)))
+        return dict(zip(self._core.output_names, self._arrays.run(arrays)))
 
     # ---------------------------------------------------------------- streams
     def open_stream(self) -> Stream:
@@ -412,71 +364,52 @@ class Runner:
         state_pairs, and the variables of a stateful model), starting from the initial state. NpuError once
         closed. See docs/streams.md."""
         self._require_open()
-        return Stream(self, self._streams.open())
+        return self._streams.open()
 
     def reset_stream(self, stream: Stream | int | None = None) -> StatusCode:
         """Back to the initial state (after the stream's runs already submitted). INVALID_INPUT for an unknown or
         closed stream."""
-        return self._stream_op(stream, self._stream_runs.reset)
+        return self._streams.reset(stream)
 
     def set_stream_state(self, stream: Stream | int | None, state: Mapping[str, np.ndarray]) -> StatusCode:
         """Restore a state (as ``get_stream_state`` gave it; copied in). INVALID_INPUT for an unknown stream, names
         the stream does not carry, or arrays of the wrong shape or dtype."""
-        return self._stream_op(stream, lambda st: self._stream_runs.set_state(st, state))
+        return self._streams.set_state(stream, state)
 
     def close_stream(self, stream: Stream | int) -> StatusCode:
         """Close a stream once its submitted runs have ended, and free its state; the default stream stays."""
-        if stream is None or stream == 0:
-            return self._fail(StatusCode.INVALID_INPUT, "the default stream (0) cannot be closed")
-        return self._stream_op(stream, self._stream_runs.close)
+        return self._streams.close_stream(stream)
 
     def get_stream_state(self, stream: Stream | int | None = None) -> dict[str, np.ndarray]:
         """A copy of a stream's state, by name: its carried inputs and the model's variables (as of the stream's
         runs already submitted). ValueError for an unknown or closed stream."""
         self._require_open()
-        return self._stream_runs.get_state(self._streams.get(stream))
-
-    def _stream_op(self, stream: Stream | int | None, op: Callable[[StreamState], None]) -> StatusCode:
-        try:
-            if self._closed:
-                raise StatusError(StatusCode.FAILURE, "the runner is closed")
-            op(self._stream_state(stream))
-        except StatusError as e:
-            return self._fail(e.status, str(e))
-        except (ValueError, NpuError) as e:
-            return self._fail(StatusCode.INVALID_INPUT, str(e))
-        return self._fail(StatusCode.SUCCESS, "")
-
-    def _stream_state(self, stream: Stream | int | None) -> StreamState:
-        try:
-            return self._streams.get(stream)
-        except ValueError as e:
-            raise StatusError(StatusCode.INVALID_INPUT, str(e)) from None
+        return self._streams.get_state(stream)
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Stop accepting work, end queued jobs (and runs waiting for their stream's turn) with FAILURE, let running
         jobs end, deliver pending callbacks, join the runner's threads, release the engines. Idempotent."""
-        if self._closed:
+        core = self._core
+        if core.closed:
             return
-        self._closed = True  # from here on nothing new starts
+        core.closed = True  # from here on nothing new starts
         _open_runners.discard(self)
         try:
-            self._stream_runs.close()  # runs waiting for their stream's turn end now, with FAILURE
-            self._jobs.close()
+            self._streams.close()  # runs waiting for their stream's turn end now, with FAILURE
+            core.jobs.close()
         finally:
-            self._planner.clear()
+            core.planner.clear()
             self._arrays.clear()
             try:
-                if self._variants is not None:
-                    self._variants.close()
+                core.variants.close()
             finally:
                 self._backend.close()
 
     @property
     def closed(self) -> bool:
         """Whether ``close()`` was called."""
-        return self._closed
+        return self._core.closed
 
     def __enter__(self) -> Runner:
         return self
@@ -486,6 +419,15 @@ class Runner:
 
     def __repr__(self) -> str:
         return f"<Runner {self._backend.name} {self.model_path.name}: {self._device_info.summary()}>"
+
+
+def _timeout_s(timeout_ms: Any) -> float | None:
+    if timeout_ms is None:
+        return None
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms >= 0:
+        raise StatusError(StatusCode.INVALID_INPUT,
+                          f"timeout_ms must be None (no limit) or a number >= 0, got {timeout_ms!r}")
+    return timeout_ms / 1000.0
 
 
 def _job_id_of(job: JobHandle | int) -> int | None:

@@ -100,7 +100,7 @@ class ShapeVariants:
             self.default = self.default or variant
         if self.default is None:
             if not self.static:
-                self.default = self._dynamic_variant()
+                self.default = self.dynamic_variant()
             else:
                 implied = self._implied_signature()
                 if implied is not None:
@@ -164,7 +164,7 @@ class ShapeVariants:
             return variant
         self.check(signature)
         if not self.static and signature not in self._pinned:
-            return self._dynamic_variant()
+            return self.dynamic_variant()
         with self._compile_lock:
             with self._lock:
                 variant = self._lru.get(signature)
@@ -175,7 +175,7 @@ class ShapeVariants:
                 self._insert(signature, variant)
             return variant
 
-    def _dynamic_variant(self) -> Variant:
+    def dynamic_variant(self) -> Variant:
         variant = self._dynamic
         if variant is None:
             with self._compile_lock:

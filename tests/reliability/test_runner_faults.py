@@ -95,7 +95,7 @@ def test_runner_cycles_leak_nothing(axpy_model):
         assert threads() == nthreads
         assert pool_workers() <= r.max_concurrent_runs  # the pool is bounded, not leaking
         assert rss_bytes() - rss < 4 << 20  # 4 MiB margin for allocator noise
-        assert len(r._jobs) == 0  # every collected job is forgotten
+        assert len(r._core.jobs) == 0  # every collected job is forgotten
 
 
 @pytest.mark.parametrize("engine_async", [False, True], ids=["workers", "engine_async"])

@@ -225,14 +225,10 @@ class ServedModel:
     def ports_for(self, signature: list[tuple[int, ...]] | None) -> dict[str, Any]:
         """The ports (and variables) of the engine that runs these input shapes (None: the dynamic one),
         compiling it if needed."""
-        # The Runner offers no public "compile the engine for these shapes and give its ports" (engine_for only
-        # finds compiled ones), so this reaches into its shape variants, the only place this package does.
-        variants = self.runner._variants
-        assert variants is not None
-        variant = variants._dynamic_variant() if signature is None else variants.get(tuple(signature))
-        return {"inputs": [p.port_to_dict(x) for x in variant.inputs],
-                "outputs": [p.port_to_dict(x) for x in variant.outputs],
-                "state_names": list(variant.engine.state_names)}
+        engine = self.runner.engine_for(signature, compile=True)
+        return {"inputs": [p.port_to_dict(x) for x in engine.inputs],
+                "outputs": [p.port_to_dict(x) for x in engine.outputs],
+                "state_names": list(engine.state_names)}
 
     def close(self) -> None:
         self.queue.close()
