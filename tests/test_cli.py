@@ -206,7 +206,7 @@ def test_bench_json_with_raw_comparison_and_fresh_loads(tmp_path):
 def test_no_backend_installed_says_so_in_one_line():
     # As if neither backend module could be imported (a broken or partial install).
     proc = npurt_script("import sys; sys.modules['npurt.backends.openvino'] = None; "
-                        "sys.modules['npurt.backends.vaiml'] = None; "
+                        "sys.modules['npurt.backends.onnxruntime'] = None; "
                         "from npurt.cli import main; sys.exit(main(['run']))")
     assert_one_line_error(proc, "no npurt backend is installed", "OPENVINO failed to load")
 

@@ -573,9 +573,9 @@ def test_a_callbacks_submission_runs_next_on_its_worker_with_no_spare_woken(axpy
     with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=2), {"max_concurrent_runs": 1,
                                                                        "callback_order": "completion"}) as r:
         ins, outs = cpu_io(r, 1.0)
-        ran_on, done = [], threading.Event()
+        ran_on, done, left = [], threading.Event(), [12]
 
-        def chain(handle, left=[12]):
+        def chain(handle):
             ran_on.append(threading.current_thread().name)
             left[0] -= 1
             if left[0] == 0 or handle.status is not StatusCode.SUCCESS:

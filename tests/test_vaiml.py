@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from npurt import NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType, convert
-from npurt.backends.vaiml import CPU_EP
+from npurt.backends.onnxruntime import CPU_EP
 from npurt.onnx_edit import _reduce_transpose
 from tests.helpers.models import model_or_skip
 from tests.helpers.ocr import SHAPES, frame
@@ -46,7 +46,7 @@ def test_engine_options_and_thread_hints_reach_the_session():
         assert so.intra_op_num_threads == 1
         assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
-        assert r.backend._vitis_options == {"config_file": "vaip_config.json"}  # Vitis AI EP options, unused on CPU
+        assert r.backend.ep.options == {"config_file": "vaip_config.json"}  # Vitis AI EP options, unused on CPU
     with make(performance_hint="THROUGHPUT", max_concurrent_runs=2) as r:
         so = r.engine_for().session.get_session_options()
         assert so.intra_op_num_threads >= 1

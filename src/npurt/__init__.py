@@ -13,6 +13,7 @@ from .types import (
     JobHandle,
     MemoryLayout,
     MemoryType,
+    NodePlacement,
     NpuError,
     NpuFallbackWarning,
     NpuTensorInfo,
@@ -28,8 +29,8 @@ from .types import (
 __version__ = "0.1.0"  # the only place the version is written: pyproject.toml reads it from here
 
 __all__ = [
-    "DataType", "DeviceInfo", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NpuError", "NpuFallbackWarning",
-    "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "QueueSlot", "RoundingMode", "Runner",
-    "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "connect", "convert", "share",
-    "__version__",
+    "DataType", "DeviceInfo", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NodePlacement", "NpuError",
+    "NpuFallbackWarning", "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "QueueSlot",
+    "RoundingMode", "Runner", "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "connect",
+    "convert", "share", "__version__",
 ]

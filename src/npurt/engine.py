@@ -29,7 +29,7 @@ import numpy as np
 from .options import RunnerOptions
 from .ports import Port, PortFactory, PortSpec
 from .tensor import NpuTensor
-from .types import DeviceInfo, NpuError
+from .types import DeviceInfo, NodePlacement, NpuError
 
 ResultShapes = Sequence[tuple[int, ...] | None] | None  # per output, the shape a run wrote (None: as bound)
 Done = Callable[[BaseException | None, ResultShapes], None]  # an engine-started run's end: its error, or its shapes
@@ -158,6 +158,11 @@ class Backend(ABC):
     def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:
         """``open``'s device info with what compiling showed (which provider took the nodes, a late fallback)."""
         return info
+
+    def node_placement(self) -> tuple[NodePlacement, ...]:
+        """Where each node of the model runs, as the engine partitioned it, and why a node is not on the device
+        asked for where the engine says (``Runner.placement``); () where the engine does not tell."""
+        return ()
 
     def default_max_concurrent_runs(self, engine: Engine | None) -> int:
         return 2  # VART-ML's default

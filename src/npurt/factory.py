@@ -158,6 +158,11 @@ def create_auto(model_path: str | Path, options: Mapping[str, Any] | None = None
                         tuple(failures))
 
 
+def backend_class(name: str) -> type[Backend] | None:
+    """The backend registered under ``name`` (case-insensitive), loading only its own entry point; None if none."""
+    return _registry.get(name.upper())
+
+
 class RunnerFactory:
     """Creates runners for the registered backends (entry point group "npurt.backends", or ``register_backend``)."""
 

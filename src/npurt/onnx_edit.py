@@ -9,6 +9,7 @@ model is converted to opset 13 first. The layout of each view comes from ``forma
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -303,19 +304,11 @@ def converted_to_opset13(model: onnx.ModelProto) -> onnx.ModelProto:
         return converted
 
 
-def output_shapes(model: onnx.ModelProto, inputs: list[Port]) -> list[tuple[int, ...] | None]:
-    """The model's output shapes for static input shapes, from ONNX's shape inference (None where it cannot tell)."""
-    fixed = edited_model(model, inputs, [], fix_shapes=True)
-    for value in fixed.graph.output:  # what the model declares (often -1 or a name) must not hide what is inferred
-        value.type.tensor_type.ClearField("shape")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(fixed, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference fails on operators it does not know: say "cannot tell"
-        return [None] * len(model.graph.output)
-    shapes: list[tuple[int, ...] | None] = []
-    for value in inferred.graph.output:
-        tt = value.type.tensor_type
-        known = [int(d.dim_value) for d in tt.shape.dim if d.HasField("dim_value") and d.dim_value >= 0] \
-            if tt.HasField("shape") else None
-        shapes.append(None if known is None or len(known) != len(tt.shape.dim) else tuple(known))
-    return shapes
+def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs named in ``shapes`` have those static shapes (nothing else edited)."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in graph_inputs(fixed.graph):
+        if value.name in shapes:
+            set_shape(value, shapes[value.name])
+    return fixed

@@ -43,6 +43,7 @@ from .types import (
     DeviceInfo,
     JobHandle,
     MemoryType,
+    NodePlacement,
     NpuError,
     NpuTensorInfo,
     QuantParameters,
@@ -171,6 +172,13 @@ class Runner:
     def device_info(self) -> DeviceInfo:
         """Requested and attached device, engine and version, fallback and why, views and shapes in force."""
         return self._device_info
+
+    @property
+    def placement(self) -> tuple[NodePlacement, ...]:
+        """Each node of the model as the engine partitioned it: where it runs and, for a node not on the device asked
+        for, why, where the engine says (``device_info.placement`` holds the counts)."""
+        self._require_open()
+        return self._backend.node_placement()
 
     @property
     def backend(self) -> Backend:

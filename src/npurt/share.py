@@ -76,7 +76,7 @@ def send_tensors(sock: socket.socket, tensors: Sequence[NpuTensor]) -> None:
         if not isinstance(t, NpuTensor):
             raise ValueError(f"send_tensors: item {i} is a {type(t).__name__}, not an NpuTensor")
         info = t.info
-        native = t._buffer
+        native = t.native
         if native is None or native.fd < 0:
             raise ValueError(
                 f"tensor {info.name!r}: {t.provider} memory ({t.memory_type.name}) has no fd and cannot be shared "

@@ -236,6 +236,12 @@ class NpuTensor:
         """
         return self._source
 
+    @property
+    def native(self) -> _native.Buffer | None:
+        """The native buffer behind the memory (runner-allocated, DMA_FD, imported), None for user memory: what
+        ``npurt.share`` and the service pass by fd."""
+        return self._buffer
+
     def get_virtual_address(self) -> int:
         """The address of the tensor's first byte in this process, 0 where there is none."""
         address = self._address  # a tensor's memory never moves: engines bind by address on every call

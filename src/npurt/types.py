@@ -380,6 +380,19 @@ class JobHandle:
 
 
 @dataclass(frozen=True)
+class NodePlacement:
+    """Where one node of the model runs (``Runner.placement``): its name (the model's, or the engine's name of a node
+    it made, such as a fusion; an unnamed ONNX node is named by its first output), its operator, the device or
+    provider that runs it (an ONNX Runtime EP name, or an OpenVINO device), and why it is not on the device asked for,
+    where the engine says (None where it is)."""
+
+    node: str
+    op_type: str
+    device: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
     """Where a runner runs, and why there (``Runner.device_info``; immutable).
 

@@ -32,7 +32,7 @@ def load_npurt(probe: Any, backend: str, model: str, options: dict[str, Any], in
     if backend.upper() == "AUTO":
         RunnerFactory.available_backends()
     else:
-        factory._registry.get(backend.upper())
+        factory.backend_class(backend.upper())
     feeds = _feeds(inputs)
     probe.baseline()
     t0 = time.perf_counter()

@@ -201,7 +201,7 @@ def _enum(cls: Any, value: Any, what: str) -> Any:
     return cls[value]
 
 
-def _ints(value: Any, what: str, low: int = 0, allow_none: bool = False) -> list[Any]:
+def ints(value: Any, what: str, low: int = 0, allow_none: bool = False) -> list[Any]:
     if not isinstance(value, list) or len(value) > 32:
         raise ProtocolError(f"{what}: {str(value)[:80]} is not a list of at most 32 ints")
     for v in value:
@@ -226,12 +226,12 @@ def info_from_dict(doc: Any, what: str = "tensor") -> NpuTensorInfo:
         return NpuTensorInfo(
             name=field(doc, "name", str, what),
             data_type=_enum(DataType, doc.get("data_type"), what),
-            shape=tuple(_ints(field(doc, "shape", list, what), what, low=-1)),
+            shape=tuple(ints(field(doc, "shape", list, what), what, low=-1)),
             direction=_enum(TensorDirection, doc.get("direction"), what),
             tensor_type=_enum(TensorType, doc.get("tensor_type"), what),
             memory_layout=_enum(MemoryLayout, doc.get("layout"), what),
-            memory_layout_order=tuple(_ints(field(doc, "layout_order", list, what), what)),
-            strides=tuple(_ints(field(doc, "strides", list, what), what)),
+            memory_layout_order=tuple(ints(field(doc, "layout_order", list, what), what)),
+            strides=tuple(ints(field(doc, "strides", list, what), what)),
             size_in_bytes=field(doc, "size_in_bytes", int, what),
         )
     except ProtocolError:
@@ -284,7 +284,7 @@ def spec_from_dict(doc: Any) -> PortSpec:
     if not all(n is None or isinstance(n, str) for n in dim_names):
         raise ProtocolError(f"port spec {name!r}: dim_names {dim_names!r}")
     return PortSpec(name, _enum(DataType, doc.get("data_type"), "port spec"),
-                    tuple(_ints(field(doc, "shape", list, "port spec"), "port spec shape", allow_none=True)),
+                    tuple(ints(field(doc, "shape", list, "port spec"), "port spec shape", allow_none=True)),
                     quant=_quant_from_dict(doc.get("quant"), "port spec"),
                     quant_data_type=None if qdt is None else _enum(DataType, qdt, "port spec"),
                     dim_names=tuple(dim_names))

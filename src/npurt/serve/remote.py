@@ -303,7 +303,7 @@ class RemoteEngine(Engine):
 
 
 def _shareable(t: NpuTensor) -> bool:
-    buffer = t._buffer  # the native buffer behind runner-allocated and DMA_FD memory
+    buffer = t.native  # the native buffer behind runner-allocated and DMA_FD memory
     return buffer is not None and buffer.fd >= 0
 
 

@@ -327,7 +327,7 @@ class Session:
         if signature is not None:
             if not isinstance(signature, list) or len(signature) > 1024:
                 raise p.ProtocolError("COMPILE: signature is not a list of shapes")
-            signature = [tuple(p._ints(s, "COMPILE signature")) for s in signature]
+            signature = [tuple(p.ints(s, "COMPILE signature")) for s in signature]
         try:
             self.reply(req, served.ports_for(signature))
         except ValueError as e:

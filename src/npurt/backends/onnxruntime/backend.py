@@ -1,0 +1,384 @@
+"""The ONNX Runtime adapter: one for every execution provider (Vitis AI, QNN, any other), and the CPU provider.
+
+On a device whose views are the model's own (the CPU provider, a GPU EP) the session loads the model file as it is
+(the very graph ``InferenceSession(path)`` runs, so results are the engine's bit for bit), and one session serves
+every shape. Where an NPU's views apply (on the NPU, or with ``hw_view="npu"``) the views are built into the graph
+(``onnx_edit``; QDQ boundaries removed where the HW view is the quantized tensor) and the shapes fixed, one session
+per input-shape signature, as NPU compilers take them. Which EP each node went to is read from the session
+(``placement``), never assumed: an EP that is registered yet runs nothing is reported.
+
+Output shapes: with inputs pinned (option ``shapes``), every output dim the graph decides from them is static. ONNX
+Runtime tells them from a session over the graph with the input dims fixed (its constant folding resolves what
+ONNX's own shape inference leaves open); that session only reads the shapes and is never run. The session that runs
+on the CPU still loads the file as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import platform
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from ... import devices
+from ...engine import Backend, Engine, OpenedModel
+from ...ports import Port, PortFactory, PortSpec, Signature, onnx_port_specs
+from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
+from .engine import OrtEngine
+from .placement import ModelNodes, Placement
+from .providers import CPU_EP, ExecutionProvider
+
+log = logging.getLogger("npurt")
+
+OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
+
+
+def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
+    """An output's dims as a session knows them (None where the run decides)."""
+    if arg.shape is None:
+        return spec.shape
+    return tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class OrtBackend(Backend):
+    """ONNX Runtime with one execution provider, or its CPU provider. A backend of this adapter names its EP
+    (``make_provider``); everything else is the same for all of them."""
+
+    def __init__(self, model_path: Path, options: Any) -> None:
+        super().__init__(model_path, options)
+        self._sessions: dict[str, ort.InferenceSession] = {}  # by model (the file's path, or edited bytes' digest)
+        self._lock = threading.Lock()
+        self._model: Any = None  # the ONNX graph, where the NPU's views are built into it
+        self._pinned_outputs: dict[Signature, list[tuple[int | None, ...]]] = {}
+        self._placement = Placement()
+        self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
+        self.npu_took_nothing: str | None = None  # why the EP ran nothing, where it did not
+        self.ep: ExecutionProvider | None = None  # the backend's EP, with its provider options
+        self.provider: ExecutionProvider | None = None  # the EP the sessions get (None: the CPU provider alone)
+
+    # -- the EP: what a backend of this adapter says --------------------------------------------------------
+    def make_provider(self, provider_options: Mapping[str, Any]) -> ExecutionProvider:
+        """The EP this backend runs on, with the provider options taken from engine_options."""
+        raise NotImplementedError
+
+    def provider_option_keys(self) -> tuple[str, ...]:
+        """The engine_options keys that are provider options (the rest configure the session)."""
+        return ()
+
+    # -- opening ----------------------------------------------------------------------------------------------
+    def open(self) -> OpenedModel:
+        engine_opts = dict(self.options.engine_options)
+        keys = self.provider_option_keys()
+        provider_options = {k: engine_opts.pop(k) for k in list(engine_opts) if k in keys}
+        self._session_options = engine_opts
+        ep = self.ep = self.make_provider(provider_options)
+        self.target = ep.target
+        present, unavailable = {"CPU"}, {}
+        if ep.device != "CPU":
+            why_not = ep.unavailable_reason() or (ep.auto_skip_reason() if self.options.device == "AUTO" else "")
+            if why_not:
+                unavailable[ep.device] = why_not
+            else:
+                present.add(ep.device)
+        for family in DEVICE_FAMILIES:
+            if family not in present and family not in unavailable:
+                unavailable[family] = (f"the {self.name} backend runs on {ep.label}"
+                                       + (" or" if ep.device != "CPU" else ",") + " ONNX Runtime's CPU provider; it "
+                                       f"has no {family} device")
+        sel = devices.select_device(self.options.device, unavailable, present, self.options.fallback, ep.label)
+        self.on_ep = sel.attached == ep.device and ep.device != "CPU"
+        self.provider = ep if self.on_ep else None
+        self.npu_views = sel.attached == "NPU" or self.options.hw_view == "npu"
+        self._check_precision(ep)
+        if self.model_path.suffix.lower() == ".xml":
+            raise NpuError(f"{ep.label} reads ONNX models; {self.model_path.name} is an OpenVINO IR model")
+        # The model's own ports, read from the file without loading it (a session or the cache loads it later).
+        try:
+            ins, outs = onnx_port_specs(self.model_path)
+        except ValueError as e:
+            raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
+        if self.npu_views:
+            # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
+            from ... import qdq
+
+            self._model = self._read_model()
+            boundaries = qdq.find_boundaries(self._model)
+            ins, outs = qdq.annotate_specs(ins, boundaries), qdq.annotate_specs(outs, boundaries)
+        self._out_specs = outs
+        info = DeviceInfo(requested=self.options.device, attached=sel.attached, engine="ONNX Runtime",
+                          engine_version=ort.__version__, fell_back=sel.fell_back, reason=sel.reason,
+                          skipped=sel.skipped, full_name=ep.describe() if self.on_ep else CPU_EP)
+        return OpenedModel(info, ins, outs, dynamic_shapes=sel.attached != "NPU")
+
+    def _check_precision(self, ep: ExecutionProvider) -> None:
+        if self.options.inference_precision not in (None, "f32"):
+            log.warning("%s: inference_precision=%s is ignored (the EP's compiler picks the NPU's precision; the CPU "
+                        "provider computes in the model's types)", self.name, self.options.inference_precision)
+
+    # -- compiling --------------------------------------------------------------------------------------------
+    def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
+        if self._model is None:  # the model as it is: one session serves every variant
+            session = self._session(str(self.model_path), str(self.model_path), optimized_to=store)
+            return self._engine(session, inputs, ports, store)
+        # The NPU's views: built into the graph for static input shapes (as NPU compilers take them).
+        from ... import onnx_edit
+
+        shapes = self._static_output_shapes(inputs)
+        outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
+                   for spec, shape in zip(self._out_specs, shapes)]
+        edited = onnx_edit.edited_model(self._model, inputs, outputs, fix_shapes=True)
+        if self._graph_nodes is None:
+            self._graph_nodes = _nodes(edited)
+        data = edited.SerializeToString()
+        session = self._session(data, hashlib.sha256(data).hexdigest(), optimized_to=store)
+        return self._engine(session, inputs, ports, store, outputs)
+
+    def _engine(self, session: ort.InferenceSession, inputs: list[Port], ports: PortFactory, store: Path | None,
+                outputs: list[Port] | None = None) -> OrtEngine:
+        if outputs is None:
+            shapes = [_arg_shape(spec, arg) for spec, arg in zip(self._out_specs, session.get_outputs())]
+            if all(p.is_static for p in inputs) and not all(None not in s for s in shapes):
+                shapes = self._pinned_shapes(inputs)
+            outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
+                       for spec, shape in zip(self._out_specs, shapes)]
+        engine = OrtEngine(session, inputs, outputs, self.count_copy)
+        if store is not None:
+            engine.cache_metadata = {"outputs": [list(p.cpu.shape) for p in outputs]}
+        return engine
+
+    def _pinned_shapes(self, inputs: list[Port]) -> list[tuple[int | None, ...]]:
+        """The output dims a graph decides from pinned input shapes (those that depend on the data stay None):
+        read once per signature from a session over the graph with the inputs fixed, which is never run."""
+        signature = tuple(p.cpu.shape for p in inputs)
+        shapes = self._pinned_outputs.get(signature)
+        if shapes is None:
+            model = self._model if self._model is not None else self._read_model()
+            shapes = self._pinned_outputs[signature] = self._probe_shapes(model, inputs)
+        return shapes
+
+    def _probe_shapes(self, model: Any, inputs: list[Port]) -> list[tuple[int | None, ...]]:
+        from ... import onnx_edit
+
+        fixed = onnx_edit.with_input_shapes(model, {p.name: p.cpu.shape for p in inputs})
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        # constant folding (the basic level) resolves Shape -> Reshape chains that type inference alone leaves open
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        session = ort.InferenceSession(fixed.SerializeToString(), so, providers=[CPU_EP])
+        return [_arg_shape(spec, arg) for spec, arg in zip(self._out_specs, session.get_outputs())]
+
+    def _read_model(self) -> Any:
+        import onnx
+
+        try:
+            return onnx.load(str(self.model_path))
+        except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
+            raise NpuError(f"cannot read ONNX model {self.model_path}: {type(e).__name__}: {e}") from None
+
+    def _static_output_shapes(self, inputs: list[Port]) -> list[tuple[int, ...]]:
+        """Static output shapes for static inputs (the NPU compiles nothing else)."""
+        static: list[tuple[int, ...]] = []
+        for spec, shape in zip(self._out_specs, self._pinned_shapes(inputs)):
+            if None in shape:
+                raise NpuUnsupportedError(
+                    f"output {spec.name!r} stays dynamic for input shapes {[list(p.cpu.shape) for p in inputs]}; "
+                    "the NPU needs static outputs (a data-dependent shape cannot be compiled for it)")
+            static.append(tuple(d for d in shape if d is not None))
+        return static
+
+    def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:
+        return dataclasses.replace(info, placement=self._placement.summary() or info.placement,
+                                   fell_back=info.fell_back or self.npu_took_nothing is not None,
+                                   reason=self.npu_took_nothing or info.reason)
+
+    def node_placement(self) -> tuple[NodePlacement, ...]:
+        return self._placement.per_node(self._placement_nodes)
+
+    def _placement_nodes(self) -> ModelNodes:
+        """The nodes of the graph the first session loaded (the file's, or the graph with the views built in)."""
+        if self._graph_nodes is None:
+            import onnx
+
+            self._graph_nodes = _nodes(onnx.load(str(self.model_path), load_external_data=False))
+        return self._graph_nodes
+
+    # -- npurt's compiled-model cache: ONNX Runtime's optimized model ------------------------------------------
+    def cache_key(self, inputs: list[Port]) -> dict[str, Any] | None:
+        if self.provider is not None:
+            return None  # an NPU EP keeps its own compiled models (the Vitis AI EP's cache_dir / cache_key)
+        so = self._session_options_object()
+        parts: dict[str, Any] = {
+            "backend": self.name, "engine": ort.__version__, "device": "CPU", "cpu": _cpu_fingerprint(),
+            "optimization": str(so.graph_optimization_level),
+            "session": sorted((k, str(v)) for k, v in self._session_options.items())}
+        if self._model is not None:  # the views built into the graph depend on the input ports
+            parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
+        return parts
+
+    def load_compiled(self, stored: bytes, metadata: Mapping[str, Any], inputs: list[Port],
+                      ports: PortFactory) -> Engine:
+        key = str(self.model_path) if self._model is None else f"cache:{hashlib.sha256(stored).hexdigest()}"
+        session = self._session(stored, key, optimized=True)
+        # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again
+        outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
+                   for spec, shape in zip(self._out_specs, metadata["outputs"], strict=True)]
+        return self._engine(session, inputs, ports, None, outputs)
+
+    # -- sessions ---------------------------------------------------------------------------------------
+    def _session_options_object(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.log_severity_level = {"DEBUG": 1, "INFO": 2, "WARNING": 2, "ERROR": 3}[self.options.log_level]
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        threads = self.intra_op_threads()
+        if threads is not None:
+            so.intra_op_num_threads = threads
+        if self._spinning_off():
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        level = "all"
+        for key, value in self._session_options.items():
+            if key == "intra_op_num_threads":
+                so.intra_op_num_threads = int(value)
+            elif key == "inter_op_num_threads":
+                so.inter_op_num_threads = int(value)
+            elif key == "graph_optimization_level":
+                level = str(value).lower()
+                if level not in OPTIMIZATION_LEVELS:
+                    raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
+                                     f"{', '.join(OPTIMIZATION_LEVELS)}")
+            elif key == "execution_mode":
+                so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if str(value).lower() == "parallel"
+                                     else ort.ExecutionMode.ORT_SEQUENTIAL)
+            elif key in ("enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse"):
+                setattr(so, key, bool(value))
+            else:
+                so.add_session_config_entry(key, str(value))
+        so.graph_optimization_level = OPTIMIZATION_LEVELS[level]
+        if self.on_ep and self.options.fallback == "error":
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        return so
+
+    def intra_op_threads(self) -> int | None:
+        """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
+        else ONNX Runtime's default (every physical core for one run)."""
+        if self.options.num_threads is not None:
+            return self.options.num_threads
+        if self.options.performance_hint == "THROUGHPUT":
+            return max(1, cores() // (self.options.max_concurrent_runs or 2))
+        return None
+
+    def _spinning_off(self) -> bool:
+        # Idle intra-op threads spin-wait for work; with several runs at once they steal each other's cores. One run
+        # at a time keeps ONNX Runtime's default (spinning): its threads wait for that run's next parallel section.
+        return self.options.performance_hint == "THROUGHPUT" and (self.options.max_concurrent_runs or 2) > 1
+
+    def engine_settings(self) -> dict[str, str]:
+        threads = self.intra_op_threads()
+        settings = {"intra_op_num_threads": str(threads) if threads is not None else "0 (every physical core)",
+                    "allow_spinning": "0" if self._spinning_off() else "1"}
+        if self.options.performance_hint:
+            settings["performance_hint"] = self.options.performance_hint
+        return settings
+
+    def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False
+                 ) -> ort.InferenceSession:
+        """The session for a model (the file, edited bytes, or an optimized model from npurt's cache), made once
+        per backend; ``optimized_to``: write ONNX Runtime's optimized model there (for the cache)."""
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is not None:
+                return session
+            session = self._new_session(source, optimized_to, optimized)
+            self._sessions[key] = session
+            self._record_placement(session)
+            return session
+
+    def _new_session(self, source: bytes | str, optimized_to: Path | None, optimized: bool) -> ort.InferenceSession:
+        so = self._session_options_object()
+        providers: list[Any] = [CPU_EP]
+        ep = self.provider
+        if ep is not None:
+            digest = None
+            if self.options.cache_dir is not None:
+                digest = hashlib.sha256(source if isinstance(source, bytes) else Path(source).read_bytes())
+            options = ep.provider_options(None if self.options.cache_dir is None else str(self.options.cache_dir),
+                                          None if digest is None else digest.hexdigest())
+            providers = [*ep.add_to(so, options), CPU_EP]
+        if optimized:
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
+        elif optimized_to is not None:
+            so.optimized_model_filepath = str(optimized_to)
+            if self.options.log_level != "DEBUG":
+                so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: the cache key says so
+        try:
+            return ort.InferenceSession(source, so, providers=providers)
+        except Exception as e:  # noqa: BLE001 - the engine's refusal, in npurt's exception type
+            label = ep.label if ep is not None else f"{self.name} on ONNX Runtime's CPU provider"
+            if ep is not None and self.options.fallback == "error":
+                raise NpuError(f"{label}: the session cannot run entirely on {ep.ep_name} "
+                               f"(fallback='error' forbids CPU nodes): {e}") from None
+            raise NpuError(f"{label}: cannot create the session for {self.model_path.name}: "
+                           f"{type(e).__name__}: {e}") from None
+
+    def _record_placement(self, session: ort.InferenceSession) -> None:
+        """Which provider took which node, from the session's own graph assignment; on an EP, its checks."""
+        placed = Placement.of_session(session, self.provider.ep_name if self.provider is not None else CPU_EP)
+        if not self._placement.nodes:
+            self._placement = placed
+        ep = self.provider
+        if ep is None:
+            return
+        counts = placed.counts()
+        on_cpu = counts.get(CPU_EP, 0)
+        if not counts.get(ep.ep_name):
+            msg = (f"{ep.ep_name} is registered but took no node; all {sum(counts.values())} nodes run on "
+                   "the CPU (a cache_dir/cache_key mismatch or an unsupported model does this)")
+            if self.options.fallback == "error":
+                raise NpuError(f"{ep.label}: {msg}")
+            log.warning("%s: %s", self.name, msg)
+            self.npu_took_nothing = msg
+        elif on_cpu and self.options.fallback == "error":
+            raise NpuError(f"{ep.label}: {on_cpu} nodes fell to {CPU_EP} and fallback='error'")
+
+    def close(self) -> None:
+        with self._lock:
+            self._sessions.clear()
+        self._model = None
+
+
+def _nodes(model: Any) -> ModelNodes:
+    return [(n.name, n.op_type, n.output[0] if n.output else "") for n in model.graph.node]
+
+
+def _cpu_fingerprint() -> str:
+    """What an optimized model may depend on: ORT's ALL level adds CPU-specific (NCHWc) kernels."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "model name")):
+                    flags += line
+                if line.startswith("flags"):
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{flags}"

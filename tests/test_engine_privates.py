@@ -1,0 +1,65 @@
+"""The engines' private names npurt uses for speed on its run paths, checked against the installed engines.
+
+Each test fails loudly, naming the engine's version, where a private name is gone or no longer does what npurt
+relies on: then the engine changed under npurt, and the path must move to the engine's public API (slower per call)
+or to the new private one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import openvino as ov
+from onnx import TensorProto, helper
+
+ORT = f"onnxruntime {ort.__version__}"
+OV = f"openvino {ov.get_version()}"
+
+
+def relu_model() -> bytes:
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def test_onnxruntime_c_session_binding_and_device():
+    """OrtEngine binds with IOBinding._iobinding and OrtDevice._get_c_device, and runs with
+    InferenceSession._sess.run_with_iobinding / _sess.run (onnxruntime/engine.py)."""
+    session = ort.InferenceSession(relu_model(), providers=["CPUExecutionProvider"])
+    assert hasattr(session, "_sess"), f"{ORT}: InferenceSession._sess (the C++ session) is gone"
+    io = session.io_binding()
+    assert hasattr(io, "_iobinding"), f"{ORT}: IOBinding._iobinding (the C++ binding) is gone"
+    device = ort.OrtDevice.make("cpu", 0)
+    assert hasattr(device, "_get_c_device"), f"{ORT}: OrtDevice._get_c_device is gone"
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    y = np.zeros_like(x)
+    c_io = io._iobinding
+    c_io.bind_input("x", device._get_c_device(), TensorProto.FLOAT, [2, 3], x.ctypes.data)
+    c_io.bind_output("y", device._get_c_device(), TensorProto.FLOAT, [2, 3], y.ctypes.data)
+    session._sess.run_with_iobinding(c_io, None)
+    np.testing.assert_array_equal(y, np.maximum(x, 0), err_msg=f"{ORT}: _sess.run_with_iobinding wrote nothing")
+    (out,) = session._sess.run(["y"], {"x": x}, None)
+    np.testing.assert_array_equal(out, np.maximum(x, 0), err_msg=f"{ORT}: _sess.run(names, feeds, None) changed")
+
+
+def test_openvino_infer_request_infer_and_start_async():
+    """OpenVINOEngine calls _pyopenvino.InferRequest.infer / start_async directly, with the argument lists of
+    openvino/engine.py (no OVDict per call)."""
+    from openvino import _pyopenvino
+
+    for name in ("infer", "start_async"):
+        assert hasattr(_pyopenvino.InferRequest, name), f"{OV}: _pyopenvino.InferRequest.{name} is gone"
+    compiled = ov.Core().compile_model(ov.Core().read_model(onnx.load_from_string(relu_model()).SerializeToString()),
+                                       "CPU")
+    request = compiled.create_infer_request()
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    request.set_input_tensor(ov.Tensor(x, shared_memory=True))
+    _pyopenvino.InferRequest.infer(request, {}, True, True)  # (inputs, share_outputs, decode_strings)
+    np.testing.assert_array_equal(request.get_output_tensor().data, np.maximum(x, 0),
+                                  err_msg=f"{OV}: _pyopenvino.InferRequest.infer(request) ran nothing")
+    _pyopenvino.InferRequest.start_async(request, {}, None)  # (inputs, userdata)
+    request.wait()
+    np.testing.assert_array_equal(request.get_output_tensor().data, np.maximum(x, 0),
+                                  err_msg=f"{OV}: _pyopenvino.InferRequest.start_async(request) ran nothing")

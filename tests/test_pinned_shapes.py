@@ -1,0 +1,92 @@
+"""The VART-ML flow on a model with dynamic dims and pinned shapes (option ``shapes``), on every backend, over real
+models: every output dim the graph decides from the pinned inputs is reported static, so ``allocate_npu_tensor``
+on ``get_tensors_info`` works and ``execute`` runs, with the engine's own results."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from npurt import NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType
+from tests.helpers.models import model_or_skip
+
+# model, pinned input shapes (silero-vad: one 512-sample chunk of 16 kHz audio)
+CASES = {
+    "ocr_cls": {"x": [1, 3, 48, 192]},
+    "ocr_rec": {"x": [1, 3, 48, 320]},
+    "ocr_det": {"x": [1, 3, 320, 320]},
+    "silero_vad": {"input": [1, 512], "state": [2, 1, 128], "sr": []},
+}
+
+
+def model_name(name: str, backend: str) -> str:
+    # OpenVINO 2026.4 cannot read silero's op15 export; the same network exported for it
+    return "silero_vad_op18_ifless" if name == "silero_vad" and backend == "OPENVINO" else name
+
+
+def inputs_for(name: str, runner) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    feeds = {}
+    for info in runner.get_tensors_info(TensorDirection.INPUT, TensorType.CPU):
+        if info.numpy_dtype == np.int64:  # silero's sample rate
+            feeds[info.name] = np.array(16000, np.int64).reshape(info.shape)
+        elif info.name == "state":
+            feeds[info.name] = np.zeros(info.shape, np.float32)
+        else:
+            feeds[info.name] = rng.random(info.shape, np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_pinned_shapes_give_static_outputs_and_the_vart_ml_flow_runs(name, backend):
+    path = model_or_skip(model_name(name, backend))
+    pinned = CASES[name]
+    with RunnerFactory.create_runner(backend, path, {"device": "CPU", "shapes": pinned}) as r:
+        outs_info = r.get_tensors_info(TensorDirection.OUTPUT)
+        for info in outs_info:
+            assert info.is_static, f"{backend} {name}: output {info.name} reported {list(info.shape)}"
+        ins_info = r.get_tensors_info(TensorDirection.INPUT)
+        assert [list(i.shape) for i in ins_info] == [pinned[i.name] for i in ins_info]
+        feeds = inputs_for(name, r)
+        ins = [r.allocate_npu_tensor(i) for i in ins_info]
+        for t in ins:
+            t.numpy()[...] = feeds[t.info.name]
+        outs = [r.allocate_npu_tensor(i) for i in outs_info]
+        assert r.execute([ins], [outs]) is StatusCode.SUCCESS, r.last_error
+        assert r.stats["copies"] == 0
+        # the engine's own results: the same runner's run() on the model's dynamic dims agrees bit for bit
+        expected = r.run(feeds)
+        for t in outs:
+            np.testing.assert_array_equal(t.numpy(), expected[t.info.name])
+
+
+def test_pinned_outputs_on_onnx_runtime_equal_the_engine_used_directly():
+    """On ONNX Runtime's CPU provider the running session still loads the model file as it is: the pinned runner's
+    results equal a plain InferenceSession's bit for bit."""
+    path = model_or_skip("ocr_cls")
+    with RunnerFactory.create_runner("VAIML", path, {"device": "CPU", "shapes": CASES["ocr_cls"],
+                                                     "num_threads": 1}) as r:
+        info_in = r.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)[0]
+        info_out = r.get_tensors_info(TensorDirection.OUTPUT)[0]
+        assert list(info_out.shape) == [1, 2]
+        x = np.random.default_rng(3).random(info_in.shape, np.float32)
+        y = r.allocate_npu_tensor(info_out)
+        assert r.execute([[NpuTensor(info_in, x)]], [[y]]) is StatusCode.SUCCESS, r.last_error
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    raw = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(y.numpy(), raw.run(None, {"x": x})[0])
+
+
+def test_pinned_output_shapes_are_kept_in_the_cache(tmp_path):
+    """A load from npurt's cache_dir reports the same static outputs without reading them again."""
+    path = model_or_skip("ocr_rec")
+    options = {"device": "CPU", "shapes": CASES["ocr_rec"], "cache_dir": str(tmp_path)}
+    with RunnerFactory.create_runner("VAIML", path, options) as r:
+        first = r.get_tensors_info(TensorDirection.OUTPUT)
+    with RunnerFactory.create_runner("VAIML", path, options) as r:
+        assert any(step.startswith("loaded from the cache") for step, _ in r.device_info.load_steps)
+        assert r.get_tensors_info(TensorDirection.OUTPUT) == first
+        assert first[0].is_static
