@@ -421,7 +421,8 @@ def test_choose_backend_says_where_each_backend_runs_and_compares_them():
     results = compared(done.stdout)
     assert list(results) == [*loaded, f"RunnerType.AUTO ({auto[1]})"], done.stdout
     for name, (difference, rest) in results.items():
-        assert float(difference) <= 1e-5, (name, difference)
+        # an NPU computes in FP16 (here Qualcomm's HTP emulator: its numerics); CPUs agree to float32 rounding
+        assert float(difference) <= (5e-3 if name.endswith(" on NPU") else 1e-5), (name, difference)
         right, total = map(int, re.search(r"(\d+)/(\d+) digits right", rest).groups())
         assert total == 40 and right >= 36, (name, rest)
 

@@ -26,7 +26,7 @@ def test_enum_values_follow_vart_ml():
     assert [m.name for m in StatusCode] == ["SUCCESS", "FAILURE", "INVALID_INPUT", "INVALID_OUTPUT", "OUT_OF_MEMORY",
                                             "RUNTIME_ERROR", "JOB_PENDING", "INVALID_JOB_ID", "RESOURCE_UNAVAILABLE",
                                             "UNSUPPORTED"]
-    assert {m.name for m in RunnerType} == {"OPENVINO", "VAIML", "AUTO"}
+    assert {m.name: int(m) for m in RunnerType} == {"OPENVINO": 0, "VAIML": 1, "AUTO": 2, "QNN": 3, "ONNXRUNTIME": 4}
     assert TensorType.CPU == 0 and TensorDirection.OUTPUT == 1
     assert RoundingMode.ROUND_TOWARD_ZERO == 2
 

@@ -119,8 +119,12 @@ class Backend(ABC):
     name: ClassVar[str] = ""
     target: str = ""  # the NPU's HW view family (formats.hw_view): "OPENVINO" or "VAIML"
     model_is_a_file: ClassVar[bool] = True  # False where the "model path" names something else (a served model)
+    selects_execution_providers: ClassVar[bool] = False  # takes options execution_provider / ep_policy
 
     def __init__(self, model_path: Path, options: RunnerOptions) -> None:
+        if (options.execution_provider or options.ep_policy) and not self.selects_execution_providers:
+            raise ValueError(f"options 'execution_provider' and 'ep_policy' choose ONNX Runtime's EP for "
+                             f"RunnerType.ONNXRUNTIME; {self.name}'s engine is fixed")
         self.model_path = model_path
         self.options = options
         # Engines call this for every host-side copy of tensor data they cannot avoid (the runner counts them).

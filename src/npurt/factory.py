@@ -14,7 +14,8 @@ from .runner import Runner
 from .types import NpuError, RunnerType
 
 ENTRY_POINT_GROUP = "npurt.backends"
-AUTO_ORDER = ("OPENVINO", "VAIML")  # AUTO: the first whose NPU is present, else the first that loads the model
+# AUTO: the first whose NPU is present, else the first that loads the model
+AUTO_ORDER = ("OPENVINO", "VAIML", "QNN", "ONNXRUNTIME")
 
 
 class _Registry:

@@ -9,6 +9,7 @@ The NPU's view rules (docs/api.md, "HW views"); on CPU and GPU the HW view is th
 |----------|------------------------------------|-------------------|-----------|--------------------------|
 | OPENVINO | NHWC, FP16                         | same layout, FP16 | unchanged | quantized int8/uint8     |
 | VAIML    | HCWNC4, BF16, channels padded to 4 | same layout, BF16 | unchanged | quantized int8/uint8     |
+| QNN      | the model's layout, FP16           | same layout, FP16 | unchanged | quantized uint8/uint16   |
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .tensor import NpuTensor
 from .types import DataType, MemoryLayout, NpuTensorInfo, QuantParameters, RoundingMode, TensorType
 
 FLOAT_TYPES = (DataType.FLOAT32, DataType.FP16, DataType.BF16)
-TARGET_FLOAT_TYPE = {"OPENVINO": DataType.FP16, "VAIML": DataType.BF16}
+TARGET_FLOAT_TYPE = {"OPENVINO": DataType.FP16, "VAIML": DataType.BF16, "QNN": DataType.FP16}
+# The HTP (QNN) takes the model's own layout at its boundary: its compiler lays tensors out inside the graph.
 TARGET_4D_LAYOUT = {"OPENVINO": MemoryLayout.NHWC, "VAIML": MemoryLayout.HCWNC4}
 CHANNEL_GROUP = {MemoryLayout.HCWNC4: 4, MemoryLayout.HCWNC8: 8, MemoryLayout.HCWNC16: 16}
 # Axis permutations from the logical NCHW tensor (for HCWNCk: the [N, C/k, k, H, W] split of it).
@@ -148,7 +150,7 @@ def hw_view(cpu: NpuTensorInfo, target: str, *, quant_data_type: DataType | None
     elif cpu.data_type in FLOAT_TYPES and target in TARGET_FLOAT_TYPE:
         dtype = TARGET_FLOAT_TYPE[target]
         if len(cpu.shape) == 4:
-            layout = TARGET_4D_LAYOUT[target]
+            layout = TARGET_4D_LAYOUT.get(target, layout)
     if override is not None:
         layout = override.memory_layout if override.memory_layout is not None else layout
         dtype = override.data_type if override.data_type is not None else dtype

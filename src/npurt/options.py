@@ -27,7 +27,11 @@ OPTION_KEYS = (
     "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
     "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
     "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs", "service",
+    "execution_provider", "ep_policy",
 )
+# ONNX Runtime's device policies (OrtExecutionProviderDevicePolicy), for option ep_policy
+EP_POLICIES = ("DEFAULT", "PREFER_CPU", "PREFER_NPU", "PREFER_GPU", "MAX_PERFORMANCE", "MAX_EFFICIENCY",
+               "MIN_OVERALL_POWER")
 PER_TENSOR_PREFIXES = ("input_tensor_type.", "output_tensor_type.")
 
 
@@ -66,6 +70,9 @@ class RunnerOptions:
     num_threads: int | None = None  # None: the engine's choice for the hint and concurrency
     state_pairs: Mapping[str, str] = field(default_factory=dict)  # input -> the output fed back as it (streams)
     service: str | None = None  # the socket of an `npurt serve` (runner type SERVICE); None: the default socket
+    # RunnerType.ONNXRUNTIME: the EPs to try, in order, each with its provider options; or ONNX Runtime's policy
+    execution_provider: tuple[tuple[str, Mapping[str, str]], ...] = ()
+    ep_policy: str | None = None
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""
@@ -172,6 +179,10 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
             if not isinstance(value, (str, Path)) or not str(value):
                 raise ValueError(f"option 'service': {value!r} is not the path of an npurt service's socket")
             kw[key] = str(value)
+        elif key == "execution_provider":
+            kw[key] = _parse_execution_providers(value)
+        elif key == "ep_policy":
+            kw[key] = _choice(key, value, EP_POLICIES, upper=True)
         elif key == "memory_strict":
             if not isinstance(value, bool):
                 raise ValueError(f"option 'memory_strict': {value!r} is not a bool")
@@ -182,7 +193,36 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
         except ValueError:
             raise ValueError(f"environment variable {NUM_THREADS_ENV}={os.environ[NUM_THREADS_ENV]!r} is not a "
                              "positive integer") from None
+    if kw.get("execution_provider") and kw.get("ep_policy"):
+        raise ValueError("options 'execution_provider' and 'ep_policy' exclude each other: name the EPs, or let "
+                         "ONNX Runtime's device policy choose")
     return RunnerOptions(tensor_types=tensor_types, **kw)
+
+
+def _parse_execution_providers(value: Any) -> tuple[tuple[str, dict[str, str]], ...]:
+    """``execution_provider``: an EP name, or a list (in order of preference) of names, (name, options) pairs or
+    {"name": ..., "options": {...}} dicts."""
+    items = [value] if isinstance(value, (str, Mapping)) else value
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or not items:
+        raise ValueError(f"option 'execution_provider': an EP name or a list of them (with provider options), got "
+                         f"{value!r}")
+    out = []
+    for item in items:
+        name: Any
+        opts: Any
+        if isinstance(item, str):
+            name, opts = item, {}
+        elif isinstance(item, Mapping) and set(item) <= {"name", "options"} and isinstance(item.get("name"), str):
+            name, opts = item["name"], item.get("options") or {}
+        elif isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str):
+            name, opts = item[0], item[1]
+        else:
+            raise ValueError(f"option 'execution_provider': {item!r} is not an EP name, a (name, options) pair or "
+                             "{'name': ..., 'options': {...}}")
+        if not name or not isinstance(opts, Mapping):
+            raise ValueError(f"option 'execution_provider': {item!r} needs an EP name and a dict of options")
+        out.append((name, {str(k): str(v) for k, v in opts.items()}))
+    return tuple(out)
 
 
 def _parse_shape_sets(value: Any) -> tuple[dict[str, tuple[int, ...]], ...]:

@@ -27,12 +27,16 @@ class RunnerType(IntEnum):
     """The backend a runner uses (``RunnerFactory.create_runner``); a backend's name works as well.
 
     OPENVINO: OpenVINO's NPU, GPU and CPU plugins. VAIML: ONNX Runtime with the Vitis AI execution provider (AMD
-    NPUs), or its CPU provider. AUTO: the backends that see their NPU first, then the others; the first that loads
-    the model."""
+    NPUs), or its CPU provider. QNN: ONNX Runtime with the QNN execution provider's HTP (Qualcomm NPUs; Qualcomm's
+    HTP emulator on x86-64), or its CPU provider. ONNXRUNTIME: ONNX Runtime with any execution provider it offers
+    (option ``execution_provider``, or ONNX Runtime's device policy ``ep_policy``). AUTO: the backends that see
+    their NPU first, then the others; the first that loads the model."""
 
     OPENVINO = 0
     VAIML = 1
     AUTO = 2
+    QNN = 3
+    ONNXRUNTIME = 4
 
 
 class TensorType(IntEnum):

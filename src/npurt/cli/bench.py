@@ -63,9 +63,13 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise CliError(f"--time {args.time}: must be more than 0 seconds", EXIT_USAGE)
 
 
+BOTH_ENGINES = ("OPENVINO", "VAIML")
+
+
 def _backends(which: str) -> tuple[list[str], dict[str, str]]:
-    """The backends to measure, and those of ``both`` that are not installed (with why)."""
-    from ..factory import AUTO_ORDER, RunnerFactory
+    """The backends to measure, and those of ``both`` that are not installed (with why). ``both``: the two engines,
+    OpenVINO and ONNX Runtime (VAIML's adapter; QNN and ONNXRUNTIME run the same adapter on another EP)."""
+    from ..factory import RunnerFactory
 
     if which.upper() != "BOTH":
         name = resolve_backend(which)
@@ -73,10 +77,10 @@ def _backends(which: str) -> tuple[list[str], dict[str, str]]:
             raise CliError("bench measures named backends: use --backend openvino, vaiml or both", EXIT_USAGE)
         return [name], {}
     installed = RunnerFactory.available_backends()
-    backends = [b for b in AUTO_ORDER if b in installed]
+    backends = [b for b in BOTH_ENGINES if b in installed]
     if not backends:
         raise CliError(no_backend_message())
-    return backends, {b: "not installed" for b in AUTO_ORDER if b not in installed}
+    return backends, {b: "not installed" for b in BOTH_ENGINES if b not in installed}
 
 
 def run(args: argparse.Namespace) -> int:

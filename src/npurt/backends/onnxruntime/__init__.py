@@ -1,9 +1,14 @@
 """ONNX Runtime: one adapter (``backend``: sessions, IOBinding in ``engine``, shapes, npurt's cache, ``placement``)
-for every execution provider, with a small module per EP beside it: ``vitisai`` (RunnerType.VAIML, AMD NPUs)."""
+for every execution provider, with a small module per EP beside it: ``vitisai`` (RunnerType.VAIML, AMD NPUs),
+``qnn`` (RunnerType.QNN, Qualcomm NPUs), ``generic`` (RunnerType.ONNXRUNTIME: any EP, by name or device policy),
+and ``plugins`` (EP packages that register with ONNX Runtime)."""
 
 from .backend import OrtBackend
 from .engine import OrtEngine
+from .generic import OnnxRuntimeBackend
 from .providers import CPU_EP, ExecutionProvider
+from .qnn import QNN_EP, QnnBackend
 from .vitisai import VITISAI_EP, VaimlBackend
 
-__all__ = ["CPU_EP", "VITISAI_EP", "ExecutionProvider", "OrtBackend", "OrtEngine", "VaimlBackend"]
+__all__ = ["CPU_EP", "QNN_EP", "VITISAI_EP", "ExecutionProvider", "OnnxRuntimeBackend", "OrtBackend", "OrtEngine",
+           "QnnBackend", "VaimlBackend"]

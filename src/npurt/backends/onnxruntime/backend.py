@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import platform
+import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,6 +72,7 @@ class OrtBackend(Backend):
         self._model: Any = None  # the ONNX graph, where the NPU's views are built into it
         self._pinned_outputs: dict[Signature, list[tuple[int | None, ...]]] = {}
         self._placement = Placement()
+        self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
         self.npu_took_nothing: str | None = None  # why the EP ran nothing, where it did not
         self.ep: ExecutionProvider | None = None  # the backend's EP, with its provider options
@@ -85,14 +87,10 @@ class OrtBackend(Backend):
         """The engine_options keys that are provider options (the rest configure the session)."""
         return ()
 
-    # -- opening ----------------------------------------------------------------------------------------------
-    def open(self) -> OpenedModel:
-        engine_opts = dict(self.options.engine_options)
-        keys = self.provider_option_keys()
-        provider_options = {k: engine_opts.pop(k) for k in list(engine_opts) if k in keys}
-        self._session_options = engine_opts
-        ep = self.ep = self.make_provider(provider_options)
-        self.target = ep.target
+    def select(self, provider_options: Mapping[str, Any]) -> tuple[ExecutionProvider, devices.Selection]:
+        """The backend's EP and the device attached: the EP's device where it can run (AUTO never takes an
+        emulator), else ONNX Runtime's CPU provider as option ``fallback`` allows."""
+        ep = self.make_provider(provider_options)
         present, unavailable = {"CPU"}, {}
         if ep.device != "CPU":
             why_not = ep.unavailable_reason() or (ep.auto_skip_reason() if self.options.device == "AUTO" else "")
@@ -105,11 +103,23 @@ class OrtBackend(Backend):
                 unavailable[family] = (f"the {self.name} backend runs on {ep.label}"
                                        + (" or" if ep.device != "CPU" else ",") + " ONNX Runtime's CPU provider; it "
                                        f"has no {family} device")
-        sel = devices.select_device(self.options.device, unavailable, present, self.options.fallback, ep.label)
+        return ep, devices.select_device(self.options.device, unavailable, present, self.options.fallback, ep.label)
+
+    # -- opening ----------------------------------------------------------------------------------------------
+    def open(self) -> OpenedModel:
+        engine_opts = dict(self.options.engine_options)
+        keys = self.provider_option_keys()
+        provider_options = {k: engine_opts.pop(k) for k in list(engine_opts) if k in keys}
+        self._session_options = engine_opts
+        ep, sel = self.select(provider_options)
+        self.ep = ep
+        self.target = ep.target
         self.on_ep = sel.attached == ep.device and ep.device != "CPU"
         self.provider = ep if self.on_ep else None
         self.npu_views = sel.attached == "NPU" or self.options.hw_view == "npu"
-        self._check_precision(ep)
+        if self.options.inference_precision not in (None, "f32") and not (self.on_ep and ep.takes_precision):
+            log.warning("%s: inference_precision=%s is ignored (the EP's compiler picks the NPU's precision; the CPU "
+                        "provider computes in the model's types)", self.name, self.options.inference_precision)
         if self.model_path.suffix.lower() == ".xml":
             raise NpuError(f"{ep.label} reads ONNX models; {self.model_path.name} is an OpenVINO IR model")
         # The model's own ports, read from the file without loading it (a session or the cache loads it later).
@@ -129,11 +139,6 @@ class OrtBackend(Backend):
                           engine_version=ort.__version__, fell_back=sel.fell_back, reason=sel.reason,
                           skipped=sel.skipped, full_name=ep.describe() if self.on_ep else CPU_EP)
         return OpenedModel(info, ins, outs, dynamic_shapes=sel.attached != "NPU")
-
-    def _check_precision(self, ep: ExecutionProvider) -> None:
-        if self.options.inference_precision not in (None, "f32"):
-            log.warning("%s: inference_precision=%s is ignored (the EP's compiler picks the NPU's precision; the CPU "
-                        "provider computes in the model's types)", self.name, self.options.inference_precision)
 
     # -- compiling --------------------------------------------------------------------------------------------
     def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
@@ -164,6 +169,8 @@ class OrtBackend(Backend):
         engine = OrtEngine(session, inputs, outputs, self.count_copy)
         if store is not None:
             engine.cache_metadata = {"outputs": [list(p.cpu.shape) for p in outputs]}
+            if self.provider is not None:  # a loaded EPContext model shows one node: keep where the nodes went
+                engine.cache_metadata["placement"] = [list(n) for n in self._placement.assigned]
         return engine
 
     def _pinned_shapes(self, inputs: list[Port]) -> list[tuple[int | None, ...]]:
@@ -212,6 +219,11 @@ class OrtBackend(Backend):
                                    reason=self.npu_took_nothing or info.reason)
 
     def node_placement(self) -> tuple[NodePlacement, ...]:
+        source = self._partial_source
+        if source is not None:  # nodes left the EP: ask it why, once
+            self._partial_source = None
+            so, options = self._session_setup(source)
+            self._placement.reasons = self._reasons(source, so, options)
         return self._placement.per_node(self._placement_nodes)
 
     def _placement_nodes(self) -> ModelNodes:
@@ -224,11 +236,19 @@ class OrtBackend(Backend):
 
     # -- npurt's compiled-model cache: ONNX Runtime's optimized model ------------------------------------------
     def cache_key(self, inputs: list[Port]) -> dict[str, Any] | None:
-        if self.provider is not None:
-            return None  # an NPU EP keeps its own compiled models (the Vitis AI EP's cache_dir / cache_key)
+        """On the CPU provider the cache keeps ONNX Runtime's optimized model; on an EP that compiles (QNN) its
+        EPContext model (the context binary embedded), keyed by what the EP says its compilation depends on; an EP
+        that keeps its own compiled models (Vitis AI) keeps nothing here."""
         so = self._session_options_object()
+        if self.provider is not None:
+            ep_parts = self.provider.cache_parts()
+            if ep_parts is None:
+                return None
+            device: dict[str, Any] = {"device": self.provider.device, "ep": ep_parts}
+        else:
+            device = {"device": "CPU", "cpu": _cpu_fingerprint()}
         parts: dict[str, Any] = {
-            "backend": self.name, "engine": ort.__version__, "device": "CPU", "cpu": _cpu_fingerprint(),
+            "backend": self.name, "engine": ort.__version__, **device,
             "optimization": str(so.graph_optimization_level),
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         if self._model is not None:  # the views built into the graph depend on the input ports
@@ -239,15 +259,17 @@ class OrtBackend(Backend):
                       ports: PortFactory) -> Engine:
         key = str(self.model_path) if self._model is None else f"cache:{hashlib.sha256(stored).hexdigest()}"
         session = self._session(stored, key, optimized=True)
+        if metadata.get("placement") and len(self._placement.assigned) <= 1:  # an EPContext model's one node
+            self._placement = Placement(tuple(tuple(n) for n in metadata["placement"]), self._placement.asked)
         # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again
         outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
                    for spec, shape in zip(self._out_specs, metadata["outputs"], strict=True)]
         return self._engine(session, inputs, ports, None, outputs)
 
     # -- sessions ---------------------------------------------------------------------------------------
-    def _session_options_object(self) -> ort.SessionOptions:
+    def _session_options_object(self, strict: bool = True) -> ort.SessionOptions:
         so = ort.SessionOptions()
-        so.log_severity_level = {"DEBUG": 1, "INFO": 2, "WARNING": 2, "ERROR": 3}[self.options.log_level]
+        so.log_severity_level = (self.provider or ExecutionProvider()).log_severity(self.options.log_level)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         threads = self.intra_op_threads()
         if threads is not None:
@@ -273,7 +295,7 @@ class OrtBackend(Backend):
             else:
                 so.add_session_config_entry(key, str(value))
         so.graph_optimization_level = OPTIMIZATION_LEVELS[level]
-        if self.on_ep and self.options.fallback == "error":
+        if strict and self.on_ep and self.options.fallback == "error":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
 
@@ -309,37 +331,94 @@ class OrtBackend(Backend):
                 return session
             session = self._new_session(source, optimized_to, optimized)
             self._sessions[key] = session
-            self._record_placement(session)
+            self._record_placement(session, source)
             return session
 
     def _new_session(self, source: bytes | str, optimized_to: Path | None, optimized: bool) -> ort.InferenceSession:
-        so = self._session_options_object()
-        providers: list[Any] = [CPU_EP]
+        so, options = self._session_setup(source)
         ep = self.provider
-        if ep is not None:
-            digest = None
-            if self.options.cache_dir is not None:
-                digest = hashlib.sha256(source if isinstance(source, bytes) else Path(source).read_bytes())
-            options = ep.provider_options(None if self.options.cache_dir is None else str(self.options.cache_dir),
-                                          None if digest is None else digest.hexdigest())
-            providers = [*ep.add_to(so, options), CPU_EP]
         if optimized:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
+        elif optimized_to is not None and ep is not None:
+            # the EP's compiled model: an EPContext model with the context binary embedded, one file to keep
+            # (ONNX Runtime takes a path without the .onnx suffix for a folder)
+            context = optimized_to.with_name(optimized_to.name + "_ctx.onnx")
+            so.add_session_config_entry("ep.context_enable", "1")
+            so.add_session_config_entry("ep.context_file_path", str(context))
+            so.add_session_config_entry("ep.context_embed_mode", "1")
+            try:
+                session = self._create(source, so, options)
+            except Exception as e:  # noqa: BLE001 - the engine's refusal, in npurt's exception type
+                raise NpuError(f"{ep.label}: cannot compile {self.model_path.name} into a context binary: "
+                               f"{type(e).__name__}: {e}") from None
+            if context.exists():
+                context.replace(optimized_to)
+            return session
         elif optimized_to is not None:
             so.optimized_model_filepath = str(optimized_to)
             if self.options.log_level != "DEBUG":
                 so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: the cache key says so
         try:
-            return ort.InferenceSession(source, so, providers=providers)
+            return self._create(source, so, options)
         except Exception as e:  # noqa: BLE001 - the engine's refusal, in npurt's exception type
             label = ep.label if ep is not None else f"{self.name} on ONNX Runtime's CPU provider"
             if ep is not None and self.options.fallback == "error":
-                raise NpuError(f"{label}: the session cannot run entirely on {ep.ep_name} "
-                               f"(fallback='error' forbids CPU nodes): {e}") from None
+                raise NpuError(f"{label}: the session cannot run entirely on {ep.ep_name} (fallback='error' "
+                               f"forbids nodes on the CPU): {self._nodes_left_behind(source) or e}") from None
             raise NpuError(f"{label}: cannot create the session for {self.model_path.name}: "
                            f"{type(e).__name__}: {e}") from None
 
-    def _record_placement(self, session: ort.InferenceSession) -> None:
+    def _session_setup(self, source: bytes | str, strict: bool = True) -> tuple[ort.SessionOptions, dict[str, str]]:
+        """The session options and the EP's provider options; ``strict``: fallback="error" forbids CPU nodes."""
+        so = self._session_options_object(strict)
+        ep = self.provider
+        if ep is None:
+            return so, {}
+        digest = None
+        if self.options.cache_dir is not None:
+            digest = hashlib.sha256(source if isinstance(source, bytes) else Path(source).read_bytes())
+        options = ep.provider_options(None if self.options.cache_dir is None else str(self.options.cache_dir),
+                                      None if digest is None else digest.hexdigest())
+        return so, options
+
+    def _create(self, source: bytes | str, so: ort.SessionOptions, options: dict[str, str]) -> ort.InferenceSession:
+        ep = self.provider
+        if ep is None:
+            return ort.InferenceSession(source, so, providers=[CPU_EP])
+        providers = [*ep.add_to(so, options), CPU_EP]  # a plugin EP is added to ``so`` instead
+        with ep.creating_session():
+            if ep.plugin:  # a providers list would replace the devices added to ``so``
+                return ort.InferenceSession(source, so)
+            return ort.InferenceSession(source, so, providers=providers)
+
+    def _nodes_left_behind(self, source: bytes | str) -> str:
+        """The nodes the EP leaves to the CPU, and why where it says: a session made again without
+        ``session.disable_cpu_ep_fallback`` tells (ONNX Runtime's refusal names none)."""
+        so, options = self._session_setup(source, strict=False)
+        try:
+            placed = Placement.of_session(self._create(source, so, options), self._placement.asked or CPU_EP)
+        except Exception:  # noqa: BLE001 - no better message than ONNX Runtime's own
+            return ""
+        placed.asked = self.provider.ep_name if self.provider is not None else CPU_EP
+        placed.reasons = self._reasons(source, so, options)
+        off = [p for p in placed.per_node(self._placement_nodes) if p.device != placed.asked]
+        shown = "; ".join(f"{p.node} ({p.op_type}): {p.reason}" for p in off[:10])
+        return f"{len(off)} nodes would run on the CPU: {shown}" + (f"; and {len(off) - 10} more" if len(off) > 10
+                                                                     else "")
+
+    def _reasons(self, source: bytes | str, so: ort.SessionOptions, options: dict[str, str]) -> dict[str, str]:
+        """Why the EP refused nodes, where it says (a child process reads its verbose log: see the EP's module)."""
+        ep = self.provider
+        if ep is None:
+            return {}
+        if isinstance(source, str):
+            return ep.refusal_reasons(source, options, int(so.graph_optimization_level))
+        with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
+            f.write(source)
+            f.flush()
+            return ep.refusal_reasons(f.name, options, int(so.graph_optimization_level))
+
+    def _record_placement(self, session: ort.InferenceSession, source: bytes | str) -> None:
         """Which provider took which node, from the session's own graph assignment; on an EP, its checks."""
         placed = Placement.of_session(session, self.provider.ep_name if self.provider is not None else CPU_EP)
         if not self._placement.nodes:
@@ -348,16 +427,21 @@ class OrtBackend(Backend):
         if ep is None:
             return
         counts = placed.counts()
-        on_cpu = counts.get(CPU_EP, 0)
-        if not counts.get(ep.ep_name):
+        on_ep = counts.get(ep.ep_name, 0)
+        if not on_ep:
             msg = (f"{ep.ep_name} is registered but took no node; all {sum(counts.values())} nodes run on "
                    "the CPU (a cache_dir/cache_key mismatch or an unsupported model does this)")
             if self.options.fallback == "error":
                 raise NpuError(f"{ep.label}: {msg}")
             log.warning("%s: %s", self.name, msg)
             self.npu_took_nothing = msg
-        elif on_cpu and self.options.fallback == "error":
-            raise NpuError(f"{ep.label}: {on_cpu} nodes fell to {CPU_EP} and fallback='error'")
+            placed.why_not_asked = msg
+        elif on_ep < sum(counts.values()):
+            if self.options.fallback == "error":  # (where the EP's session did not refuse it already)
+                raise NpuError(f"{ep.label}: {sum(counts.values()) - on_ep} nodes fell to the CPU and "
+                               f"fallback='error': {self._nodes_left_behind(source)}")
+            if placed is self._placement:
+                self._partial_source = source  # kept to ask the EP why, once someone asks for the placement
 
     def close(self) -> None:
         with self._lock:

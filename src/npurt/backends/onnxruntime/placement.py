@@ -28,7 +28,7 @@ class Placement:
 
     assigned: tuple[tuple[str, str, str], ...] = ()
     asked: str = ""  # the EP the runner asked for (CPUExecutionProvider where it asked for none)
-    reasons: Mapping[str, str] = field(default_factory=dict)  # node name (ONNX Runtime's) -> why the EP refused it
+    reasons: Mapping[str, str] = field(default_factory=dict)  # node (ONNX Runtime's name) -> why the EP refused it
     why_not_asked: str = ""  # why no node is on the device asked for (a fallback), for every node
 
     @classmethod
@@ -54,7 +54,8 @@ class Placement:
         node must be mapped back)."""
         names: dict[str, str] | None = None
         result = []
-        for name, op_type, ep in self.assigned:
+        for engine_name, op_type, ep in self.assigned:
+            name = engine_name
             match = _UNNAMED.match(name)
             if match is not None and match["op"] == op_type:
                 if names is None:
@@ -62,7 +63,7 @@ class Placement:
                 name = names.get(name, name)
             reason = None
             if ep != self.asked:
-                reason = (self.reasons.get(name) or self.why_not_asked
+                reason = (self.reasons.get(engine_name) or self.why_not_asked
                           or f"ONNX Runtime assigned it to {ep}: {self.asked} did not claim it (it gave no reason)")
             result.append(NodePlacement(name, op_type, ep, reason))
         return tuple(result)

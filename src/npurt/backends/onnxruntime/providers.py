@@ -8,7 +8,8 @@ compiled models depend on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import onnxruntime as ort
@@ -25,6 +26,8 @@ class ExecutionProvider:
     target: str = ""  # formats' HW view family on its NPU ("VAIML", "QNN"); "" for the model's own views
     emulated: bool = False  # an emulator of the device: its compiler and numerics, not its speed
     option_keys: tuple[str, ...] = ()  # engine_options keys that are this EP's provider options
+    plugin = False  # a plugin EP: a session gets it with add_provider_for_devices, never in a providers list
+    takes_precision = False  # whether option inference_precision means something to it
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = {str(k): str(v) for k, v in (options or {}).items()}  # its provider options
@@ -58,6 +61,20 @@ class ExecutionProvider:
         """Give a session this EP: the ``providers`` list entries for ``InferenceSession`` (a plugin EP is added to
         ``so`` instead, and contributes nothing here)."""
         return [(self.ep_name, dict(provider_options))] if self.ep_name != CPU_EP else []
+
+    def log_severity(self, log_level: str) -> int:
+        """ONNX Runtime's log severity for a session with this EP at the runner's option log_level."""
+        return {"DEBUG": 1, "INFO": 2, "WARNING": 2, "ERROR": 3}[log_level]
+
+    @contextlib.contextmanager
+    def creating_session(self) -> Iterator[None]:
+        """Around a session's creation with this EP (an EP library that prints to stdout is kept off it)."""
+        yield
+
+    def refusal_reasons(self, model: str, provider_options: Mapping[str, str], optimization: int) -> dict[str, str]:
+        """Why the EP refused nodes of a model (ONNX Runtime's node name -> the EP's words), where the EP says;
+        {} where it does not."""
+        return {}
 
     def cache_parts(self) -> dict[str, Any] | None:
         """What a session's compiled result depends on besides ONNX Runtime and the model (EP versions, device,

@@ -1,0 +1,94 @@
+"""The QNN EP for the tests: whether it can be had here, raw ONNX Runtime + QNN sessions, and the test models."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from npurt.models import default_samples
+
+# npurt's defaults for the HTP (docs/devices.md): the same options on the raw side
+QNN_OPTIONS = {"backend_type": "htp", "enable_htp_fp16_precision": "1", "soc_model": "60"}
+
+
+def wheel_exists_here() -> str:
+    """"" where PyPI has an onnxruntime-qnn wheel for this machine, else why not."""
+    if sys.version_info < (3, 11):
+        return "onnxruntime-qnn has wheels for Python >= 3.11 only"
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "aarch64"):
+        return f"onnxruntime-qnn has no Linux wheel for {platform.system()} {platform.machine()} (the suite's " \
+               "QNN tests run on Linux x86-64 or aarch64)"
+    return ""
+
+
+def require_qnn() -> None:
+    """Skip, saying why, where no wheel exists; fail where one exists and it is not installed (the test extra
+    installs it there: a missing EP must not turn the suite green)."""
+    why = wheel_exists_here()
+    if why:
+        pytest.skip(why)
+    if importlib.util.find_spec("onnxruntime_qnn") is None:
+        pytest.fail("onnxruntime-qnn is not installed, though a wheel exists for this machine: install the test "
+                    "extra (pip install '.[test]')")
+
+
+def raw_qnn_session(model: str | Path, options: dict[str, str]) -> ort.InferenceSession:
+    """ONNX Runtime + QNN EP used directly, as its documentation shows, with graph assignment recorded."""
+    from npurt.backends.onnxruntime import plugins
+
+    plugins.register("onnxruntime_qnn")  # once per process (ONNX Runtime refuses a second registration)
+    (device,) = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"][:1]
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    so.add_provider_for_devices([device], options)
+    return ort.InferenceSession(str(model), so)
+
+
+def static_model(source: str | Path, shapes: dict[str, list[int]], target: Path) -> str:
+    """The model with its inputs and outputs at static shapes, as a user of the HTP fixes them (the NPU compiles
+    static shapes; a dynamic dim sends every node to the CPU provider)."""
+    model = onnx.load(str(source))
+    for value in model.graph.input:
+        if value.name in shapes:
+            for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
+                dim.Clear()
+                dim.dim_value = size
+    for value in model.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].Clear()
+            dims[0].dim_value = 1
+    onnx.save(model, target)
+    return str(target)
+
+
+def qdq_model(tmp_path: Path) -> Path:
+    """npurt's default model quantized to QDQ uint8 by onnxruntime.quantization, calibrated on its own samples."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from npurt.models import DEFAULT_MODEL
+
+    images = default_samples()[0]
+
+    class Samples(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter([{"image": images[k:k + 1]} for k in range(32)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    fixed = static_model(DEFAULT_MODEL, {"image": [1, 1, 8, 8]}, tmp_path / "default_b1.onnx")
+    target = tmp_path / "default_qdq.onnx"
+    os.environ.setdefault("ORT_LOGGING_LEVEL", "3")
+    quantize_static(fixed, str(target), Samples(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
+    return target
