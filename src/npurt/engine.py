@@ -48,6 +48,16 @@ class OutputTooSmallError(NpuError):
 
 
 @dataclass(frozen=True)
+class Discovery:
+    """What a backend reports for `npurt devices`: its engine (a JSON-able report under the engine's key, the same
+    for backends of one engine) and its NPU's verdict (name, present, emulated, why_not, needed), where it has one."""
+
+    engine: str
+    engine_report: Mapping[str, Any]
+    npu: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class OpenedModel:
     """What a backend found when it opened a model: where it runs and the model's own ports."""
 
@@ -134,6 +144,11 @@ class Backend(ABC):
     def npu_present(cls) -> bool:
         """Whether this backend's NPU is usable on this machine (RunnerType.AUTO prefers such a backend)."""
         return False
+
+    @classmethod
+    def discover(cls) -> Discovery | None:
+        """Its engine's devices and its NPU's verdict, for `npurt devices` (None: a backend that reports nothing)."""
+        return None
 
     @abstractmethod
     def open(self) -> OpenedModel:

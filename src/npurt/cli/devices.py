@@ -1,4 +1,4 @@
-"""`npurt devices`: what this machine has, per backend, and why no NPU (``npurt.devices.discover`` formatted)."""
+"""`npurt devices`: what this machine has, per backend, and why no NPU (``npurt.discovery.discover`` formatted)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..devices import discover
+    from ..discovery import discover
 
     report = discover()
     print(json.dumps(report, indent=2) if args.json else format_devices(report))
@@ -31,15 +31,21 @@ def format_devices(report: dict[str, Any]) -> str:
 
     out: list[str] = [f"npurt {__version__}: {report['verdict']}", ""]
     out.append("npurt backends (AUTO tries them in this order)")
-    from ..factory import auto_order
-
     installed = report["backends"]["installed"]
-    for name, _ in auto_order():
-        out.append(f"  {name:<10} installed; sees its NPU: {'yes' if installed[name]['npu_present'] else 'no'}")
+    for name, entry in installed.items():
+        out.append(f"  {name:<12} installed; sees its NPU: {'yes' if entry['npu_present'] else 'no'}"
+                   + (f" (its discovery failed: {one_line(entry['error'])})" if entry.get("error") else ""))
     for name, err in report["backends"]["failed"].items():
-        out.append(f"  {name:<10} not available: {one_line(err)}")
+        out.append(f"  {name:<12} not available: {one_line(err)}")
     if not installed and not report["backends"]["failed"]:
         out.append("  none registered")
+    if report["npus"]:
+        out.append("")
+        out.append("NPUs")
+        for npu in report["npus"]:
+            state = "present" if npu["present"] else ("emulator" if npu.get("emulated") else "absent")
+            out.append(f"  {npu['name']} ({npu['backend']}): {state}" + ("" if npu["present"] else
+                                                                         f": {npu['why_not']}"))
     ov = report["openvino"]
     out.append("")
     if ov["installed"]:
@@ -58,6 +64,12 @@ def format_devices(report: dict[str, Any]) -> str:
     if ort["installed"]:
         out.append(f"ONNX Runtime {ort['version']}")
         out.append(f"  providers  {', '.join(ort['providers'])}")
+        for d in ort["ep_devices"]:
+            out.append(f"  EP device  {d['ep_name']} ({d['ep_vendor']}) on {d['device_type']} ({d['device_vendor']})"
+                       + ("  [an emulator: the NPU's compiler and numerics, not its speed]" if d["emulated"] else ""))
+        for p in ort["plugin_packages"]:
+            out.append(f"  plugin EP  {p['module']} {p['version']}: "
+                       + ("registered" if p["registered"] else f"not registered: {one_line(p['error'])}"))
         out.append("  Vitis AI   " + ("VitisAIExecutionProvider installed" if ort["vitis_ai"] else
                                       f"not installed: {ort['why_not']}"))
     else:

@@ -4,11 +4,11 @@ for every execution provider, with a small module per EP beside it: ``vitisai`` 
 and ``plugins`` (EP packages that register with ONNX Runtime)."""
 
 from .backend import OrtBackend
+from .backends import OnnxRuntimeBackend, QnnBackend, VaimlBackend
 from .engine import OrtEngine
-from .generic import OnnxRuntimeBackend
 from .providers import CPU_EP, ExecutionProvider
-from .qnn import QNN_EP, QnnBackend
-from .vitisai import VITISAI_EP, VaimlBackend
+from .qnn import QNN_EP
+from .vitisai import VITISAI_EP
 
 __all__ = ["CPU_EP", "QNN_EP", "VITISAI_EP", "ExecutionProvider", "OnnxRuntimeBackend", "OrtBackend", "OrtEngine",
            "QnnBackend", "VaimlBackend"]

@@ -25,9 +25,11 @@ from typing import Any
 import onnxruntime as ort
 
 from ...devices import Selection
+from ...options import RunnerOptions
 from ...types import NpuError, NpuFallbackWarning
 from . import plugins
-from .backend import DEVICE_FAMILIES, OrtBackend
+from .backend import DEVICE_FAMILIES
+from .discovery import device_family, emulated
 from .providers import CPU_EP, ExecutionProvider
 from .qnn import QNN_EP, QnnProvider
 from .vitisai import VITISAI_EP, VitisAIProvider
@@ -41,12 +43,6 @@ BUILT_IN_DEVICES = {
     "DnnlExecutionProvider": "CPU", "ACLExecutionProvider": "CPU", "ArmNNExecutionProvider": "CPU",
     CPU_EP: "CPU",
 }
-DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "NPU"}  # OrtHardwareDeviceType
-
-
-def device_family(device: Any) -> str:
-    """An OrtEpDevice's hardware type: "CPU", "GPU" or "NPU"."""
-    return DEVICE_TYPES.get(int(device.device.type), "CPU")
 
 
 class AnyProvider(ExecutionProvider):
@@ -94,10 +90,6 @@ def provider_for(name: str, options: Mapping[str, Any] | None = None) -> Executi
     return AnyProvider(name, options)
 
 
-def _emulated(device: Any) -> bool:
-    return device.ep_name == QNN_EP and QnnProvider().emulated
-
-
 def policy_order(devices: list[Any]) -> list[Any]:
     """ONNX Runtime's order of EP devices for its policies: NPU, GPU, CPU; within a type the device of the EP's
     own vendor first; its default CPU EP last; then by EP name."""
@@ -126,72 +118,62 @@ def policy_choice(policy: str, devices: list[Any]) -> Any:
     return next(d for d in devices if device_family(d) == "CPU")  # ONNX Runtime's CPU fallback of each policy
 
 
-class OnnxRuntimeBackend(OrtBackend):
-    """RunnerType.ONNXRUNTIME: any EP ONNX Runtime offers, by name (``execution_provider``) or by its device
-    policy (``ep_policy``), or by option ``device``."""
-
-    name = "ONNXRUNTIME"
-    selects_execution_providers = True
-
-    @classmethod
-    def npu_present(cls) -> bool:
-        plugins.register_all()
-        return any(device_family(d) == "NPU" and not _emulated(d) for d in plugins.ep_devices())
-
-    def select(self, provider_options: Mapping[str, Any]) -> tuple[ExecutionProvider, Selection]:
-        """The EP to run on and the device it attaches, with the candidates passed over and why."""
-        plugins.register_all()
-        requested = self.options.device
-        skipped: list[tuple[str, str]] = []
-        if self.options.ep_policy is not None:
-            listed = plugins.ep_devices()
-            for d in listed:
-                if _emulated(d):
-                    skipped.append((d.ep_name, f"{d.ep_name} is an emulator (ONNX Runtime lists it as a CPU device); "
-                                               "a device policy never picks an emulated NPU"))
-            chosen = policy_choice(self.options.ep_policy, policy_order([d for d in listed if not _emulated(d)]))
-            provider = provider_for(chosen.ep_name, provider_options)
-            return provider, Selection(requested, device_family(chosen), skipped=tuple(skipped))
-        if not self.options.execution_provider and requested == "AUTO":
-            skipped += self._families_passed_over()
-        candidates = ([provider_for(n, {**provider_options, **o}) for n, o in self.options.execution_provider]
-                      or self._by_device(requested))
-        for provider in candidates:
-            why_not = provider.unavailable_reason()
-            if not why_not and requested not in ("AUTO", provider.device):
-                why_not = f"it runs on the {provider.device}, and device {requested} was asked for"
-            if not why_not:
-                return provider, Selection(requested, provider.device, skipped=tuple(skipped))
-            skipped.append((provider.ep_name, why_not))
-        why = "; ".join(f"{n}: {w}" for n, w in skipped) or "no EP was given"
-        if self.options.fallback != "cpu":
-            raise NpuError(f"ONNX Runtime: none of the execution providers asked for can run here: {why}")
-        warnings.warn(f"npurt ONNXRUNTIME: no EP asked for can run here ({why}); running on ONNX Runtime's CPU "
-                      "provider (option fallback='error' makes this an error)", NpuFallbackWarning, stacklevel=6)
-        return ExecutionProvider(), Selection(requested, "CPU", fell_back=True, reason=why,
-                                                      skipped=tuple(skipped))
-
-    def _families_passed_over(self) -> list[tuple[str, str]]:
-        """AUTO: why each device family before the one taken has nothing to run on."""
+def select_provider(options: RunnerOptions, provider_options: Mapping[str, Any]
+                    ) -> tuple[ExecutionProvider, Selection]:
+    """RunnerType.ONNXRUNTIME's EP and the device it attaches, with the candidates passed over and why."""
+    plugins.register_all()
+    requested = options.device
+    skipped: list[tuple[str, str]] = []
+    if options.ep_policy is not None:
         listed = plugins.ep_devices()
-        passed = []
-        for family in ("NPU", "GPU"):
-            present = [d for d in listed if device_family(d) == family and not _emulated(d)]
-            if present:
-                break
-            emulated = [d.ep_name for d in listed if _emulated(d)] if family == "NPU" else []
-            passed.append((family, f"ONNX Runtime lists no {family} device (its EP devices: "
-                                   f"{', '.join(sorted({d.ep_name for d in listed})) or 'none'})"
-                                   + (f"; {', '.join(emulated)} is an emulator, never a present NPU" if emulated
-                                      else "")))
-        return passed
+        for d in listed:
+            if emulated(d):
+                skipped.append((d.ep_name, f"{d.ep_name} is an emulator (ONNX Runtime lists it as a CPU device); "
+                                           "a device policy never picks an emulated NPU"))
+        chosen = policy_choice(options.ep_policy, policy_order([d for d in listed if not emulated(d)]))
+        provider = provider_for(chosen.ep_name, provider_options)
+        return provider, Selection(requested, device_family(chosen), skipped=tuple(skipped))
+    if not options.execution_provider and requested == "AUTO":
+        skipped += _families_passed_over()
+    candidates = ([provider_for(n, {**provider_options, **o}) for n, o in options.execution_provider]
+                  or _by_device(requested))
+    for provider in candidates:
+        why_not = provider.unavailable_reason()
+        if not why_not and requested not in ("AUTO", provider.device):
+            why_not = f"it runs on the {provider.device}, and device {requested} was asked for"
+        if not why_not:
+            return provider, Selection(requested, provider.device, skipped=tuple(skipped))
+        skipped.append((provider.ep_name, why_not))
+    why = "; ".join(f"{n}: {w}" for n, w in skipped) or "no EP was given"
+    if options.fallback != "cpu":
+        raise NpuError(f"ONNX Runtime: none of the execution providers asked for can run here: {why}")
+    warnings.warn(f"npurt ONNXRUNTIME: no EP asked for can run here ({why}); running on ONNX Runtime's CPU "
+                  "provider (option fallback='error' makes this an error)", NpuFallbackWarning, stacklevel=6)
+    return ExecutionProvider(), Selection(requested, "CPU", fell_back=True, reason=why, skipped=tuple(skipped))
 
-    def _by_device(self, requested: str) -> list[ExecutionProvider]:
-        """Option device among ONNX Runtime's devices: AUTO and the named family; "NPU" includes an emulator."""
-        devices = policy_order(plugins.ep_devices())
-        families = list(DEVICE_FAMILIES) if requested == "AUTO" else [requested]
-        chosen = [provider_for(d.ep_name) for family in families for d in devices
-                  if device_family(d) == family and not _emulated(d)]
-        if requested == "NPU":  # an emulated NPU too, since it was asked for
-            chosen += [provider_for(d.ep_name) for d in devices if _emulated(d)]
-        return chosen or [ExecutionProvider()]
+
+def _families_passed_over() -> list[tuple[str, str]]:
+    """AUTO: why each device family before the one taken has nothing to run on."""
+    listed = plugins.ep_devices()
+    passed = []
+    for family in ("NPU", "GPU"):
+        present = [d for d in listed if device_family(d) == family and not emulated(d)]
+        if present:
+            break
+        emulators = [d.ep_name for d in listed if emulated(d)] if family == "NPU" else []
+        passed.append((family, f"ONNX Runtime lists no {family} device (its EP devices: "
+                               f"{', '.join(sorted({d.ep_name for d in listed})) or 'none'})"
+                               + (f"; {', '.join(emulators)} is an emulator, never a present NPU" if emulators
+                                  else "")))
+    return passed
+
+
+def _by_device(requested: str) -> list[ExecutionProvider]:
+    """Option device among ONNX Runtime's devices: AUTO and the named family; "NPU" includes an emulator."""
+    devices = policy_order(plugins.ep_devices())
+    families = list(DEVICE_FAMILIES) if requested == "AUTO" else [requested]
+    chosen = [provider_for(d.ep_name) for family in families for d in devices
+              if device_family(d) == family and not emulated(d)]
+    if requested == "NPU":  # an emulated NPU too, since it was asked for
+        chosen += [provider_for(d.ep_name) for d in devices if emulated(d)]
+    return chosen or [ExecutionProvider()]

@@ -30,9 +30,8 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ...types import NpuError, NpuUnsupportedError
+from ...types import NpuError
 from . import plugins
-from .backend import OrtBackend
 from .providers import ExecutionProvider
 
 QNN_EP = "QNNExecutionProvider"
@@ -75,8 +74,10 @@ def is_emulator_host() -> bool:
 
 def hexagon_reachable() -> str:
     """On ARM64: "" where a Hexagon DSP is reachable (FastRPC nodes and libcdsprpc), else what is missing."""
-    if platform.system() == "Windows":
-        return ""  # Windows on Snapdragon: ONNX Runtime's own device discovery lists the NPU
+    if platform.system() == "Windows":  # Windows on Snapdragon: ONNX Runtime's own device discovery lists the NPU
+        listed = [int(d.device.type) for d in plugins.ep_devices(QNN_EP)]
+        return "" if 2 in listed else (f"ONNX Runtime lists no NPU device for {QNN_EP} (its devices' types: "
+                                       f"{listed}; 2 is an NPU)")
     nodes = [n for n in FASTRPC_NODES if os.path.exists(n)] + glob.glob("/dev/fastrpc-*")
     libraries = [p for d in ("/usr/lib", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/vendor/lib64")
                  for p in glob.glob(os.path.join(d, "libcdsprpc.so*"))]
@@ -193,26 +194,17 @@ class QnnProvider(ExecutionProvider):
         return {"ep": QNN_EP, **qnn_versions(), "emulated": self.emulated, "options": sorted(self.options.items())}
 
 
-class QnnBackend(OrtBackend):
-    """RunnerType.QNN: ONNX Runtime with the QNN EP's HTP (Qualcomm NPUs; the HTP emulator on x86-64), or its CPU
-    provider."""
-
-    name = "QNN"
-    target = "QNN"
-
-    @classmethod
-    def npu_present(cls) -> bool:
-        """A real Hexagon NPU (never the emulator)."""
-        if importlib.util.find_spec(MODULE) is None or is_emulator_host():
-            return False
-        return QnnProvider().unavailable_reason() == ""
-
-    def provider_option_keys(self) -> tuple[str, ...]:
-        return QNN_OPTION_KEYS
-
-    def make_provider(self, provider_options: Mapping[str, Any]) -> ExecutionProvider:
-        precision = self.options.inference_precision
-        if precision == "bf16":
-            raise NpuUnsupportedError("inference_precision='bf16': the HTP computes floats in FP16 (its precision "
-                                      "mode) or FP32; int8 / uint16 come from a QDQ model")
-        return QnnProvider(provider_options, fp16=precision != "f32")
+def qualcomm_npu_report() -> dict[str, Any]:
+    """Qualcomm's NPU for `npurt devices`: a real Hexagon HTP, the emulator (on x86-64: never a present NPU), or
+    what is missing."""
+    provider = QnnProvider()
+    why_not = provider.unavailable_reason()
+    name = "Qualcomm HTP via the QNN EP"
+    if provider.emulated:
+        why_not = ("this is an x86-64 machine: the QNN EP's HTP backend here is Qualcomm's emulator"
+                   + (f" ({why_not})" if why_not else ", usable with RunnerType.QNN and device='NPU'"))
+        needed = ["a Snapdragon device: ARM64 Linux with FastRPC (/dev/fastrpc-cdsp*) and libcdsprpc.so, or Windows "
+                  "on ARM64 (ONNX Runtime's device discovery lists its NPU)"]
+        return {"name": name, "present": False, "emulated": True, "why_not": why_not, "needed": needed}
+    needed = [] if not why_not else [why_not]
+    return {"name": name, "present": not why_not, "emulated": False, "why_not": why_not, "needed": needed}

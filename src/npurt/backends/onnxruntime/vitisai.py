@@ -10,13 +10,11 @@ adapter's placement check reports).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
-from .backend import OrtBackend
 from .providers import ExecutionProvider
 
 VITISAI_EP = "VitisAIExecutionProvider"
@@ -62,18 +60,25 @@ class VitisAIProvider(ExecutionProvider):
         return options
 
 
-class VaimlBackend(OrtBackend):
-    """RunnerType.VAIML: ONNX Runtime with the Vitis AI EP (AMD NPUs), or its CPU provider."""
+def amd_npu_report() -> dict[str, Any]:
+    """The AMD NPU's verdict for `npurt devices`: present (the Vitis AI EP and the amdxdna driver), or what is
+    needed."""
+    ep = VITISAI_EP in ort.get_available_providers()
+    driver = Path("/sys/module/amdxdna").exists() or any(_driver(n) == "amdxdna" for n in accel_nodes())
+    needed = []
+    if not driver:
+        needed.append("an AMD Ryzen AI NPU with the amdxdna kernel driver loaded (and its /dev/accel/accel* node)")
+    if not ep:
+        needed.append(f"the Ryzen AI SDK's onnxruntime build, which has the {VITISAI_EP} (instead of the PyPI "
+                      "onnxruntime)")
+    present = ep and driver
+    return {"name": "AMD NPU via the Vitis AI EP", "present": present, "emulated": False,
+            "why_not": "" if present else VitisAIProvider().unavailable_reason() or "the amdxdna driver is not loaded",
+            "needed": needed}
 
-    name = "VAIML"
-    target = "VAIML"
 
-    @classmethod
-    def npu_present(cls) -> bool:
-        return VITISAI_EP in ort.get_available_providers()
-
-    def provider_option_keys(self) -> tuple[str, ...]:
-        return VITISAI_OPTION_KEYS
-
-    def make_provider(self, provider_options: Mapping[str, Any]) -> ExecutionProvider:
-        return VitisAIProvider(provider_options)
+def _driver(node: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(f"/sys/class/accel/{os.path.basename(node)}/device/driver"))
+    except OSError:
+        return None

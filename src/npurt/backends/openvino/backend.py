@@ -10,7 +10,7 @@ import openvino as ov
 from openvino.preprocess import PrePostProcessor
 
 from ... import devices, formats
-from ...engine import Backend, Engine, OpenedModel
+from ...engine import Backend, Discovery, Engine, OpenedModel
 from ...ports import Port, PortFactory, PortSpec, onnx_port_specs
 from ...types import DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from .discovery import (
@@ -18,7 +18,9 @@ from .discovery import (
     core,
     data_type_of,
     device_family,
+    engine_report,
     gpu_unavailable_reason,
+    intel_npu_report,
     npu_unavailable_reason,
     ov_type,
 )
@@ -51,6 +53,11 @@ class OpenVINOBackend(Backend):
             return any(device_family(d) == "NPU" for d in core().available_devices)
         except RuntimeError:
             return False
+
+    @classmethod
+    def discover(cls) -> Discovery:
+        report = engine_report()
+        return Discovery("openvino", report, intel_npu_report(report))
 
     def open(self) -> OpenedModel:
         ov_core = core()
