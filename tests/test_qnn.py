@@ -163,9 +163,8 @@ def test_a_qdq_model_runs_whole_on_the_htp_with_quantized_hw_views(images, tmp_p
     assert raw_cpu_nodes, "raw ONNX Runtime + QNN ran the whole QDQ model on the HTP: the boundary claim is stale"
 
 
-def test_nodes_the_htp_refuses_are_named_with_the_eps_reason(tmp_path):
-    """A node the EP does not take runs on the CPU provider, reported with the QNN EP's own reason; with
-    fallback='error' the load fails naming it."""
+def erf_model(tmp_path):
+    """Relu -> Erf -> Add: the QNN EP has no Erf."""
     from onnx import TensorProto, helper
 
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Erf", ["r"], ["e"], name="erf"),
@@ -174,6 +173,13 @@ def test_nodes_the_htp_refuses_are_named_with_the_eps_reason(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
     path = tmp_path / "erf.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+def test_nodes_the_htp_refuses_are_named_with_the_eps_reason(tmp_path):
+    """A node the EP does not take runs on the CPU provider, reported with the QNN EP's own reason; with
+    fallback='error' the load fails naming it."""
+    path = erf_model(tmp_path)
     with RunnerFactory.create_runner("QNN", path, {"device": "NPU", **QUIET}) as r:
         placed = {p.node: p for p in r.placement}
         assert placed["relu"].device == "QNNExecutionProvider" and placed["relu"].reason is None
@@ -244,3 +250,21 @@ def test_any_ep_by_name_or_policy_and_vaiml_refuses_both():
     for backend in ("VAIML", "QNN"):
         with pytest.raises(ValueError, match="engine is fixed"):
             RunnerFactory.create_runner(backend, DEFAULT_MODEL, {"ep_policy": "PREFER_NPU"})
+
+
+def test_npurt_info_placement_and_devices_show_the_emulator(tmp_path):
+    from tests.test_cli import npurt, stdout_json
+
+    path = erf_model(tmp_path)
+    report = stdout_json(npurt("info", str(path), "--backend", "qnn", "--device", "npu", "--placement", "--json"))
+    assert "Qualcomm HTP emulator" in report["device"]["full_name"]
+    placed = {p["node"]: p for p in report["placement"]}
+    assert placed["erf"]["device"] == "CPUExecutionProvider" and "not supported by QNN EP" in placed["erf"]["reason"]
+    text = npurt("info", str(path), "--backend", "qnn", "--device", "npu", "--placement").stdout
+    assert "  CPUExecutionProvider: 1 nodes" in text and "why not on the device asked for: Operators of type `Erf`" \
+        in text
+    devices = stdout_json(npurt("devices", "--json"))
+    (qualcomm,) = [n for n in devices["npus"] if n["backend"] == "QNN"]
+    assert qualcomm["emulated"] and not qualcomm["present"] and not devices["npu_present"]
+    assert any(d["ep_name"] == "QNNExecutionProvider" and d["emulated"] for d in devices["onnxruntime"]["ep_devices"])
+    assert "Qualcomm HTP via the QNN EP runs as an emulator" in devices["verdict"]

@@ -1,13 +1,16 @@
 """`npurt info MODEL`: a model's inputs and outputs as the file declares them and, loaded on a backend and device,
-in both views (shape with ? for open dims, dtype, layout, quantization), with the views and shape mode in force."""
+in both views (shape with ? for open dims, dtype, layout, quantization), with the views and shape mode in force;
+with --placement, where each node runs and why not on the device asked for."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
-from ..types import NpuTensorInfo
+from ..types import NodePlacement, NpuTensorInfo
 from .common import (
     add_model_options,
     create_runner,
@@ -25,7 +28,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "backend and device, in both views (shape, dtype, layout, quantization). Dynamic "
                                    "dims show as ?; --shape pins them.")
     p.add_argument("model", metavar="MODEL", help="an ONNX (.onnx) or OpenVINO IR (.xml) model")
-    add_model_options(p, "openvino, vaiml or auto", "auto")
+    add_model_options(p, "openvino, vaiml, qnn, onnxruntime or auto", "auto")
+    p.add_argument("--placement", action="store_true",
+                   help="where each node runs (ONNX Runtime's EP per node; OpenVINO's operations per device), grouped "
+                        "by device, and why a node is not on the device asked for, where the engine says")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
@@ -38,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
     backend = resolve_backend(args.backend)
     loaded = create_runner(backend, path, runner_options(args, shapes))
     runner = loaded.runner
+    if args.json:
+        try:
+            print(json.dumps(info_json(path, loaded, args.placement), indent=2))
+        finally:
+            runner.close()
+        return 0
     out = [f"Model    {path} ({model.format})"]
     try:
         info = runner.device_info
@@ -72,10 +85,56 @@ def run(args: argparse.Namespace) -> int:
                 quant = runner.get_quant_parameters(c.name)
                 out.append("    quant     " + (f"scale {quant.scale:g}, zero point {quant.zero_point}, "
                                                 f"{quant.rounding_mode.name}" if quant else "none (float)"))
+        if args.placement:
+            out += placement_text(runner.placement)
     finally:
         runner.close()
     print("\n".join(out))
     return 0
+
+
+def placement_text(placement: tuple[NodePlacement, ...]) -> list[str]:
+    """The placement grouped by device: each device's node count and its nodes; the reasons of nodes that are not
+    on the device asked for, grouped by reason."""
+    if not placement:
+        return ["Placement  the engine does not say where nodes run"]
+    by_device: dict[str, list[NodePlacement]] = {}
+    for p in placement:
+        by_device.setdefault(p.device, []).append(p)
+    out = [f"Placement  {len(placement)} nodes"]
+    for device, nodes in by_device.items():
+        out.append(f"  {device}: {len(nodes)} nodes")
+        reasons: dict[str | None, list[NodePlacement]] = {}
+        for p in nodes:
+            reasons.setdefault(p.reason, []).append(p)
+        for reason, group in reasons.items():
+            names = ", ".join(f"{p.node} ({p.op_type})" for p in group[:12]) + (
+                f", and {len(group) - 12} more" if len(group) > 12 else "")
+            out.append(f"    {names}")
+            if reason:
+                out.append(f"      why not on the device asked for: {reason}")
+    return out
+
+
+def info_json(path: Path, loaded: Any, placement: bool) -> dict[str, Any]:
+    from ..types import TensorDirection, TensorType
+
+    runner = loaded.runner
+    info = runner.device_info
+    doc: dict[str, Any] = {
+        "model": str(path), "backend": loaded.backend, "device": {
+            "requested": info.requested, "attached": info.attached, "full_name": info.full_name,
+            "engine": info.engine, "engine_version": info.engine_version, "fell_back": info.fell_back,
+            "reason": info.reason, "skipped": [list(s) for s in info.skipped],
+            "placement": [list(p) for p in info.placement], "shape_mode": info.shape_mode, "hw_view": info.hw_view},
+    }
+    for direction, key in ((TensorDirection.INPUT, "inputs"), (TensorDirection.OUTPUT, "outputs")):
+        doc[key] = [{"name": c.name, "cpu": c.describe(), "hw": h.describe()}
+                    for c, h in zip(runner.get_tensors_info(direction, TensorType.CPU),
+                                    runner.get_tensors_info(direction, TensorType.HW))]
+    if placement:
+        doc["placement"] = [dataclasses.asdict(p) for p in runner.placement]
+    return doc
 
 
 def view_text(info: NpuTensorInfo) -> str:

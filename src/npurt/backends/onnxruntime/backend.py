@@ -113,6 +113,7 @@ class OrtBackend(Backend):
         self._session_options = engine_opts
         ep, sel = self.select(provider_options)
         self.ep = ep
+        self._fallback_reason = sel.reason if sel.fell_back else ""
         self.target = ep.target
         self.on_ep = sel.attached == ep.device and ep.device != "CPU"
         self.provider = ep if self.on_ep else None
@@ -420,7 +421,10 @@ class OrtBackend(Backend):
 
     def _record_placement(self, session: ort.InferenceSession, source: bytes | str) -> None:
         """Which provider took which node, from the session's own graph assignment; on an EP, its checks."""
-        placed = Placement.of_session(session, self.provider.ep_name if self.provider is not None else CPU_EP)
+        asked = self.provider or (self.ep if self._fallback_reason and self.ep is not None else None)
+        placed = Placement.of_session(session, asked.ep_name if asked is not None else CPU_EP)
+        if self._fallback_reason:  # every node is off the EP asked for, for that one reason
+            placed.why_not_asked = f"{placed.asked} was asked for and is not available here: {self._fallback_reason}"
         if not self._placement.nodes:
             self._placement = placed
         ep = self.provider

@@ -1,16 +1,14 @@
 """Placement per node on ONNX Runtime: which EP each node of a session went to, and why a node left the EP.
 
 The source is the session's own graph assignment (option ``session.record_ep_graph_assignment_info``): the nodes of
-the optimized graph, each with the EP that runs it. Their names are mapped back to the model's: a node that kept its
-name keeps it; ONNX Runtime names an unnamed node ``<op_type>@<k>`` (the k-th unnamed node of that type, in graph
-order), which is mapped to the model's node and named by its first output; a node ONNX Runtime made (a fusion) keeps
-ONNX Runtime's name. Reasons come from the EP where it says why it refused a node (``reasons``), else from what
-npurt knows (no EP asked for, or the EP took nothing).
+the optimized graph, each with the EP that runs it, by name. A node that kept its name keeps it; a node ONNX Runtime
+made (a fusion) has ONNX Runtime's name; an unnamed node of the model is named by its first output (see
+``Placement._names_of_unnamed``). Reasons come from the EP where it says why it refused a node (``reasons``), else
+from what npurt knows (no EP asked for, or the EP took nothing).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +16,6 @@ from typing import Any
 
 from ...types import NodePlacement
 
-_UNNAMED = re.compile(r"^(?P<op>.+)@(?P<k>\d+)$")
 ModelNodes = list[tuple[str, str, str]]  # the model's main-graph nodes: (name, op_type, first output)
 
 
@@ -50,32 +47,34 @@ class Placement:
         return tuple(sorted(counts.items(), key=lambda kv: (kv[0] != self.asked, kv[0])))
 
     def per_node(self, model_nodes: Callable[[], ModelNodes]) -> tuple[NodePlacement, ...]:
-        """One NodePlacement per node, named as the model names it (``model_nodes`` is read only where an unnamed
-        node must be mapped back)."""
-        names: dict[str, str] | None = None
+        """One NodePlacement per node, named as the model names it (``model_nodes`` is read only where a node has no
+        name)."""
+        names = self._names_of_unnamed(model_nodes) if any(not n for n, _, _ in self.assigned) else {}
         result = []
-        for engine_name, op_type, ep in self.assigned:
-            name = engine_name
-            match = _UNNAMED.match(name)
-            if match is not None and match["op"] == op_type:
-                if names is None:
-                    names = _unnamed_node_names(model_nodes())
-                name = names.get(name, name)
+        for k, (engine_name, op_type, ep) in enumerate(self.assigned):
             reason = None
             if ep != self.asked:
                 reason = (self.reasons.get(engine_name) or self.why_not_asked
                           or f"ONNX Runtime assigned it to {ep}: {self.asked} did not claim it (it gave no reason)")
-            result.append(NodePlacement(name, op_type, ep, reason))
+            result.append(NodePlacement(engine_name or names.get(k, f"(unnamed {op_type})"), op_type, ep, reason))
         return tuple(result)
 
-
-def _unnamed_node_names(model_nodes: ModelNodes) -> dict[str, str]:
-    """ONNX Runtime's ``<op_type>@<k>`` -> the first output of the model's k-th unnamed node of that type."""
-    seen: Counter[str] = Counter()
-    names = {}
-    for name, op_type, first_output in model_nodes:
-        if name:
-            continue
-        names[f"{op_type}@{seen[op_type]}"] = first_output or f"{op_type}@{seen[op_type]}"
-        seen[op_type] += 1
-    return names
+    def _names_of_unnamed(self, model_nodes: Callable[[], ModelNodes]) -> dict[int, str]:
+        """Unnamed nodes by their first output: ONNX Runtime gives them no name (and no outputs), so the k-th unnamed
+        node of an operator type in its list is the model's k-th one, where both count the same unnamed nodes of
+        that type (ONNX Runtime keeps the model's order; a fusion that removed or made one would shift them, and then
+        they stay unnamed rather than misnamed)."""
+        model: dict[str, list[str]] = {}
+        for name, op_type, first_output in model_nodes():
+            if not name:
+                model.setdefault(op_type, []).append(first_output)
+        engine: dict[str, list[int]] = {}
+        for k, (name, op_type, _) in enumerate(self.assigned):
+            if not name:
+                engine.setdefault(op_type, []).append(k)
+        names = {}
+        for op_type, positions in engine.items():
+            outputs = model.get(op_type, [])
+            if len(outputs) == len(positions):
+                names.update(zip(positions, outputs))
+        return names

@@ -12,13 +12,14 @@ from openvino.preprocess import PrePostProcessor
 from ... import devices, formats
 from ...engine import Backend, Discovery, Engine, OpenedModel
 from ...ports import Port, PortFactory, PortSpec, onnx_port_specs
-from ...types import DeviceInfo, NpuError, NpuUnsupportedError, TensorDirection, TensorType
+from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from .discovery import (
     ENGINE,
     core,
     data_type_of,
     device_family,
     engine_report,
+    first_line,
     gpu_unavailable_reason,
     intel_npu_report,
     npu_unavailable_reason,
@@ -75,6 +76,7 @@ class OpenVINOBackend(Backend):
         selection = devices.select_device(self.options.device, {k: v for k, v in unavailable.items() if v},
                                           present, self.options.fallback, ENGINE)
         self.device = selection.attached
+        self.fallback_reason = selection.reason
         try:
             self.full_name = str(ov_core.get_property(self.device, "FULL_DEVICE_NAME"))
         except RuntimeError:
@@ -84,6 +86,7 @@ class OpenVINOBackend(Backend):
                           skipped=selection.skipped, full_name=self.full_name)
         self._model: ov.Model | None = None
         self._map: ModelPorts | None = None
+        self._node_placement: tuple[NodePlacement, ...] | None = None
         self.onnx_model: Any = None  # the ONNX graph, where QDQ boundaries are stripped from HW ports
         if self.model_path.suffix.lower() == ".onnx":
             # The ports are the ONNX model's own, whatever OpenVINO makes of them (see ModelPorts); OpenVINO reads the
@@ -142,6 +145,40 @@ class OpenVINOBackend(Backend):
             raise NpuUnsupportedError(f"tensor {name!r} has a dynamic rank; npurt needs a known rank")
         return PortSpec(name=name, data_type=data_type_of(port.get_element_type(), f"tensor {name!r}"),
                         shape=spec_shape(pshape))
+
+    # -- placement ------------------------------------------------------------------------------------------
+    def node_placement(self) -> tuple[NodePlacement, ...]:
+        """OpenVINO's operations (its graph of the model: an ONNX node may become several) and the device
+        ``Core.query_model`` gives each on the attached device; an operation it does not support there says so.
+        Asked once (query_model reads the whole graph)."""
+        if self._node_placement is None:
+            self._node_placement = self._query_placement()
+        return self._node_placement
+
+    def _query_placement(self) -> tuple[NodePlacement, ...]:
+        model = self.model
+        try:
+            supported = dict(core().query_model(model, self.device, self.properties()))
+            failure = ""
+        except RuntimeError as e:
+            supported, failure = {}, first_line(e)
+        fell_back = self.options.device not in ("AUTO", self.device)
+        placed = []
+        for op in model.get_ordered_ops():
+            kind = op.get_type_name()
+            if kind in ("Parameter", "Result", "Constant"):
+                continue
+            name = op.get_friendly_name()
+            device = supported.get(name)
+            reason = None
+            if device is None:
+                device = "none"
+                reason = (f"OpenVINO's query_model: the {self.device} plugin does not support it"
+                          + (f" ({failure})" if failure else ""))
+            elif fell_back:
+                reason = f"{self.options.device} was asked for and is not available here: {self.fallback_reason}"
+            placed.append(NodePlacement(name, kind, device, reason))
+        return tuple(placed)
 
     # -- compiling --------------------------------------------------------------------------------------------
     def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
