@@ -15,11 +15,9 @@ import os
 import selectors
 import socket
 import stat
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,51 +25,14 @@ from ..factory import RunnerFactory, create_auto
 from ..runner import Runner
 from ..types import NpuError, StatusCode
 from . import protocol as p
+from .limits import Limits, Peer, peer_of
+from .protocol import ServiceError
 from .served import ServedModel
-from .session import ServiceError, Session
+from .session import Session
 
 log = logging.getLogger("npurt.serve")
 
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 SHUTDOWN_GRACE_S = 0.25  # after telling clients of a shutdown, runs still come in for this long (sent before)
-
-
-@dataclass
-class Limits:
-    """What one service gives: to all clients together, and to each one."""
-
-    max_clients: int = 64  # connections at once
-    max_connections_per_uid: int = 16
-    max_jobs_per_client: int = 64  # runs queued or running, per connection
-    max_mapped_bytes_per_client: int = 1 << 30  # tensor memory a connection has registered
-    max_bindings_per_client: int = 1024  # registered tensor sets (each holds its tensors' fds)
-    max_contexts_per_client: int = 256  # stream contexts of stateful models
-    max_runners: int = 16  # served runners (model x options), for all clients
-    handshake_timeout_s: float = 5.0  # to say HELLO
-    send_timeout_s: float = 5.0  # a client's answers may wait unread this long (its queue full), then it goes
-    drain_timeout_s: float = 30.0  # on shutdown, for the jobs already accepted
-    allowed_uids: frozenset[int] | None = None  # None: whoever the socket's permissions let in
-
-
-@dataclass(frozen=True)
-class Peer:
-    pid: int
-    uid: int
-    gid: int
-    command: str
-
-    def __str__(self) -> str:
-        return f"pid {self.pid} ({self.command}) uid {self.uid}"
-
-
-def peer_of(sock: socket.socket) -> Peer:
-    pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            command = f.read().strip()
-    except OSError:
-        command = "?"
-    return Peer(pid, uid, gid, command)
 
 
 class Service:
@@ -156,7 +117,7 @@ class Service:
         with self._lock:
             clients = len(self._sessions)
         return {"pid": os.getpid(), "clients": clients, "runners": len(self._served),
-                "queued": sum(len(s.queue) for s in self._served.values()),
+                "queued": sum(s.queued for s in self._served.values()),
                 "uptime_s": round(time.monotonic() - self.started, 3)}
 
     # -- the socket -------------------------------------------------------------------------------------------
@@ -294,33 +255,20 @@ class Service:
                 pass
         sessions = self.sessions()
         for s in sessions:
-            s.send(p.pack_json(p.NOTICE, 0, {"shutdown": reason}))
+            s.notify({"shutdown": reason})
         time.sleep(SHUTDOWN_GRACE_S)  # runs already on their way in are taken; clients told refuse new ones
-        for s in sessions:
-            s.draining = True
         deadline = time.monotonic() + self.limits.drain_timeout_s
         for s in sessions:
-            if not s.wait_idle(deadline):
+            if not s.drain(deadline):
                 break
-        failed = 0
-        for served in list(self._served.values()):
-            for job in served.queue.drop():
-                job.session.reply_done(job.req, StatusCode.FAILURE,
-                                       f"the service shut down ({reason}) before the job ran", None)
-                job.session.job_ended()
-                failed += 1
+        why = f"the service shut down ({reason}) before the job ran"
+        failed = sum(served.drop_jobs(None, why) for served in list(self._served.values()))
         if failed:
             log.warning("%d queued jobs ended unrun after %.0f s of draining", failed, self.limits.drain_timeout_s)
         for s in sessions:
-            try:
-                s.sock.shutdown(socket.SHUT_RDWR)  # the reader sees the end and frees the client's state
-            except OSError:
-                pass
+            s.disconnect()  # the reader sees the end and frees the client's state
         for s in sessions:
-            s.threads[0].join(timeout=self.limits.drain_timeout_s)
-        for s in sessions:
-            for thread in list(s.threads):
-                thread.join(timeout=self.limits.drain_timeout_s)
+            s.close(self.limits.drain_timeout_s)
         for served in list(self._served.values()):
             try:
                 served.close()
