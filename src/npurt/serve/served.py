@@ -56,6 +56,13 @@ class JobOwner(Protocol):
         """The job is over (answered, skipped or dropped unrun)."""
 
 
+class JobObserver(Protocol):
+    """Told of every job a served model ran (its metrics): how long it waited for a slot, how long it ran."""
+
+    def job_ran(self, model: str, queued_s: float, compute_s: float, ok: bool) -> None:
+        """One job ran: seconds queued, seconds running, whether it succeeded."""
+
+
 # ---------------------------------------------------------------------------------------------- the queue
 class FairQueue:
     """Jobs of several clients, taken in round robin: one job of each client that has any, in turn."""
@@ -143,8 +150,10 @@ class ServedModel:
     keeping the slot (no thread handoff: each costs tens of microseconds when the CPU it wakes was idle); the
     workers take queued jobs when slots are free and no running thread will."""
 
-    def __init__(self, name: str, key: str, options: dict[str, Any], runner: Runner, slots: int) -> None:
+    def __init__(self, name: str, key: str, options: dict[str, Any], runner: Runner, slots: int,
+                 observer: JobObserver | None = None) -> None:
         self.name, self.key, self.options, self.runner = name, key, options, runner
+        self.observer = observer
         self.queue = FairQueue()
         self.slots = slots
         self._cond = threading.Condition(threading.Lock())  # slots in use, and workers waiting for a job
@@ -236,8 +245,10 @@ class ServedModel:
 
     def run(self, job: Job) -> None:
         """Run one job and answer it (a worker, or a client's thread, never dies of a job)."""
+        started = time.monotonic()
+        ok = False
         try:
-            self._run(job)
+            ok = self._run(job)
         except Exception:  # noqa: BLE001
             log.exception("model %s: a job of client %d failed unexpectedly", self.name, job.owner.sid)
             if job.arrays is not None:
@@ -245,21 +256,24 @@ class ServedModel:
             else:
                 job.owner.reply_done(job.req, StatusCode.FAILURE, "the service failed to run the job", None)
         finally:
+            if self.observer is not None:
+                self.observer.job_ran(self.name, started - job.queued_at, time.monotonic() - started, ok)
             job.owner.job_ended()
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> bool:
+        """Run a job and answer it; whether it succeeded."""
         owner = job.owner
         if owner.closed:
-            return  # its client is gone: nobody waits for the answer
+            return False  # its client is gone: nobody waits for the answer
         self.jobs_run += 1
         if job.arrays is not None:
             try:
                 outputs = self.runner.run(job.arrays, job.stream)
             except (ValueError, NpuError) as e:
                 owner.reply_error(job.req, *status_of_exception(e))
-                return
+                return False
             owner.reply_outputs(job.req, outputs)
-            return
+            return True
         binding = job.binding
         assert binding is not None
         runner = self.runner
@@ -272,6 +286,7 @@ class ServedModel:
                     shapes = [None] * len(binding.outputs[0])
                 shapes[k] = list(result.shape)
         owner.reply_done(job.req, status, runner.last_error if status is not StatusCode.SUCCESS else "", shapes)
+        return status is StatusCode.SUCCESS
 
     def ports_for(self, signature: list[tuple[int, ...]] | None) -> dict[str, Any]:
         """The ports (and variables) of the engine that runs these input shapes (None: the dynamic one),
@@ -309,4 +324,4 @@ def _has_default(runner: Runner) -> bool:
         return False
 
 
-__all__ = ["Binding", "FairQueue", "Job", "JobOwner", "ServedModel", "status_of_exception"]
+__all__ = ["Binding", "FairQueue", "Job", "JobObserver", "JobOwner", "ServedModel", "status_of_exception"]
