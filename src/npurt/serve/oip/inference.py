@@ -27,7 +27,7 @@ from ... import __version__
 from ...tensor import NpuTensor
 from ...types import NpuTensorInfo, StatusCode, TensorDirection, TensorType
 from ..served import Binding, Job, ServedModel
-from .codec import InferRequest, OipError, OipLimits, OutputTensor, RequestedOutput, tensor_metadata
+from .codec import InferRequest, InputTensor, OipError, OipLimits, OutputTensor, RequestedOutput, tensor_metadata
 from .metrics import ServeMetrics
 from .shm import Region, SharedMemoryRegions
 
@@ -71,6 +71,8 @@ class InferCall:
         self.outputs: list[OutputTensor] | None = None
         self.error: OipError | None = None
         self.done: Callable[[], None] = lambda: None
+        self.put_back: Callable[[], None] = lambda: None  # a reusable binding goes back to its cache
+
 
     # -- JobOwner ---------------------------------------------------------------------------------------------
     def reply_done(self, req: int, status: StatusCode, message: str, shapes: list[Any] | None) -> None:
@@ -110,6 +112,8 @@ class InferCall:
 
     def job_ended(self) -> None:
         self.tensors = []
+        self.put_back()
+        self.put_back = lambda: None
         for region in self.regions:
             self.release_region(region)
         self.regions = []
@@ -137,6 +141,12 @@ class InferenceFront:
         self._in_flight = 0
         self._idle = threading.Condition()
         self._clients: dict[str, int] = {}  # peer -> its number in the fair queue
+        # Bindings whose every tensor lies in shared memory, by where they lie: a client that reuses its regions
+        # reuses the same tensors, so the runner's plan (and the engine's binding) is made once, not per request.
+        # Taken out while a job uses one; dropped with its regions.
+        self._bindings: dict[tuple[Any, ...], tuple[list[NpuTensor], list[NpuTensor], list[NpuTensor]]] = {}
+        self._bindings_lock = threading.Lock()
+        regions.on_release.append(self._forget_region)
         self._next_client = itertools.count(1 << 30)  # above the socket protocol's session ids
 
     # -- health and metadata ----------------------------------------------------------------------------------
@@ -259,6 +269,12 @@ class InferenceFront:
         if not any(out.shm is not None for out in call.planned):
             return Job(call, 0, None, None, feeds)
         # outputs into shared memory: execute on tensors over the regions where the engine's shapes are known
+        key = self._binding_key(call, given)
+        if key is not None:
+            with self._bindings_lock:
+                cached = self._bindings.pop(key, None)
+            if cached is not None:
+                return self._reuse(call, key, cached)
         try:
             engine = served.runner.engine_for([feeds[i.name].shape for i in entry.inputs], compile=True)
         except ValueError as e:
@@ -277,8 +293,50 @@ class InferenceFront:
                 chosen = NpuTensor(port.cpu, np.empty(port.cpu.shape, port.cpu.data_type.numpy))
             all_outputs.append(chosen)
         call.tensors = [tensors[out.name] for out in call.planned]
+        if key is not None:
+            made = (inputs, all_outputs, call.tensors)
+            held = list(call.regions)
+            call.put_back = lambda: self._put_back(key, made, held)
         nbytes = sum(t.info.size_in_bytes for t in (*inputs, *all_outputs))
         return Job(call, 0, Binding(served, 0, inputs, all_outputs, nbytes), None)
+
+    # -- bindings over shared memory, reused ------------------------------------------------------------------
+    @staticmethod
+    def _binding_key(call: InferCall, given: Mapping[str, InputTensor]) -> tuple[Any, ...] | None:
+        """Where every tensor of the request lies, when all lie in shared memory (None otherwise)."""
+        if any(t.shm is None for t in given.values()) or any(o.shm is None for o in call.planned):
+            return None
+        regions = {r.name: id(r) for r in call.regions}
+        ins = tuple((n, regions[t.shm.region], t.shm.offset, t.shm.byte_size, t.shape) for n, t in sorted(
+            given.items()) if t.shm is not None)
+        outs = tuple((o.name, regions[o.shm.region], o.shm.offset, o.shm.byte_size) for o in call.planned
+                     if o.shm is not None)
+        return call.entry.name, ins, outs
+
+    def _reuse(self, call: InferCall, key: tuple[Any, ...],
+               cached: tuple[list[NpuTensor], list[NpuTensor], list[NpuTensor]]) -> Job:
+        inputs, all_outputs, tensors = cached
+        for out in call.planned:  # the regions' objects may have been shrunk since: checked on every use
+            region = next(r for r in call.regions if out.shm is not None and r.name == out.shm.region)
+            assert out.shm is not None
+            region.check(out.shm, f"output {out.name!r}")
+        call.tensors = tensors
+        held = list(call.regions)
+        call.put_back = lambda: self._put_back(key, cached, held)
+        nbytes = sum(t.info.size_in_bytes for t in (*inputs, *all_outputs))
+        return Job(call, 0, Binding(call.entry.served, 0, inputs, all_outputs, nbytes), None)
+
+    def _put_back(self, key: tuple[Any, ...], binding: tuple[list[NpuTensor], list[NpuTensor], list[NpuTensor]],
+                  regions: list[Region]) -> None:
+        with self._bindings_lock:
+            # not over a region unregistered while the job ran (its release dropped the others already)
+            if len(self._bindings) < 256 and key not in self._bindings and not any(r.released for r in regions):
+                self._bindings[key] = binding
+
+    def _forget_region(self, region: Region) -> None:
+        with self._bindings_lock:
+            for key in [k for k in self._bindings if any(t[1] == id(region) for t in (*k[1], *k[2]))]:
+                del self._bindings[key]
 
     def _output_tensor(self, call: InferCall, out: OutputTensor, info: NpuTensorInfo) -> NpuTensor:
         if out.shm is None:
@@ -331,6 +389,7 @@ class InferenceFront:
             ended = threading.Event()
             call.done = ended.set
             if not served.submit(call.sid, job):
+                call.job_ended()  # never queued: its regions are free again
                 raise OipError(503, "the server is shutting down: it takes no new requests")
             ended.wait()
         return call.result()
@@ -354,6 +413,7 @@ class InferenceFront:
 
         call.done = done
         if not served.submit(call.sid, job):
+            call.job_ended()  # never queued: its regions are free again
             raise OipError(503, "the server is shutting down: it takes no new requests")
         await asyncio.shield(ended)  # a cancelled request still lets its job end before the regions are reused
         return call.result()

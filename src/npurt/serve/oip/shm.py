@@ -21,7 +21,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -46,12 +46,19 @@ class Region:
     base: int  # the region's first byte in the mapping (the mapping starts page-aligned)
     users: int = 0
     closing: bool = False
+    released: bool = False
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def view(self, ref: ShmRef, what: str) -> memoryview:
         """``ref.byte_size`` bytes at ``ref.offset`` of the region, bounds-checked (OipError 400)."""
+        self.check(ref, what)
+        start = self.base + ref.offset
+        return memoryview(self.mapping)[start:start + ref.byte_size]
+
+    def check(self, ref: ShmRef, what: str) -> None:
+        """``ref`` lies within the region, and the shm object still holds the region (OipError 400)."""
         if ref.offset + ref.byte_size > self.byte_size:
             raise OipError(400, f"{what}: {ref.byte_size} bytes at offset {ref.offset} of shared memory region "
                                 f"{self.name!r} run past its {self.byte_size} bytes")
@@ -62,8 +69,6 @@ class Region:
         if size < self.offset + self.byte_size:
             raise OipError(400, f"{what}: shared memory region {self.name!r} was shrunk to {size} bytes after it was "
                                 f"registered with {self.offset + self.byte_size}; register it again")
-        start = self.base + ref.offset
-        return memoryview(self.mapping)[start:start + ref.byte_size]
 
 
 class SharedMemoryRegions:
@@ -74,6 +79,7 @@ class SharedMemoryRegions:
         self.unregister_timeout_s = unregister_timeout_s
         self._regions: dict[str, Region] = {}
         self._cond = threading.Condition()
+        self.on_release: list[Callable[[Region], None]] = []  # told before a region is unmapped (caches over it)
 
     # -- registration ----------------------------------------------------------------------------------------
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -145,8 +151,10 @@ class SharedMemoryRegions:
         for region in targets:
             self._release(region)
 
-    @staticmethod
-    def _release(region: Region) -> None:
+    def _release(self, region: Region) -> None:
+        region.released = True
+        for hook in self.on_release:
+            hook(region)
         os.close(region.fd)
         try:
             region.mapping.close()
