@@ -16,7 +16,22 @@
 Targets (the issue): added p50 <= 60 us, independent of the tensor's size (the 1080p frame's added p50 within 60 us
 of the classifier's); throughput with 4 clients >= 0.95x of 4 threads in one process.
 
-    python -m benchmarks.serve [--quick] [--json] [--backend openvino|vaiml]
+The Open Inference Protocol (``--part oip``; issue 31), against what a user would pick instead: KServe's own Python
+model server (``kserve`` from PyPI, a ``kserve.Model`` whose ``predict`` calls ONNX Runtime), the same model (the
+PP-OCR classifier) on the same engine (ONNX Runtime's CPU provider: npurt's VAIML backend on CPU, no Vitis AI EP)
+with the same engine settings (one intra-op thread per run, as many runs at once as cores: npurt's two slots,
+KServe's two uvicorn workers), the same client (tritonclient.http, binary data), 1 and 8 concurrent client
+processes. KServe pins many packages: it runs from a venv of its own, never the project's (``--kserve-python``, or
+``$NPURT_KSERVE_PYTHON``; e.g. ``python3 -m venv ~/kserve-venv && ~/kserve-venv/bin/pip install kserve
+onnxruntime``). And the 1x3x1080x1920 float32 frame of the latency part above (its normalisation) sent as an HTTP
+request whose input and output lie in system shared memory, against the socket protocol's round trip (``execute``
+on registered tensors) of the same frame through the same server.
+
+Targets (issue 31): throughput >= 1.2x KServe's at 8 clients; p50 <= 0.8x KServe's at 1 client; the 1080p shared
+memory request <= 1.1x the socket protocol's round trip; 0 server deaths.
+
+    python -m benchmarks.serve [--quick] [--json] [--backend openvino|vaiml] [--part socket|oip|all]
+                               [--kserve-python PATH]
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -36,6 +52,7 @@ import numpy as np
 from benchmarks import finish, parser
 from npurt import RunnerFactory
 from npurt.bench import BenchError, Budget, Report, RunnerSubject, Table, Target, measure_latency, paired_difference_ms
+from npurt.bench.measure import CallSubject
 from npurt.bench.subjects import runner_feeds
 from npurt.models import zoo
 from npurt.serve import connect
@@ -160,7 +177,22 @@ def threads_rate(subjects: list[RunnerSubject], seconds: float) -> float:
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--backend", default="openvino", choices=("openvino", "vaiml"))
+    p.add_argument("--part", default="all", choices=("socket", "oip", "all"))
+    p.add_argument("--kserve-python", default=os.environ.get("NPURT_KSERVE_PYTHON"),
+                   help="the python of a venv with kserve and onnxruntime (default: $NPURT_KSERVE_PYTHON)")
     args = p.parse_args()
+    if args.part == "oip":
+        report = Report(f"npurt serve over the Open Inference Protocol ({os.cpu_count()} CPUs, load average "
+                        f"{os.getloadavg()[0]:.1f} at the start)")
+        oip_section(report, args.quick, args.kserve_python)
+        return finish(report, args.json)
+    report = socket_section(args)
+    if args.part == "all":
+        oip_section(report, args.quick, args.kserve_python)
+    return finish(report, args.json)
+
+
+def socket_section(args: Any) -> Report:
     backend = args.backend.upper()
     quick = args.quick
     tmp = tempfile.TemporaryDirectory()
@@ -229,7 +261,261 @@ def main() -> int:
                unit=" us"),
         Target("throughput, 4 clients / 4 threads in one process", ratios4[0], 0.95, at_most=False, unit="x"),
     ]
-    return finish(report, args.json)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- Open Inference Protocol
+KSERVE_MODEL = """
+import argparse, onnxruntime as ort
+from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+
+class OnnxModel(Model):
+    # what a KServe user writes: ONNX Runtime's session, its outputs as binary tensors. With several workers KServe
+    # pickles the model into each worker process: the session is made there, on first use.
+    def __init__(self, name, path, threads):
+        super().__init__(name)
+        self.path, self.threads, self.session = path, threads, None
+        self.ready = True
+
+    def predict(self, payload: InferRequest, headers=None) -> InferResponse:
+        if self.session is None:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = self.threads
+            self.session = ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
+            self.outputs = [o.name for o in self.session.get_outputs()]
+        results = self.session.run(self.outputs, {i.name: i.as_numpy() for i in payload.inputs})
+        outputs = []
+        for name, array in zip(self.outputs, results):
+            out = InferOutput(name=name, shape=list(array.shape), datatype="FP32")
+            out.set_data_from_numpy(array, binary_data=True)
+            outputs.append(out)
+        return InferResponse(model_name=self.name, infer_outputs=outputs, response_id=payload.id or "0")
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--path"); p.add_argument("--name"); p.add_argument("--port", type=int)
+    p.add_argument("--grpc-port", type=int); p.add_argument("--threads", type=int)
+    p.add_argument("--workers", type=int)
+    a = p.parse_args()
+    ModelServer(http_port=a.port, grpc_port=a.grpc_port, enable_grpc=False, workers=a.workers,
+                enable_latency_logging=False).start([OnnxModel(a.name, a.path, a.threads)])
+"""
+CLS_OUT = "save_infer_model/scale_0.tmp_1"
+OIP_CLIENTS = (1, 8)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class KServeProcess:
+    """KServe's model server for one ONNX model, from a venv of its own."""
+
+    def __init__(self, python: str, model: Path, name: str, tmp: Path, threads: int, workers: int) -> None:
+        script = tmp / "kserve_model.py"
+        script.write_text(KSERVE_MODEL)
+        self.port = free_port()
+        self.log = open(tmp / "kserve.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen([python, str(script), "--path", str(model), "--name", name, "--port",
+                                         str(self.port), "--grpc-port", str(free_port()), "--threads", str(threads),
+                                         "--workers", str(workers)], stdout=self.log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL)
+        self.address = f"127.0.0.1:{self.port}"
+        import tritonclient.http as httpclient
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpclient.InferenceServerClient(self.address).is_model_ready(name):
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise BenchError(f"KServe's model server did not start: {(tmp / 'kserve.log').read_text()[-2000:]}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def http_infer_fn(address: str, model: str, x: np.ndarray) -> Any:
+    """One client's binary infer request, as a callable (tritonclient.http, a connection of its own)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(address)
+    outputs = [httpclient.InferRequestedOutput(CLS_OUT, binary_data=True)]
+
+    def infer() -> np.ndarray:
+        i = httpclient.InferInput("x", list(x.shape), "FP32")
+        i.set_data_from_numpy(x, binary_data=True)
+        return client.infer(model, [i], outputs=outputs).as_numpy(CLS_OUT)
+
+    return infer
+
+
+def oip_client_process(address: str, seed: int, conn: Any) -> None:
+    """A tritonclient.http client process: infer in a loop for as long as it is told; its count back."""
+    x = np.random.default_rng(seed).random(CLS_SHAPE, dtype=np.float32)
+    infer = http_infer_fn(address, "cls", x)
+    for _ in range(5):
+        infer()
+    conn.send("ready")
+    while (seconds := conn.recv()) is not None:
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            infer()
+            count += 1
+        conn.send((count, time.perf_counter() - start))
+
+
+class OipClients:
+    def __init__(self, address: str, n: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for k in range(n):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=oip_client_process, args=(address, k, theirs), daemon=True)
+            proc.start()
+            self.conns.append(mine)
+            self.procs.append(proc)
+        for conn in self.conns:
+            if conn.recv() != "ready":
+                raise BenchError("a client did not start")
+
+    def rate(self, seconds: float) -> float:
+        for conn in self.conns:
+            conn.send(seconds)
+        return sum(count / elapsed for count, elapsed in (conn.recv() for conn in self.conns))
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+
+
+def oip_section(report: Report, quick: bool, kserve_python: str | None) -> None:
+    """npurt serve over HTTP against KServe's model server; the 1080p frame in shared memory against the socket."""
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    tmp_dir = tempfile.TemporaryDirectory()
+    tmp = Path(tmp_dir.name)
+    cls_model = zoo.path("ocr_cls")
+    frame_model = normalize_model(tmp / "normalize_1080p.onnx")
+    args = ["--backend", "vaiml", "--device", "CPU", "--threads", "1", "--shape",
+            "cls:x=" + ",".join(map(str, CLS_SHAPE)), "--http", "127.0.0.1:0"]
+    report.notes.append("Open Inference Protocol: both servers run the PP-OCR classifier on ONNX Runtime's CPU "
+                        "provider (npurt's VAIML backend on CPU, no Vitis AI EP), one intra-op thread per run, two "
+                        "runs at once (npurt: two slots; KServe: two uvicorn workers); clients are tritonclient.http "
+                        "processes sending binary data")
+    latency = Table(["request", "p50 ms", "p99 ms", "p50 / reference"], formats=["", "{:.3f}", "{:.3f}", "{:.2f}x"],
+                    title="latency, one client")
+    throughput = Table(["clients", "npurt serve /s", "KServe /s", "npurt / KServe"],
+                       formats=["", "{:.0f}", "{:.0f}", "{:.2f}x"], title="throughput, HTTP binary")
+    report.tables += [latency, throughput]
+    n = 150 if quick else 1000
+    budget = Budget(niter=n, time_s=None, warmup=20, blocks=6)
+    deaths = 0
+    kserve: KServeProcess | None = None
+    with ServiceProcess.start({"cls": cls_model, "frame": frame_model}, tmp / "serve.sock", args) as service:
+        try:
+            x = np.random.default_rng(0).random(CLS_SHAPE, dtype=np.float32)
+            npurt_infer = http_infer_fn(service.http_address, "cls", x)
+            with RunnerFactory.create_runner("VAIML", cls_model, {"device": "CPU", "num_threads": 1,
+                                                                  "shapes": {"x": list(CLS_SHAPE)}}) as local:
+                if not np.array_equal(npurt_infer(), local.run({"x": x})[CLS_OUT]):
+                    report.problems.append("npurt serve's answer differs from the in-process runner's")
+            subjects = [CallSubject("npurt serve", npurt_infer)]
+            if kserve_python:
+                kserve = KServeProcess(kserve_python, cls_model, "cls", tmp, threads=1, workers=2)
+                kserve_infer = http_infer_fn(kserve.address, "cls", x)
+                if not np.allclose(kserve_infer(), npurt_infer(), atol=1e-5):
+                    report.problems.append("KServe's answer differs from npurt serve's")
+                subjects.append(CallSubject("KServe", kserve_infer))
+            else:
+                report.notes.append("KServe: no --kserve-python (or $NPURT_KSERVE_PYTHON): its rows and targets are "
+                                    "left out")
+            stats = measure_latency(subjects, budget)
+            ref = stats[1].p50_ms if len(stats) > 1 else stats[0].p50_ms
+            for subject, st in zip(subjects, stats):
+                latency.add(f"PP-OCR cls, {subject.label}", st.p50_ms, st.p99_ms, st.p50_ms / ref)
+            if kserve is not None:
+                report.targets.append(Target("p50 at 1 client, npurt serve / KServe", stats[0].p50_ms / ref, 0.8,
+                                             unit="x"))
+                seconds, blocks = (1.0, 2) if quick else (3.0, 4)
+                for clients in OIP_CLIENTS:
+                    ours, theirs = OipClients(service.http_address, clients), OipClients(kserve.address, clients)
+                    try:
+                        rates: dict[str, list[float]] = {"npurt": [], "kserve": []}
+                        for k in range(blocks):  # alternating, the order turned each block
+                            order = [("npurt", ours), ("kserve", theirs)]
+                            for label, group in order if k % 2 == 0 else order[::-1]:
+                                rates[label].append(group.rate(seconds))
+                    finally:
+                        ours.close()
+                        theirs.close()
+                    ratio = float(np.median([a / b for a, b in zip(rates["npurt"], rates["kserve"])]))
+                    throughput.add(str(clients), float(np.median(rates["npurt"])), float(np.median(rates["kserve"])),
+                                   ratio)
+                    if clients == 8:
+                        report.targets.append(Target("throughput at 8 clients, npurt serve / KServe", ratio, 1.2,
+                                                     at_most=False, unit="x"))
+            # the 1080p frame: an HTTP request over shared memory against the socket protocol's round trip
+            frame = np.random.default_rng(1).random(FRAME_SHAPE, dtype=np.float32)
+            key_in, key_out = f"/npurt_bench_in_{os.getpid()}", f"/npurt_bench_out_{os.getpid()}"
+            region_in = shm.create_shared_memory_region("bench_in", key_in, frame.nbytes)
+            region_out = shm.create_shared_memory_region("bench_out", key_out, frame.nbytes)
+            try:
+                shm.set_shared_memory_region(region_in, [frame])
+                client = httpclient.InferenceServerClient(service.http_address)
+                client.register_system_shared_memory("bench_in", key_in, frame.nbytes)
+                client.register_system_shared_memory("bench_out", key_out, frame.nbytes)
+                request_input = httpclient.InferInput("x", list(FRAME_SHAPE), "FP32")
+                request_input.set_shared_memory("bench_in", frame.nbytes)
+                request_output = httpclient.InferRequestedOutput("y")
+                request_output.set_shared_memory("bench_out", frame.nbytes)
+
+                def shm_infer() -> None:
+                    client.infer("frame", [request_input], outputs=[request_output])
+
+                with connect(service.socket_path) as socket_client, socket_client.open_runner("frame") as remote:
+                    feeds = {"x": frame}
+                    socket_subject = RunnerSubject(remote, feeds, label="socket protocol")
+                    shm_subject = CallSubject("HTTP, input and output in system shared memory", shm_infer)
+                    n_frame = 40 if quick else 300
+                    a, b = measure_latency([socket_subject, shm_subject],
+                                           Budget(niter=n_frame, time_s=None, warmup=10, blocks=6))
+                    got = shm.get_contents_as_numpy(region_out, np.float32, list(FRAME_SHAPE))
+                    if not np.array_equal(got, remote.run(feeds)["y"]):
+                        report.problems.append("the shared memory request's output differs from the socket's")
+                    latency.add("1x3x1080x1920 f32, socket protocol (registered tensors)", a.p50_ms, a.p99_ms, 1.0)
+                    latency.add("1x3x1080x1920 f32, HTTP with system shared memory", b.p50_ms, b.p99_ms,
+                                b.p50_ms / a.p50_ms)
+                    report.targets.append(Target("1080p frame: HTTP over shared memory / socket protocol round trip",
+                                                 b.p50_ms / a.p50_ms, 1.1, unit="x"))
+                client.unregister_system_shared_memory()
+            finally:
+                shm.destroy_shared_memory_region(region_in)
+                shm.destroy_shared_memory_region(region_out)
+            deaths += service.process.poll() is not None
+            if kserve is not None:
+                deaths += kserve.process.poll() is not None
+        finally:
+            if kserve is not None:
+                kserve.stop()
+    report.targets.append(Target("server deaths", float(deaths), 0, unit=""))
+    tmp_dir.cleanup()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import array
 import fcntl
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -424,3 +426,339 @@ def test_fcntl_seals_of_runner_memory():
     t = allocate_tensor(npurt.NpuTensorInfo(name="x", data_type=npurt.DataType.FLOAT32, shape=SHAPE), provider="memfd")
     seals = fcntl.fcntl(t.get_buffer().fd, fcntl.F_GET_SEALS)
     assert seals & fcntl.F_SEAL_SHRINK
+
+
+# ------------------------------------------------------------------------------------ the Open Inference Protocol
+# Raw HTTP (http.client and plain sockets) sends what Triton's clients never would; every answer must be a 4xx with
+# the protocol's {"error": ...} body, and the server must answer the next request as before.
+def oip_available() -> None:
+    pytest.importorskip("aiohttp", reason="needs the 'serve' extra")
+    pytest.importorskip("grpc", reason="needs the 'serve' extra")
+
+
+def slow_model(path: Path) -> Path:
+    """A model that takes a while (~0.1-0.5 s on one core): 40 MatMuls of 256x1024 by 1024x1024, one weight."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array((np.eye(1024, dtype=np.float32) * 0.999), "w")
+    nodes = [helper.make_node("MatMul", ["x" if k == 0 else f"h{k}", "w"], [f"h{k + 1}" if k < 39 else "y"])
+             for k in range(40)]
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 1024])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def oip_service(tmp_path_factory):
+    oip_available()
+    tmp = tmp_path_factory.mktemp("oip_faults")
+    with ServiceProcess.start({"cls": model_or_skip("ocr_cls"), "slow": slow_model(tmp / "slow.onnx")},
+                              tmp / "serve.sock",
+                              ["--backend", "openvino", "--device", "CPU", "--threads", "1", "--shape",
+                               "cls:x=" + ",".join(map(str, SHAPE)), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+                               "--max-body-mb", "2", "--max-tensors", "4", "--max-elements", "300000",
+                               "--max-header-kb", "4"]) as svc:
+        yield svc
+
+
+def http_request(address: str, method: str, path: str, body: bytes = b"", headers: dict | None = None
+                 ) -> tuple[int, dict]:
+    import http.client
+
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            doc = {"raw": data.decode(errors="replace")}
+        return response.status, doc
+    finally:
+        conn.close()
+
+
+def cls_request(shape=SHAPE, datatype="FP32", name="x", extra_header: dict | None = None, data: bytes | None = None
+                ) -> tuple[bytes, dict]:
+    n = int(np.prod(shape)) * 4
+    doc = {"inputs": [{"name": name, "datatype": datatype, "shape": list(shape),
+                       "parameters": {"binary_data_size": n}}]}
+    header = json.dumps(doc).encode()
+    payload = data if data is not None else frame(SHAPE, 1).tobytes()[:n].ljust(n, b"\0")
+    return header + payload, {"Inference-Header-Content-Length": str(len(header)), **(extra_header or {})}
+
+
+def assert_alive(svc: ServiceProcess) -> None:
+    assert svc.process.poll() is None, svc.output()[-3000:]
+    body, headers = cls_request()
+    status, doc = http_request(svc.http_address, "POST", "/v2/models/cls/infer", body, headers)
+    assert status == 200, doc
+
+
+def test_oip_bad_requests_get_4xx_with_an_error_body(oip_service):
+    svc = oip_service
+    good, headers = cls_request()
+    cases = {
+        "malformed JSON": (b"{not json", {}),
+        "JSON not an object": (b"[1, 2]", {}),
+        "no inputs": (b'{"inputs": []}', {}),
+        "wrong datatype": cls_request(datatype="INT32"),
+        "unknown datatype": cls_request(datatype="FLOAT"),
+        "BYTES": cls_request(datatype="BYTES"),
+        "wrong shape": cls_request(shape=(1, 3, 48, 190)),
+        "wrong rank": cls_request(shape=(3, 48, 192)),
+        "negative dim": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, -3],
+                                                 "data": [1.0]}]}).encode(), {}),
+        "unknown input": cls_request(name="y"),
+        "truncated binary body": (good[:-100], headers),
+        "header length past the body": (good, {"Inference-Header-Content-Length": str(len(good) + 5)}),
+        "header length not a number": (good, {"Inference-Header-Content-Length": "many"}),
+        "trailing bytes": (good + b"xx", headers),
+        "JSON data of the wrong size": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(SHAPE),
+                                                                "data": [1.0, 2.0]}]}).encode(), {}),
+        "JSON data not numbers": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                                                          "data": ["a"]}]}).encode(), {}),
+        "unknown region": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(SHAPE),
+                                                   "parameters": {"shared_memory_region": "nope",
+                                                                  "shared_memory_byte_size": 110592}}]}).encode(), {}),
+        "unknown output": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(SHAPE),
+                                                   "parameters": {"binary_data_size": 110592}}],
+                                       "outputs": [{"name": "nope"}]}).encode() + good[-110592:], {}),
+    }
+    for what, (body, hdrs) in cases.items():
+        status, doc = http_request(svc.http_address, "POST", "/v2/models/cls/infer", body, hdrs)
+        assert 400 <= status < 500 and isinstance(doc.get("error"), str) and doc["error"], (what, status, doc)
+    status, doc = http_request(svc.http_address, "POST", "/v2/models/nope/infer", good, headers)
+    assert status == 404 and "unknown model" in doc["error"]
+    status, doc = http_request(svc.http_address, "GET", "/v2/nothing/here")
+    assert status == 404 and "error" in doc
+    status, doc = http_request(svc.http_address, "GET", "/v2/models/cls/infer")
+    assert status == 405 and "error" in doc
+    assert_alive(svc)
+
+
+def test_oip_limits(oip_service):
+    svc = oip_service
+    status, doc = http_request(svc.http_address, "POST", "/v2/models/cls/infer", b"x" * (3 << 20))
+    assert status == 413 and "limit" in doc["error"]
+    five = json.dumps({"inputs": [{"name": f"x{k}", "datatype": "FP32", "shape": [1], "data": [1.0]}
+                                  for k in range(5)]}).encode()
+    status, doc = http_request(svc.http_address, "POST", "/v2/models/cls/infer", five)
+    assert status == 413 and "--max-tensors" in doc["error"]
+    status, doc = http_request(svc.http_address, "POST", "/v2/models/slow/infer",
+                               json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [512, 1024],
+                                                       "parameters": {"binary_data_size": 2 << 20}}]}).encode())
+    assert status == 413 and "--max-elements" in doc["error"]
+    status, _ = http_request(svc.http_address, "GET", "/v2/health/live", headers={"X-Big": "y" * 8000})
+    assert status == 400  # aiohttp's parser: a header field over --max-header-kb
+    assert_alive(svc)
+
+
+def test_oip_client_that_disconnects_mid_request(oip_service):
+    svc = oip_service
+    host, _, port = svc.http_address.rpartition(":")
+    body, headers = cls_request()
+    for cut in (10, len(body) // 2, len(body) - 1):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            head = (f"POST /v2/models/cls/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                    f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n")
+            s.sendall(head.encode() + body[:cut])
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GARBAGE\r\n\r\n")
+        assert re.match(rb"HTTP/1\.[01] 4\d\d ", s.recv(100))
+    assert_alive(svc)
+
+
+def test_oip_bad_shared_memory_registrations(oip_service, tmp_path):
+    svc = oip_service
+    name = f"npurt_fault_{os.getpid()}"
+    with open(f"/dev/shm/{name}", "wb") as f:
+        f.truncate(4096)
+    link = f"/dev/shm/{name}_link"
+    os.symlink(f"/dev/shm/{name}", link)
+    try:
+        cases = {
+            "not a POSIX shm name": {"key": "noslash", "byte_size": 16},
+            "a path": {"key": "/../../etc/passwd", "byte_size": 16},
+            "absent": {"key": f"/{name}_absent", "byte_size": 16},
+            "a symlink": {"key": f"/{name}_link", "byte_size": 16},
+            "past the end": {"key": f"/{name}", "byte_size": 4096, "offset": 1},
+            "zero bytes": {"key": f"/{name}", "byte_size": 0},
+            "negative offset": {"key": f"/{name}", "byte_size": 16, "offset": -1},
+            "not JSON": None,
+        }
+        for what, doc in cases.items():
+            body = b"{oops" if doc is None else json.dumps(doc).encode()
+            status, answer = http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/register", body)
+            assert status == 400 and answer.get("error"), (what, status, answer)
+        ok = json.dumps({"key": f"/{name}", "byte_size": 4096}).encode()
+        assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/register", ok)[0] == 200
+        assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/register", ok)[0] == 400
+        # a tensor past the region's end
+        doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(SHAPE),
+                           "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 110592}}]}
+        status, answer = http_request(svc.http_address, "POST", "/v2/models/cls/infer", json.dumps(doc).encode())
+        assert status == 400 and "run past" in answer["error"]
+        # shrunk after registering: refused, not a SIGBUS
+        os.truncate(f"/dev/shm/{name}", 16)
+        doc["inputs"][0]["shape"] = [1, 3, 2, 2]
+        status, answer = http_request(svc.http_address, "POST", "/v2/models/cls/infer", json.dumps(doc).encode())
+        assert status == 400, answer
+        assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/unregister")[0] == 200
+        assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/unregister")[0] == 400
+    finally:
+        os.unlink(link)
+        os.unlink(f"/dev/shm/{name}")
+    assert_alive(svc)
+
+
+def test_oip_unregister_waits_for_the_job_that_uses_the_region(oip_service):
+    """A region in use by a running job is not unmapped: unregistering waits for the job, whose answer is right."""
+    svc = oip_service
+    name = f"npurt_busy_{os.getpid()}"
+    x = np.ones((256, 1024), np.float32)
+    with open(f"/dev/shm/{name}", "wb") as f:
+        f.write(x.tobytes())
+    try:
+        body = json.dumps({"key": f"/{name}", "byte_size": x.nbytes}).encode()
+        assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/busy/register", body)[0] == 200
+        doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [256, 1024],
+                           "parameters": {"shared_memory_region": "busy", "shared_memory_byte_size": x.nbytes}}],
+               "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}
+        result: dict = {}
+
+        def infer() -> None:
+            result["answer"] = http_request(svc.http_address, "POST", "/v2/models/slow/infer",
+                                            json.dumps(doc).encode())
+
+        t = threading.Thread(target=infer)
+        t.start()
+        time.sleep(0.05)
+        status, answer = http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/busy/unregister")
+        t.join(timeout=60)
+        assert status == 200, answer
+        status, answer = result["answer"]
+        assert status == 200, answer
+        expected = float(np.float32(0.999) ** 40)
+        assert abs(answer["outputs"][0]["data"][0] - expected) < 1e-3
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+    assert_alive(svc)
+
+
+def test_oip_grpc_bad_requests(oip_service):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(oip_service.grpc_address)
+    cases = [("cls", "x", [1, 3, 48, 190], "FP32"), ("cls", "x", list(SHAPE), "INT32"), ("nope", "x", list(SHAPE),
+             "FP32"), ("cls", "y", list(SHAPE), "FP32")]
+    for model, name, shape, datatype in cases:
+        i = grpcclient.InferInput(name, shape, datatype)
+        i.set_data_from_numpy(np.zeros(shape, np.float32 if datatype == "FP32" else np.int32))
+        with pytest.raises(InferenceServerException) as e:
+            client.infer(model, [i])
+        assert e.value.status() in ("StatusCode.INVALID_ARGUMENT", "StatusCode.NOT_FOUND"), e.value
+    with pytest.raises(InferenceServerException, match="UNIMPLEMENTED|not implemented|Unimplemented"):
+        client.get_model_repository_index()
+    assert_alive(oip_service)
+
+
+def test_oip_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path):
+    oip_available()
+    svc = ServiceProcess.start({"slow": slow_model(tmp_path / "slow.onnx")}, tmp_path / "serve.sock",
+                               ["--device", "CPU", "--threads", "1", "--http", "127.0.0.1:0"])
+    try:
+        x = np.ones((256, 1024), np.float32)
+        header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [256, 1024],
+                                         "parameters": {"binary_data_size": x.nbytes}}],
+                             "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+        answers: list[tuple[int, dict]] = []
+
+        def infer() -> None:
+            answers.append(http_request(svc.http_address, "POST", "/v2/models/slow/infer", header + x.tobytes(),
+                                        {"Inference-Header-Content-Length": str(len(header))}))
+
+        first = threading.Thread(target=infer)
+        first.start()
+        time.sleep(0.05)
+        svc.process.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        status, doc = http_request(svc.http_address, "POST", "/v2/models/slow/infer", header + x.tobytes(),
+                                   {"Inference-Header-Content-Length": str(len(header))})
+        assert status == 503 and "shutting down" in doc["error"]
+        status, doc = http_request(svc.http_address, "GET", "/v2/health/ready")
+        assert status == 503
+        first.join(timeout=60)
+        assert answers and answers[0][0] == 200, answers
+        assert svc.process.wait(timeout=60) == 0
+    finally:
+        if svc.process.poll() is None:
+            svc.kill()
+
+
+def test_oip_token_and_tls(tmp_path):
+    """--token: 401 without it, probes open; with TLS the token may cross beyond loopback (checked by the config
+    rules); tritonclient over HTTPS and gRPC with TLS and the bearer token."""
+    oip_available()
+    if not shutil.which("openssl"):
+        pytest.skip("openssl makes the test's certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    token = "s3cret-token"
+    with ServiceProcess.start({"cls": model_or_skip("ocr_cls")}, tmp_path / "serve.sock",
+                              [*BASE_ARGS, "--http", "localhost:0", "--grpc", "localhost:0", "--token", token,
+                               "--tls-cert", str(cert), "--tls-key", str(key)]) as svc:
+        import ssl
+
+        import tritonclient.grpc as grpcclient
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException
+
+        port = svc.http_address.rpartition(":")[2]
+        context = ssl.create_default_context(cafile=str(cert))
+        anonymous = httpclient.InferenceServerClient(f"localhost:{port}", ssl=True,
+                                                     ssl_context_factory=lambda: context)
+        assert anonymous.is_server_live() and anonymous.is_server_ready()  # probes need no token
+        with pytest.raises(InferenceServerException, match="bearer token"):
+            anonymous.get_model_metadata("cls")
+        auth = {"Authorization": f"Bearer {token}"}
+        f = frame(SHAPE, 3)
+        i = httpclient.InferInput("x", list(SHAPE), "FP32")
+        i.set_data_from_numpy(f)
+        assert anonymous.infer("cls", [i], headers=auth).as_numpy("save_infer_model/scale_0.tmp_1").shape == (1, 2)
+        gport = svc.grpc_address.rpartition(":")[2]
+        g = grpcclient.InferenceServerClient(f"localhost:{gport}", ssl=True, root_certificates=str(cert))
+        with pytest.raises(InferenceServerException, match="bearer token"):
+            g.get_model_metadata("cls")
+        assert g.get_model_metadata("cls", headers={"authorization": f"Bearer {token}"}).name == "cls"
+
+
+def test_oip_safety_rules():
+    oip_available()
+    from npurt.serve.oip.server import OipConfig, check_config
+
+    assert check_config(OipConfig(http=("127.0.0.1", 0))) == []
+    warnings = check_config(OipConfig(http=("0.0.0.0", 8080)))
+    assert warnings and "WITHOUT AUTHENTICATION" in warnings[0]
+    with pytest.raises(ValueError, match="in\\s+the clear"):
+        check_config(OipConfig(grpc=("10.0.0.1", 8081), token="t"))
+    assert check_config(OipConfig(grpc=("10.0.0.1", 8081), token="t", insecure=True)) == []
+    assert check_config(OipConfig(http=("::1", 0), token="t")) == []
+    with pytest.raises(ValueError, match="go together"):
+        check_config(OipConfig(http=("127.0.0.1", 0), tls_cert=Path("/nope")))
+
+
+def test_oip_cli_refuses_and_warns(tmp_path):
+    """The command line: a token over plain text beyond loopback is refused (exit 2) before anything is loaded."""
+    oip_available()
+    proc = subprocess.run([sys.executable, "-m", "npurt", "serve", "--model", f"cls={model_or_skip('ocr_cls')}",
+                           "--socket", str(tmp_path / "s.sock"), "--http", "0.0.0.0:0", "--token", "t"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "in the clear" in proc.stderr.replace("\n", " ")

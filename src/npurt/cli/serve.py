@@ -1,14 +1,16 @@
 """`npurt serve --model NAME=PATH ...`: own the device and the compiled models; other processes run them through it.
 
-The models are loaded (compiled) first; then the service listens on its socket and says READY (a line on stdout,
-``--ready-fd``, ``$NOTIFY_SOCKET``). SIGTERM or SIGINT end it cleanly: no new clients or jobs, the jobs in flight
-end and are answered, clients are told, the socket file goes. See docs/serve.md.
+The models are loaded (compiled) first; then the service listens on its socket (and, with ``--http`` / ``--grpc``,
+speaks KServe's Open Inference Protocol over the network) and says READY (a line on stdout, ``--ready-fd``,
+``$NOTIFY_SOCKET``). SIGTERM or SIGINT end it cleanly: no new clients, jobs or requests (503), the ones in flight end
+and are answered, clients are told, the socket file goes. See docs/serve.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -58,10 +60,76 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="a client that leaves its answers unread this long is disconnected (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, metavar="S",
                    help="on SIGTERM/SIGINT, how long the jobs already accepted may take (default: %(default)s)")
+    oip = p.add_argument_group("Open Inference Protocol (KServe v2; needs the 'serve' extra)")
+    oip.add_argument("--http", metavar="HOST:PORT", help="serve HTTP/REST there (e.g. 127.0.0.1:8000; port 0: any "
+                                                         "free port, printed on the READY line)")
+    oip.add_argument("--grpc", metavar="HOST:PORT", help="serve gRPC there (e.g. 127.0.0.1:8001)")
+    oip.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (health probes excepted); "
+                                     f"${TOKEN_ENV} or --token-file keep it off the command line")
+    oip.add_argument("--token-file", metavar="PATH", help="read the token from this file")
+    oip.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS and gRPC over TLS with this certificate chain")
+    oip.add_argument("--tls-key", metavar="PEM", help="... and this private key")
+    oip.add_argument("--insecure", action="store_true",
+                     help="allow a token over plain text beyond loopback (TLS ends before this server: an ingress, "
+                          "a service mesh)")
+    oip.add_argument("--max-body-mb", type=int, default=64, metavar="MB",
+                     help="largest HTTP body / gRPC message (default: %(default)s)")
+    oip.add_argument("--max-header-kb", type=int, default=16, metavar="KB",
+                     help="largest HTTP request line or header field, and gRPC metadata (default: %(default)s)")
+    oip.add_argument("--max-tensors", type=int, default=64, metavar="N",
+                     help="inputs plus requested outputs per request (default: %(default)s)")
+    oip.add_argument("--max-elements", type=int, default=1 << 26, metavar="N",
+                     help="elements of all inputs of one request (default: %(default)s)")
     p.add_argument("--ready-fd", type=int, metavar="FD", help="write READY=1 to this inherited fd once listening")
     p.add_argument("--log-level", default="INFO", choices=("ERROR", "WARNING", "INFO", "DEBUG"),
                    help="what the service logs on stderr (who connected, what ran)")
     p.set_defaults(func=run)
+
+
+TOKEN_ENV = "NPURT_SERVE_TOKEN"
+
+
+def oip_config(args: argparse.Namespace) -> Any:
+    """The Open Inference Protocol's settings from the flags (None without --http / --grpc), checked for safety;
+    the warnings are printed loudly."""
+    if not args.http and not args.grpc:
+        for flag in ("token", "token_file", "tls_cert", "tls_key"):
+            if getattr(args, flag):
+                raise CliError(f"--{flag.replace('_', '-')} is for the Open Inference Protocol: give --http or --grpc",
+                               EXIT_USAGE)
+        return None
+    try:
+        from ..serve.oip.codec import OipLimits
+        from ..serve.oip.server import OipConfig, check_config, parse_address
+    except ImportError as e:
+        raise CliError(f"--http / --grpc need the 'serve' extra (pip install 'npurt[serve]'): {e}") from None
+    token = args.token
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as e:
+            raise CliError(f"--token-file {args.token_file}: {e.strerror}", EXIT_USAGE) from None
+    token = token or os.environ.get(TOKEN_ENV) or None
+    for value, flag in ((args.max_body_mb, "--max-body-mb"), (args.max_header_kb, "--max-header-kb"),
+                        (args.max_tensors, "--max-tensors"), (args.max_elements, "--max-elements")):
+        if value < 1:
+            raise CliError(f"{flag} {value}: must be 1 or more", EXIT_USAGE)
+    try:
+        config = OipConfig(http=parse_address(args.http, "--http") if args.http else None,
+                           grpc=parse_address(args.grpc, "--grpc") if args.grpc else None, token=token,
+                           tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+                           tls_key=Path(args.tls_key) if args.tls_key else None, insecure=args.insecure,
+                           limits=OipLimits(max_header_bytes=args.max_header_kb << 10,
+                                            max_body_bytes=args.max_body_mb << 20, max_tensors=args.max_tensors,
+                                            max_elements=args.max_elements))
+        warnings = check_config(config)
+    except ValueError as e:
+        raise CliError(one_line(e), EXIT_USAGE) from None
+    for warning in warnings:
+        banner = "!" * 100
+        print(f"{banner}\nnpurt serve: WARNING: {warning}\n{banner}", file=sys.stderr, flush=True)
+        logging.getLogger("npurt.serve").warning("%s", warning)
+    return config
 
 
 def _models(items: list[str]) -> dict[str, Path]:
@@ -143,9 +211,10 @@ def run(args: argparse.Namespace) -> int:
                     allowed_uids=frozenset(args.allow_uid) if args.allow_uid else None)
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s npurt serve[%(process)d]: %(message)s")
     logging.getLogger("npurt.serve").setLevel(args.log_level)
+    oip = oip_config(args)
     socket_path = Path(args.socket) if args.socket else default_socket_path()
     try:
-        service = Service(socket_path, models, backend, defaults, limits, args.workers, args.group)
+        service = Service(socket_path, models, backend, defaults, limits, args.workers, args.group, oip)
     except ValueError as e:
         raise CliError(one_line(e), EXIT_USAGE) from e
 
@@ -162,5 +231,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(one_line(e)) from e
     except Exception as e:
         raise CliError(f"cannot start the service: {one_line(e)}") from e
-    service.serve_forever(lambda: announce_ready(str(socket_path), args.ready_fd, sorted(models)))
+    oip_server = service.oip
+    http = oip_server.http_address if oip_server is not None else ""
+    grpc = oip_server.grpc_address if oip_server is not None else ""
+    service.serve_forever(lambda: announce_ready(str(socket_path), args.ready_fd, sorted(models), http, grpc))
     return 0

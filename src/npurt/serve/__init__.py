@@ -5,9 +5,11 @@ Clients: ``npurt.connect(socket=None).open_runner(name)`` gives an ``npurt.Runne
 RemoteBackend)``, ``RunnerFactory.create_runner("SERVICE", name, {"service": socket})`` does the same with a
 connection of its own. The service: ``npurt serve --model NAME=PATH``. See docs/serve.md.
 
-The modules: ``client`` (one connection), ``remote`` (a Runner's engine over it), ``protocol`` (the messages);
-``server`` (the ``Service``: the socket, admission, shutdown), ``session`` (one client in the service), ``served``
-(one served model, its workers and fair queue); ``process`` (starting a service) and ``readiness`` (telling that it is
+The modules, each importing only those listed before it: ``protocol`` (the messages), ``limits`` (what a service
+gives, who a peer is); on the client side ``connection`` (one connection), ``remote`` (a Runner's engine over it),
+``client`` (a connection that opens runners); in the service ``served`` (one served model, its workers and fair
+queue, answering each job through its ``JobOwner``), ``session`` (one client: a JobOwner), ``server`` (the
+``Service``: the socket, admission, shutdown); ``process`` (starting a service) and ``readiness`` (telling that it is
 ready).
 """
 

@@ -1,7 +1,8 @@
 """Starting ``npurt serve`` from a program (a script, a test, a benchmark) and knowing when it is ready.
 
 ``ServiceProcess.start(models, socket)`` runs ``python -m npurt serve`` and returns once the service said READY on
-its ``--ready-fd`` (its models are compiled and it listens), or raises with what it printed. ``stop()`` sends
+its ``--ready-fd`` (its models are compiled and it listens), or raises with what it printed. With ``--http`` /
+``--grpc`` (port 0: any free port), ``http_address`` / ``grpc_address`` say where it listens. ``stop()`` sends
 SIGTERM and waits for the clean shutdown; ``kill()`` is the crash a client must survive.
 """
 
@@ -29,6 +30,8 @@ class ServiceProcess:
         self.socket_path = socket_path
         self._log: IO[bytes] | None = log
         self._text = ""  # what it printed, once it has exited (the file is closed then)
+        self.http_address = ""  # HOST:PORT of the Open Inference Protocol over HTTP, where it listens
+        self.grpc_address = ""
 
     @classmethod
     def start(cls, models: Mapping[str, str | Path], socket_path: str | Path, args: Sequence[str] = (),
@@ -50,7 +53,7 @@ class ServiceProcess:
         try:
             ready = b""
             deadline = time.monotonic() + timeout
-            while b"READY=1" not in ready:
+            while b"READY=1\n" not in ready:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([read_fd], [], [], left)[0]:
                     service.kill()
@@ -64,6 +67,12 @@ class ServiceProcess:
                 ready += chunk
         finally:
             os.close(read_fd)
+        for line in ready.decode(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key == "HTTP":
+                service.http_address = value
+            elif key == "GRPC":
+                service.grpc_address = value
         return service
 
     @property

@@ -89,6 +89,14 @@ class ProtocolError(ValueError):
     """A message that breaks the protocol (bad head, body, field or size)."""
 
 
+class ServiceError(Exception):
+    """A request the service answers with a status and a message (never a crash)."""
+
+    def __init__(self, status: StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 # ---------------------------------------------------------------------------------------------- framing
 def pack(kind: int, req: int, a: int = 0, b: int = 0, status: int = 0, flags: int = 0, body: bytes = b"") -> bytes:
     return HEAD.pack(kind, status, flags, a, b, req) + body

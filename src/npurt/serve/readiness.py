@@ -27,12 +27,17 @@ def sd_notify(state: str) -> bool:
         return False
 
 
-def announce_ready(socket_path: str, ready_fd: int | None, models: list[str]) -> None:
-    """The service listens and its models are compiled: say so on stdout, on ``ready_fd`` and to systemd."""
-    print(f"READY {socket_path}", flush=True)
+def announce_ready(socket_path: str, ready_fd: int | None, models: list[str], http: str = "", grpc: str = "") -> None:
+    """The service listens and its models are compiled: say so on stdout, on ``ready_fd`` and to systemd. ``http``,
+    ``grpc``: the Open Inference Protocol's addresses where it listens (ports chosen by the system included)."""
+    listening = "".join(f" {kind} {address}" for kind, address in (("HTTP", http), ("GRPC", grpc)) if address)
+    print(f"READY {socket_path}{listening}", flush=True)
     if ready_fd is not None:
+        lines = f"SOCKET={socket_path}\nPID={os.getpid()}\n" + (f"HTTP={http}\n" if http else "") + (
+            f"GRPC={grpc}\n" if grpc else "")
         try:
-            os.write(ready_fd, f"READY=1\nSOCKET={socket_path}\nPID={os.getpid()}\n".encode())
+            # READY=1 last: a reader that has it has the whole message
+            os.write(ready_fd, (lines + "READY=1\n").encode())
         except OSError as e:
             print(f"npurt serve: cannot write to --ready-fd {ready_fd}: {e.strerror}", file=sys.stderr)
         finally:

@@ -11,7 +11,8 @@
   local runner counts its conversions. ``run_arrays`` (``Runner.run``) copies the arrays into such memory, and the
   service answers with its output arrays in memory of their own, mapped here without a copy.
 
-The connection itself (``ServiceClient``, ``connect``) is ``npurt.serve.client``.
+The connection underneath is ``npurt.serve.connection``; ``npurt.serve.client`` (``ServiceClient``) opens runners
+over this backend, bound to its connection (``RemoteBackend.over``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..status import StatusError
 from ..tensor import NpuTensor, allocate_tensor
 from ..types import DataType, DeviceInfo, MemoryType, NpuError, NpuTensorInfo, StatusCode, TensorType
 from . import protocol as p
-from .client import Reply, ServiceClient, connect
+from .connection import Connection, Reply
 
 _SLOT_PREFIX = "batch slot 0: "  # the served runner's prefix of a one-slot run's message; the client adds its own
 
@@ -41,36 +42,42 @@ _SLOT_PREFIX = "batch slot 0: "  # the served runner's prefix of a one-slot run'
 class RemoteBackend(Backend):
     """Runner type SERVICE: the model is a name the service serves; its engines run in the service.
 
-    ``ServiceClient.open_runner`` uses a subclass bound to its connection. The class itself is not in the backend
-    registry by default: it is no engine, and RunnerType.AUTO, `npurt devices` and loops over the installed
-    backends would take it for one. ``RunnerFactory.register_backend("SERVICE", RemoteBackend)`` makes
+    ``ServiceClient.open_runner`` uses the class that ``over`` binds to its connection. The class itself is not in
+    the backend registry by default: it is no engine, and RunnerType.AUTO, `npurt devices` and loops over the
+    installed backends would take it for one. ``RunnerFactory.register_backend("SERVICE", RemoteBackend)`` makes
     ``RunnerFactory.create_runner("SERVICE", name, {"service": socket})`` work (a connection of its own)."""
 
     name = "SERVICE"
     model_is_a_file = False
-    client: ClassVar[ServiceClient | None] = None  # set on the per-connection subclass of ServiceClient
+    bound_connection: ClassVar[Connection | None] = None  # set on the class ``over`` makes for one connection
 
     def __init__(self, model_path: Path, options: RunnerOptions) -> None:
         super().__init__(model_path, options)
-        self._conn: ServiceClient | None = type(self).client
+        self._conn: Connection | None = type(self).bound_connection
         self._own_conn = False  # a connection of this backend's own (RunnerFactory's path), closed with it
         self._runner_id = 0
         self._served: dict[str, Any] = {}
         self.target = ""
 
     @classmethod
+    def over(cls, connection: Connection) -> type[RemoteBackend]:
+        """This backend bound to one connection: a Runner makes its backend from a class (``Runner(backend_class,
+        model, options)``), so the class carries the connection its runners share. Made once per connection."""
+        return type(cls.__name__, (cls,), {"bound_connection": connection})
+
+    @classmethod
     def npu_present(cls) -> bool:
         return False  # AUTO never prefers a service: use it by name (RunnerFactory "SERVICE", or npurt.connect)
 
     @property
-    def connection(self) -> ServiceClient:
+    def connection(self) -> Connection:
         if self._conn is None:  # RunnerFactory.create_runner("SERVICE", name, {"service": path})
             model = str(self.model_path)
             if self.options.service is None and (os.sep in model or model.endswith((".onnx", ".xml"))):
                 raise NpuError(f"SERVICE runs a model that an npurt service serves, by name, on the device the "
                                f"service chose (device {self.options.device} asked); {model!r} is a model file: serve "
                                "it with 'npurt serve --model NAME=PATH' and name the socket with option 'service'")
-            self._conn = connect(self.options.service)
+            self._conn = Connection.open(self.options.service)
             self._own_conn = True
         return self._conn
 

@@ -6,6 +6,9 @@
 - Its jobs wait in a ``FairQueue`` (round robin over clients: one job of each client with work in turn, so a client
   with many jobs in flight cannot starve one with few) and run with ``Runner.execute``; the run's end answers them.
 - A ``Binding`` is a client's registered tensors as the runner takes them; a ``Job`` is one run of one client.
+- A job answers through its ``JobOwner`` (a client of the socket protocol: ``npurt.serve.session.Session``; a request
+  of the Open Inference Protocol): the served model runs jobs and answers them, the owner sends the answers. Nothing
+  here knows who the owner is.
 
 Why workers with ``execute`` rather than ``execute_async`` and its callback: measured on this machine, a job's trip
 through the runner's job table and callback thread costs 30-60 us more than ``execute`` (PP-OCR classifier), and the
@@ -18,18 +21,46 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from ..runner import Runner
 from ..streams import Stream
 from ..tensor import NpuTensor
-from ..types import StatusCode
+from ..types import NpuError, StatusCode
 from . import protocol as p
 
-if TYPE_CHECKING:
-    from .session import Session
-
 log = logging.getLogger("npurt.serve")
+
+
+# ---------------------------------------------------------------------------------------------- who jobs answer
+class JobOwner(Protocol):
+    """Who a job answers to. ``sid``: the client it counts against in the fair queue; ``closed``: nobody waits for
+    the answer any more (its job is skipped). Every accepted job ends with exactly one ``job_ended``, after its
+    answer (if any)."""
+
+    sid: int
+    closed: bool
+
+    def reply_done(self, req: int, status: StatusCode, message: str, shapes: list[Any] | None) -> None:
+        """A run of registered tensors ended: its status, the error, the output shapes a run decided (or None)."""
+
+    def reply_outputs(self, req: int, outputs: dict[str, np.ndarray]) -> None:
+        """A run of arrays ended well: its output arrays."""
+
+    def reply_error(self, req: int, status: StatusCode, message: str) -> None:
+        """A run of arrays failed."""
+
+    def job_ended(self) -> None:
+        """The job is over (answered, skipped or dropped unrun)."""
+
+
+class JobObserver(Protocol):
+    """Told of every job a served model ran (its metrics): how long it waited for a slot, how long it ran."""
+
+    def job_ran(self, model: str, queued_s: float, compute_s: float, ok: bool) -> None:
+        """One job ran: seconds queued, seconds running, whether it succeeded."""
 
 
 # ---------------------------------------------------------------------------------------------- the queue
@@ -101,11 +132,13 @@ class Binding:
 
 
 class Job:
-    __slots__ = ("session", "req", "binding", "stream", "arrays", "queued_at")
+    """One run: of registered tensors (``binding``), or of arrays (``arrays``: ``Runner.run``'s feeds)."""
 
-    def __init__(self, session: Session, req: int, binding: Binding | None, stream: Stream | None,
-                 arrays: list[NpuTensor] | None = None) -> None:
-        self.session, self.req, self.binding, self.stream, self.arrays = session, req, binding, stream, arrays
+    __slots__ = ("owner", "req", "binding", "stream", "arrays", "queued_at")
+
+    def __init__(self, owner: JobOwner, req: int, binding: Binding | None, stream: Stream | None,
+                 arrays: dict[str, np.ndarray] | None = None) -> None:
+        self.owner, self.req, self.binding, self.stream, self.arrays = owner, req, binding, stream, arrays
         self.queued_at = time.monotonic()
 
 
@@ -117,8 +150,10 @@ class ServedModel:
     keeping the slot (no thread handoff: each costs tens of microseconds when the CPU it wakes was idle); the
     workers take queued jobs when slots are free and no running thread will."""
 
-    def __init__(self, name: str, key: str, options: dict[str, Any], runner: Runner, slots: int) -> None:
+    def __init__(self, name: str, key: str, options: dict[str, Any], runner: Runner, slots: int,
+                 observer: JobObserver | None = None) -> None:
         self.name, self.key, self.options, self.runner = name, key, options, runner
+        self.observer = observer
         self.queue = FairQueue()
         self.slots = slots
         self._cond = threading.Condition(threading.Lock())  # slots in use, and workers waiting for a job
@@ -191,24 +226,54 @@ class ServedModel:
                 "max_concurrent_runs": r.max_concurrent_runs, "engine_settings": dict(info.engine_settings),
                 "stateful": self.stateful}
 
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
+
+    def drop_jobs(self, client: int | None = None, reason: str = "") -> int:
+        """Take one client's queued jobs out (None: everyone's) and end them unrun; with a ``reason``, each is
+        answered with FAILURE saying so (without, its client is gone). The number dropped."""
+        dropped = self.queue.drop(client)
+        for job in dropped:
+            if reason:
+                if job.arrays is not None:
+                    job.owner.reply_error(job.req, StatusCode.FAILURE, reason)
+                else:
+                    job.owner.reply_done(job.req, StatusCode.FAILURE, reason, None)
+            job.owner.job_ended()
+        return len(dropped)
+
     def run(self, job: Job) -> None:
         """Run one job and answer it (a worker, or a client's thread, never dies of a job)."""
+        started = time.monotonic()
+        ok = False
         try:
-            self._run(job)
+            ok = self._run(job)
         except Exception:  # noqa: BLE001
-            log.exception("model %s: a job of client %d failed unexpectedly", self.name, job.session.sid)
-            job.session.reply_done(job.req, StatusCode.FAILURE, "the service failed to run the job", None)
+            log.exception("model %s: a job of client %d failed unexpectedly", self.name, job.owner.sid)
+            if job.arrays is not None:
+                job.owner.reply_error(job.req, StatusCode.FAILURE, "the service failed to run the job")
+            else:
+                job.owner.reply_done(job.req, StatusCode.FAILURE, "the service failed to run the job", None)
         finally:
-            job.session.job_ended()
+            if self.observer is not None:
+                self.observer.job_ran(self.name, started - job.queued_at, time.monotonic() - started, ok)
+            job.owner.job_ended()
 
-    def _run(self, job: Job) -> None:
-        session = job.session
-        if session.closed:
-            return  # its client is gone: nobody waits for the answer
+    def _run(self, job: Job) -> bool:
+        """Run a job and answer it; whether it succeeded."""
+        owner = job.owner
+        if owner.closed:
+            return False  # its client is gone: nobody waits for the answer
         self.jobs_run += 1
         if job.arrays is not None:
-            session.reply_arrays(job.req, self.runner, job.arrays, job.stream)
-            return
+            try:
+                outputs = self.runner.run(job.arrays, job.stream)
+            except (ValueError, NpuError) as e:
+                owner.reply_error(job.req, *status_of_exception(e))
+                return False
+            owner.reply_outputs(job.req, outputs)
+            return True
         binding = job.binding
         assert binding is not None
         runner = self.runner
@@ -220,7 +285,8 @@ class ServedModel:
                 if shapes is None:
                     shapes = [None] * len(binding.outputs[0])
                 shapes[k] = list(result.shape)
-        session.reply_done(job.req, status, runner.last_error if status is not StatusCode.SUCCESS else "", shapes)
+        owner.reply_done(job.req, status, runner.last_error if status is not StatusCode.SUCCESS else "", shapes)
+        return status is StatusCode.SUCCESS
 
     def ports_for(self, signature: list[tuple[int, ...]] | None) -> dict[str, Any]:
         """The ports (and variables) of the engine that runs these input shapes (None: the dynamic one),
@@ -240,6 +306,16 @@ class ServedModel:
         self.runner.close()
 
 
+def status_of_exception(e: Exception) -> tuple[StatusCode, str]:
+    """Runner.run's exception as a status: its NpuError text starts with the status name."""
+    if isinstance(e, ValueError):
+        return StatusCode.INVALID_INPUT, str(e)
+    name, sep, rest = str(e).partition(": ")
+    if sep and name in StatusCode.__members__:
+        return StatusCode[name], rest
+    return StatusCode.RUNTIME_ERROR, str(e)
+
+
 def _has_default(runner: Runner) -> bool:
     try:
         runner.engine_for()
@@ -248,4 +324,4 @@ def _has_default(runner: Runner) -> bool:
         return False
 
 
-__all__ = ["Binding", "FairQueue", "Job", "ServedModel"]
+__all__ = ["Binding", "FairQueue", "Job", "JobObserver", "JobOwner", "ServedModel", "status_of_exception"]

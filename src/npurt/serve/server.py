@@ -3,8 +3,9 @@
 ``Service`` listens on an AF_UNIX SOCK_SEQPACKET socket (mode 0600, or 0660 for a group), identifies each peer by
 SO_PEERCRED (``Peer``), refuses uids it does not allow and connections over its ``Limits``, and gives every accepted
 connection a ``Session`` (``npurt.serve.session``) on a thread of its own. It loads the served models
-(``ServedModel``, ``npurt.serve.served``) and, on ``stop``, drains the jobs already accepted, tells the clients, and
-closes everything.
+(``ServedModel``, ``npurt.serve.served``) and, with an ``OipConfig``, serves the same models and jobs over KServe's
+Open Inference Protocol too (``npurt.serve.oip``: HTTP and gRPC). On ``stop`` it drains the jobs and requests already
+accepted (new requests get 503 meanwhile), tells the clients, and closes everything.
 """
 
 from __future__ import annotations
@@ -15,63 +16,29 @@ import os
 import selectors
 import socket
 import stat
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..factory import RunnerFactory, create_auto
 from ..runner import Runner
 from ..types import NpuError, StatusCode
 from . import protocol as p
+from .limits import Limits, Peer, peer_of
+from .protocol import ServiceError
 from .served import ServedModel
-from .session import ServiceError, Session
+from .session import Session
+
+if TYPE_CHECKING:
+    from .oip.metrics import ServeMetrics
+    from .oip.server import OipConfig, OipServer
+    from .oip.shm import SharedMemoryRegions
 
 log = logging.getLogger("npurt.serve")
 
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 SHUTDOWN_GRACE_S = 0.25  # after telling clients of a shutdown, runs still come in for this long (sent before)
-
-
-@dataclass
-class Limits:
-    """What one service gives: to all clients together, and to each one."""
-
-    max_clients: int = 64  # connections at once
-    max_connections_per_uid: int = 16
-    max_jobs_per_client: int = 64  # runs queued or running, per connection
-    max_mapped_bytes_per_client: int = 1 << 30  # tensor memory a connection has registered
-    max_bindings_per_client: int = 1024  # registered tensor sets (each holds its tensors' fds)
-    max_contexts_per_client: int = 256  # stream contexts of stateful models
-    max_runners: int = 16  # served runners (model x options), for all clients
-    handshake_timeout_s: float = 5.0  # to say HELLO
-    send_timeout_s: float = 5.0  # a client's answers may wait unread this long (its queue full), then it goes
-    drain_timeout_s: float = 30.0  # on shutdown, for the jobs already accepted
-    allowed_uids: frozenset[int] | None = None  # None: whoever the socket's permissions let in
-
-
-@dataclass(frozen=True)
-class Peer:
-    pid: int
-    uid: int
-    gid: int
-    command: str
-
-    def __str__(self) -> str:
-        return f"pid {self.pid} ({self.command}) uid {self.uid}"
-
-
-def peer_of(sock: socket.socket) -> Peer:
-    pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            command = f.read().strip()
-    except OSError:
-        command = "?"
-    return Peer(pid, uid, gid, command)
 
 
 class Service:
@@ -79,7 +46,7 @@ class Service:
 
     def __init__(self, socket_path: str | Path, models: Mapping[str, str | Path], backend: str = "AUTO",
                  options: Mapping[str, Mapping[str, Any]] | None = None, limits: Limits | None = None,
-                 workers: int | None = None, group: str | int | None = None) -> None:
+                 workers: int | None = None, group: str | int | None = None, oip: OipConfig | None = None) -> None:
         if not models:
             raise ValueError("npurt serve needs at least one model (--model NAME=PATH)")
         self.socket_path = Path(socket_path)
@@ -100,6 +67,19 @@ class Service:
         self._stop_reason = ""
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.started = time.monotonic()
+        self.oip_config = oip if oip is not None and oip.enabled else None
+        self.oip: OipServer | None = None
+        self.metrics: ServeMetrics | None = None
+        self.regions: SharedMemoryRegions | None = None
+        if self.oip_config is not None:  # imported only when asked for: they need the 'serve' extra
+            from .oip.metrics import ServeMetrics
+            from .oip.shm import SharedMemoryRegions
+
+            regions = self.regions = SharedMemoryRegions()
+            self.metrics = ServeMetrics(self._runner_stats, lambda: len(regions.status()))
+
+    def _runner_stats(self) -> dict[str, dict[str, int]]:
+        return {s.name: s.runner.stats for s in list(self._served.values())}
 
     # -- models ---------------------------------------------------------------------------------------------
     def model_defaults(self, name: str) -> dict[str, Any]:
@@ -131,7 +111,7 @@ class Service:
             t0 = time.perf_counter()
             runner = self._create_runner(self.models[name], raw)
             slots = self.workers or max(runner.max_concurrent_runs, _cores())
-            served = ServedModel(name, key, raw, runner, slots)
+            served = ServedModel(name, key, raw, runner, slots, self.metrics)
             self._served[full_key] = served
             log.info("model %s (%s) loaded in %.0f ms: %s; options %s; %d runs at once", name,
                      self.models[name], (time.perf_counter() - t0) * 1e3, runner.device_info.summary(),
@@ -156,7 +136,7 @@ class Service:
         with self._lock:
             clients = len(self._sessions)
         return {"pid": os.getpid(), "clients": clients, "runners": len(self._served),
-                "queued": sum(len(s.queue) for s in self._served.values()),
+                "queued": sum(s.queued for s in self._served.values()),
                 "uptime_s": round(time.monotonic() - self.started, 3)}
 
     # -- the socket -------------------------------------------------------------------------------------------
@@ -165,6 +145,17 @@ class Service:
         for name in self.models:
             self.served(name, {})
         self._listener = self._listen()
+        if self.oip_config is not None:
+            from .oip.server import OipServer
+
+            assert self.regions is not None
+            oip = OipServer(self.oip_config, {n: self.served(n, {}) for n in self.models}, self.metrics, self.regions)
+            try:
+                oip.start()
+            except BaseException:
+                oip.stop()
+                raise
+            self.oip = oip
 
     def _listen(self) -> socket.socket:
         path = self.socket_path
@@ -292,41 +283,35 @@ class Service:
                 self.socket_path.unlink()
             except FileNotFoundError:
                 pass
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S + self.limits.drain_timeout_s
+        if self.oip is not None:
+            self.oip.refuse_new()  # new requests get 503 from now on; those in flight finish
         sessions = self.sessions()
         for s in sessions:
-            s.send(p.pack_json(p.NOTICE, 0, {"shutdown": reason}))
+            s.notify({"shutdown": reason})
         time.sleep(SHUTDOWN_GRACE_S)  # runs already on their way in are taken; clients told refuse new ones
         for s in sessions:
-            s.draining = True
-        deadline = time.monotonic() + self.limits.drain_timeout_s
-        for s in sessions:
-            if not s.wait_idle(deadline):
+            if not s.drain(deadline):
                 break
-        failed = 0
-        for served in list(self._served.values()):
-            for job in served.queue.drop():
-                job.session.reply_done(job.req, StatusCode.FAILURE,
-                                       f"the service shut down ({reason}) before the job ran", None)
-                job.session.job_ended()
-                failed += 1
+        if self.oip is not None:
+            self.oip.drain(deadline)
+            self.oip.stop()
+        why = f"the service shut down ({reason}) before the job ran"
+        failed = sum(served.drop_jobs(None, why) for served in list(self._served.values()))
         if failed:
             log.warning("%d queued jobs ended unrun after %.0f s of draining", failed, self.limits.drain_timeout_s)
         for s in sessions:
-            try:
-                s.sock.shutdown(socket.SHUT_RDWR)  # the reader sees the end and frees the client's state
-            except OSError:
-                pass
+            s.disconnect()  # the reader sees the end and frees the client's state
         for s in sessions:
-            s.threads[0].join(timeout=self.limits.drain_timeout_s)
-        for s in sessions:
-            for thread in list(s.threads):
-                thread.join(timeout=self.limits.drain_timeout_s)
+            s.close(self.limits.drain_timeout_s)
         for served in list(self._served.values()):
             try:
                 served.close()
             except Exception:  # noqa: BLE001 - close the others anyway
                 log.exception("closing model %s", served.name)
         self._served.clear()
+        if self.regions is not None:
+            self.regions.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
         log.info("stopped")

@@ -5,6 +5,10 @@ registered (imported with ``npurt.share``'s validated fd import: dma-bufs and me
 its stream contexts and jobs. Ids are per session, so a client names only its own; when the client goes (closed,
 killed), everything it held is freed once its jobs in flight end. A ``Message`` is one datagram it sent; a request
 the service refuses raises ``ServiceError``, which the session answers with its status and message.
+
+A session is its jobs' ``JobOwner``: the served model runs them and answers through it. It owns its connection, its
+threads and its end (``notify``, ``drain``, ``close``); what it needs of the service is the ``SessionHost``
+interface, so that it imports nothing of the server.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,20 +29,32 @@ from ..streams import Stream
 from ..tensor import NpuTensor, allocate_tensor
 from ..types import DataType, MemoryType, NpuError, NpuTensorInfo, StatusCode, TensorDirection, TensorType
 from . import protocol as p
+from .limits import Limits, Peer
+from .protocol import ServiceError
 from .served import Binding, Job, ServedModel
-
-if TYPE_CHECKING:
-    from .server import Peer, Service
 
 log = logging.getLogger("npurt.serve")
 
 
-class ServiceError(Exception):
-    """A request the service answers with a status and a message (never a crash)."""
+class SessionHost(Protocol):
+    """What a session asks of the service that accepted it."""
 
-    def __init__(self, status: StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+    limits: Limits
+
+    def model_defaults(self, name: str) -> dict[str, Any]:
+        """The served options of model ``name`` (ServiceError for a model it does not serve)."""
+
+    def served(self, name: str, requested: Mapping[str, Any]) -> ServedModel:
+        """The served runner of ``name`` with these options, loaded on first use."""
+
+    def models_summary(self) -> list[dict[str, Any]]:
+        """What the service serves."""
+
+    def summary(self) -> dict[str, Any]:
+        """The service's counters."""
+
+    def session_ended(self, session: Session) -> None:
+        """The session has freed everything it held."""
 
 
 class Session:
@@ -49,7 +65,7 @@ class Session:
     would be left), and reads again after it. The first thread to see the connection end frees the client's
     state."""
 
-    def __init__(self, service: Service, sock: socket.socket, sid: int, peer: Peer) -> None:
+    def __init__(self, service: SessionHost, sock: socket.socket, sid: int, peer: Peer) -> None:
         self.service, self.sock, self.sid, self.peer = service, sock, sid, peer
         self.limits = service.limits
         self.closed = False
@@ -140,15 +156,9 @@ class Session:
             doc["shapes"] = shapes
         self.send(p.pack_json(p.DONE, req, doc, status=int(status)))
 
-    def reply_arrays(self, req: int, runner: Runner, inputs: list[NpuTensor], stream: Stream | None) -> None:
-        """Runner.run on the client's input tensors; the outputs go back in memory of their own (new memfds)."""
-        try:
-            results = runner.run({t.info.name: t.numpy() for t in inputs}, stream)
-        except (ValueError, NpuError) as e:
-            status, message = _status_of_message(e)
-            self.reply_error(req, status, message)
-            return
-        self.reply_tensors(req, [_tensor_of(name, array, TensorDirection.OUTPUT) for name, array in results.items()])
+    def reply_outputs(self, req: int, outputs: dict[str, np.ndarray]) -> None:
+        """A RUN_ARRAYS answer: the output arrays go back in memory of their own (new memfds)."""
+        self.reply_tensors(req, [_tensor_of(name, array, TensorDirection.OUTPUT) for name, array in outputs.items()])
 
     # -- jobs -----------------------------------------------------------------------------------------------
     def job_ended(self) -> None:
@@ -175,6 +185,24 @@ class Session:
         if not served.submit(self.sid, job):
             self.job_ended()
             raise ServiceError(StatusCode.FAILURE, "the service is shutting down: it takes no new jobs")
+
+    # -- the service's shutdown -------------------------------------------------------------------------------
+    def notify(self, doc: Mapping[str, Any]) -> None:
+        """An unsolicited message (a NOTICE): the service is shutting down."""
+        self.send(p.pack_json(p.NOTICE, 0, doc))
+
+    def drain(self, deadline: float) -> bool:
+        """Take no new jobs; wait until the ones in flight have ended (False: ``deadline`` passed first)."""
+        self.draining = True
+        return self.wait_idle(deadline)
+
+    def close(self, timeout: float) -> None:
+        """End the connection and wait for the session's threads, the first of which frees its state."""
+        self.disconnect()
+        if self.threads:
+            self.threads[0].join(timeout=timeout)
+        for thread in list(self.threads):
+            thread.join(timeout=timeout)
 
     def wait_idle(self, deadline: float) -> bool:
         with self._lock:
@@ -407,7 +435,9 @@ class Session:
     def _run_arrays(self, req: int, a: int, b: int, msg: Message) -> None:
         tensors = msg.tensors("RUN_ARRAYS")
         served = self._runner(a)
-        self._accept_job(served, Job(self, req, None, self._stream(b, served), tensors))
+        # the arrays are views of the mapped tensors: they keep the client's memory mapped until the job is gone
+        feeds = {t.info.name: t.numpy() for t in tensors}
+        self._accept_job(served, Job(self, req, None, self._stream(b, served), feeds))
 
     def _close_runner(self, req: int, a: int, b: int, msg: Message) -> None:
         served = self.runners.pop(a, None)
@@ -486,11 +516,7 @@ class Session:
             self.sock.shutdown(socket.SHUT_RDWR)  # threads still in recvmsg return
         except OSError:
             pass
-        dropped = 0
-        for served in set(self.runners.values()):
-            for _ in served.queue.drop(self.sid):
-                self.job_ended()
-                dropped += 1
+        dropped = sum(served.drop_jobs(self.sid) for served in set(self.runners.values()))
         self.wait_idle(time.monotonic() + 60)  # a running job may still write into its tensors
         me = threading.current_thread()
         for thread in list(self.threads):
@@ -533,16 +559,6 @@ class Message:
         return p.unpack_tensors(self.data, self.ancdata, self.msg_flags)
 
 
-def _status_of_message(e: Exception) -> tuple[StatusCode, str]:
-    """Runner.run's exception as a status: its NpuError text starts with the status name."""
-    if isinstance(e, ValueError):
-        return StatusCode.INVALID_INPUT, str(e)
-    name, sep, rest = str(e).partition(": ")
-    if sep and name in StatusCode.__members__:
-        return StatusCode[name], rest
-    return StatusCode.RUNTIME_ERROR, str(e)
-
-
 def _tensor_of(name: str, array: np.ndarray, direction: TensorDirection) -> NpuTensor:
     """An array's copy in memory of its own (a sealed memfd), to hand to the client by fd."""
     array = np.ascontiguousarray(array)
@@ -554,4 +570,4 @@ def _tensor_of(name: str, array: np.ndarray, direction: TensorDirection) -> NpuT
     return tensor
 
 
-__all__ = ["Message", "ServiceError", "Session"]
+__all__ = ["Message", "ServiceError", "Session", "SessionHost"]

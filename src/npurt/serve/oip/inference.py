@@ -1,0 +1,429 @@
+"""What the HTTP and gRPC front ends share: the served models as the Open Inference Protocol sees them, inference
+requests turned into jobs of those served models (the same jobs, queue and workers as the local socket's), system
+shared memory, health and the drain on shutdown.
+
+An ``InferCall`` is one request's job and its ``JobOwner``: the served model runs it and answers through it. Inputs
+reach the runner as arrays over the request's bytes or over a shared memory mapping (no copy where their alignment
+allows; else one copy, counted in ``npurt_serve_copies_total``). Where an output goes to shared memory and the
+engine's output shapes are known for the request's input shapes, the job runs with ``Runner.execute`` on tensors
+over the region, so that the engine writes there; otherwise with ``Runner.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ... import __version__
+from ...tensor import NpuTensor
+from ...types import NpuTensorInfo, StatusCode, TensorDirection, TensorType
+from ..served import Binding, Job, ServedModel
+from .codec import InferRequest, InputTensor, OipError, OipLimits, OutputTensor, RequestedOutput, tensor_metadata
+from .metrics import ServeMetrics
+from .shm import Region, SharedMemoryRegions
+
+SERVER_NAME = "npurt"
+EXTENSIONS = ["binary_tensor_data", "system_shared_memory"]
+MODEL_VERSION = "1"  # one version of each served model
+
+
+@dataclass
+class ModelEntry:
+    """One served model as the protocol sees it: its ports in their CPU views (the model's own dtypes and shapes)."""
+
+    name: str
+    served: ServedModel
+    inputs: list[NpuTensorInfo]
+    outputs: list[NpuTensorInfo]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "versions": [MODEL_VERSION],
+                "platform": f"npurt_{self.served.runner.runner_type.lower()}",
+                "inputs": [tensor_metadata(i) for i in self.inputs],
+                "outputs": [tensor_metadata(o) for o in self.outputs]}
+
+
+def _status_http(status: StatusCode) -> int:
+    return 400 if status in (StatusCode.INVALID_INPUT, StatusCode.INVALID_OUTPUT) else 500
+
+
+class InferCall:
+    """One infer request: its job, the regions it holds, and its answer (``outputs`` or ``error``). The job's
+    ``JobOwner``: ``done`` is called once the job is over and the regions are released."""
+
+    def __init__(self, entry: ModelEntry, request: InferRequest, sid: int, metrics: ServeMetrics | None) -> None:
+        self.entry, self.request, self.sid, self.metrics = entry, request, sid, metrics
+        self.closed = False
+        self.regions: list[Region] = []
+        self.release_region: Callable[[Region], None] = lambda region: None
+        self.planned: list[OutputTensor] = []  # the outputs to answer, in order; arrays filled by the run
+        self.tensors: list[NpuTensor] = []  # execute's output tensors (by planned index), where it runs
+        self.outputs: list[OutputTensor] | None = None
+        self.error: OipError | None = None
+        self.done: Callable[[], None] = lambda: None
+        self.put_back: Callable[[], None] = lambda: None  # a reusable binding goes back to its cache
+
+
+    # -- JobOwner ---------------------------------------------------------------------------------------------
+    def reply_done(self, req: int, status: StatusCode, message: str, shapes: list[Any] | None) -> None:
+        if status is not StatusCode.SUCCESS:
+            self.error = OipError(_status_http(status), message or status.name)
+            return
+        for k, (out, tensor) in enumerate(zip(self.planned, self.tensors)):
+            shape = tuple(shapes[k]) if shapes and shapes[k] is not None else tensor.info.shape
+            out.shape = shape
+            if out.shm is None:
+                out.array = tensor.numpy() if shape == tensor.info.shape else tensor.result()
+        self.outputs = self.planned
+
+    def reply_outputs(self, req: int, outputs: dict[str, np.ndarray]) -> None:
+        try:
+            for out in self.planned:
+                array = outputs[out.name]
+                out.shape = tuple(array.shape)
+                if out.shm is None:
+                    out.array = array
+                    continue
+                # an output whose shape only the run decided: copied into its region (counted)
+                region = next(r for r in self.regions if r.name == out.shm.region)
+                if array.nbytes > out.shm.byte_size:
+                    raise OipError(400, f"output {out.name!r}: {array.nbytes} bytes do not fit the "
+                                        f"{out.shm.byte_size} bytes given in shared memory region {region.name!r}")
+                view = region.view(out.shm, f"output {out.name!r}")
+                np.frombuffer(view, np.uint8, array.nbytes)[...] = np.ascontiguousarray(array).view(np.uint8).ravel()
+                if self.metrics is not None:
+                    self.metrics.copied(self.entry.name, array.nbytes)
+            self.outputs = self.planned
+        except OipError as e:
+            self.error = e
+
+    def reply_error(self, req: int, status: StatusCode, message: str) -> None:
+        self.error = OipError(_status_http(status), message)
+
+    def job_ended(self) -> None:
+        self.tensors = []
+        self.put_back()
+        self.put_back = lambda: None
+        for region in self.regions:
+            self.release_region(region)
+        self.regions = []
+        self.done()
+
+    def result(self) -> list[OutputTensor]:
+        if self.error is not None:
+            raise self.error
+        if self.outputs is None:
+            raise OipError(500, "the job ended without an answer")
+        return self.outputs
+
+
+class InferenceFront:
+    """The served models, shared memory and health, for both protocols."""
+
+    def __init__(self, models: Mapping[str, ServedModel], limits: OipLimits, regions: SharedMemoryRegions,
+                 metrics: ServeMetrics | None = None) -> None:
+        self.limits, self.regions, self.metrics = limits, regions, metrics
+        self.models = {name: ModelEntry(name, served,
+                                        served.runner.get_tensors_info(TensorDirection.INPUT, TensorType.CPU),
+                                        served.runner.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU))
+                       for name, served in models.items()}
+        self.draining = False
+        self._in_flight = 0
+        self._idle = threading.Condition()
+        self._clients: dict[str, int] = {}  # peer -> its number in the fair queue
+        # Bindings whose every tensor lies in shared memory, by where they lie: a client that reuses its regions
+        # reuses the same tensors, so the runner's plan (and the engine's binding) is made once, not per request.
+        # Taken out while a job uses one; dropped with its regions.
+        self._bindings: dict[tuple[Any, ...], tuple[list[NpuTensor], list[NpuTensor], list[NpuTensor]]] = {}
+        self._bindings_lock = threading.Lock()
+        regions.on_release.append(self._forget_region)
+        self._next_client = itertools.count(1 << 30)  # above the socket protocol's session ids
+
+    # -- health and metadata ----------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return not self.draining
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model(self, name: str, version: str = "") -> ModelEntry:
+        entry = self.models.get(name)
+        if entry is None:
+            raise OipError(404, f"unknown model {name[:120]!r}; this server serves {sorted(self.models)}")
+        if version not in ("", MODEL_VERSION):
+            raise OipError(404, f"model {name!r} has no version {version[:40]!r}; its version is {MODEL_VERSION}")
+        return entry
+
+    def model_label(self, name: str) -> str:
+        """The model's name for the metrics: only served models' names (a client cannot add label values)."""
+        return name if name in self.models else ""
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """One request in flight (OipError 503 while draining: SIGTERM lets the ones in flight finish)."""
+        with self._idle:
+            if self.draining:
+                raise OipError(503, "the server is shutting down: it takes no new requests")
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.notify_all()
+
+    def refuse_new(self) -> None:
+        with self._idle:
+            self.draining = True
+
+    def drain(self, deadline: float) -> bool:
+        """Take no new requests; wait until those in flight have been answered (False: deadline first)."""
+        with self._idle:
+            self.draining = True
+            while self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            return True
+
+    def client_id(self, peer: str) -> int:
+        """A number per peer for the fair queue (bounded: a server with many peers reuses them)."""
+        number = self._clients.get(peer)
+        if number is None:
+            if len(self._clients) > 4096:
+                self._clients.clear()
+            number = self._clients[peer] = next(self._next_client)
+        return number
+
+    def call(self, entry: ModelEntry, request: InferRequest, sid: int) -> tuple[InferCall, Job]:
+        """The request checked against the model and made a job (OipError for what is wrong). Its regions are held
+        until the job ends."""
+        call = InferCall(entry, request, sid, self.metrics)
+        call.release_region = self.regions.release
+        try:
+            return call, self._job(call)
+        except BaseException:
+            call.job_ended()
+            raise
+
+    def _job(self, call: InferCall) -> Job:
+        entry, request, served = call.entry, call.request, call.entry.served
+        if served.stateful:
+            raise OipError(400, f"model {entry.name!r} keeps state between runs (a stream): it is served over the "
+                                "local socket only")
+        given = {t.name: t for t in request.inputs}
+        if len(given) != len(request.inputs):
+            raise OipError(400, "an input is given twice")
+        names = [i.name for i in entry.inputs]
+        if set(given) != set(names):
+            unknown = sorted(set(given) - set(names))
+            missing = [n for n in names if n not in given]
+            raise OipError(400, f"model {entry.name!r} takes inputs {names}: unknown {unknown}, missing {missing}")
+        feeds: dict[str, np.ndarray] = {}
+        for info in entry.inputs:
+            tensor = given[info.name]
+            what = f"input {info.name!r}"
+            if tensor.data_type is not info.data_type:
+                raise OipError(400, f"{what}: datatype {tensor.data_type.name}, the model takes "
+                                    f"{tensor_metadata(info)['datatype']}")
+            if len(tensor.shape) != len(info.shape) or any(
+                    d >= 0 and d != g for d, g in zip(info.shape, tensor.shape)):
+                raise OipError(400, f"{what}: shape {list(tensor.shape)}, the model takes {list(info.shape)} "
+                                    "(-1: any size)")
+            if tensor.shm is not None:
+                if tensor.shm.byte_size != tensor.nbytes:
+                    raise OipError(400, f"{what}: shared_memory_byte_size {tensor.shm.byte_size}, shape "
+                                        f"{list(tensor.shape)} needs {tensor.nbytes} bytes")
+                region = self._hold(call, tensor.shm.region, what)
+                view = region.view(tensor.shm, what)
+                array = np.frombuffer(view, info.data_type.numpy, math.prod(tensor.shape)).reshape(tensor.shape)
+                if not array.flags.aligned:
+                    array = array.copy()
+                    if self.metrics is not None:
+                        self.metrics.copied(entry.name, array.nbytes)
+                feeds[info.name] = array
+            else:
+                assert tensor.array is not None
+                feeds[info.name] = tensor.array
+        outputs = self._requested(entry, request)
+        call.planned = [OutputTensor(o.name, info.data_type, info.shape, shm=o.shm,
+                                     binary=request.binary_output if o.binary is None else o.binary)
+                        for o, info in outputs]
+        for out in call.planned:
+            if out.shm is not None:
+                self._hold(call, out.shm.region, f"output {out.name!r}")
+        if not any(out.shm is not None for out in call.planned):
+            return Job(call, 0, None, None, feeds)
+        # outputs into shared memory: execute on tensors over the regions where the engine's shapes are known
+        key = self._binding_key(call, given)
+        if key is not None:
+            with self._bindings_lock:
+                cached = self._bindings.pop(key, None)
+            if cached is not None:
+                return self._reuse(call, key, cached)
+        try:
+            engine = served.runner.engine_for([feeds[i.name].shape for i in entry.inputs], compile=True)
+        except ValueError as e:
+            raise OipError(400, str(e)) from None
+        infos = {port.cpu.name: port.cpu for port in engine.outputs}
+        wanted = [infos[out.name] for out in call.planned]
+        if not all(info.is_static for info in wanted):
+            return Job(call, 0, None, None, feeds)  # shapes decided by the run: copied into the regions after it
+        inputs = [NpuTensor(i.replace(shape=feeds[i.name].shape), feeds[i.name]) for i in entry.inputs]
+        tensors = {out.name: self._output_tensor(call, out, info) for out, info in zip(call.planned, wanted)}
+        # the runner takes every output: those not asked for go into scratch memory
+        all_outputs = []
+        for port in engine.outputs:
+            chosen = tensors.get(port.cpu.name)
+            if chosen is None:
+                chosen = NpuTensor(port.cpu, np.empty(port.cpu.shape, port.cpu.data_type.numpy))
+            all_outputs.append(chosen)
+        call.tensors = [tensors[out.name] for out in call.planned]
+        if key is not None:
+            made = (inputs, all_outputs, call.tensors)
+            held = list(call.regions)
+            call.put_back = lambda: self._put_back(key, made, held)
+        nbytes = sum(t.info.size_in_bytes for t in (*inputs, *all_outputs))
+        return Job(call, 0, Binding(served, 0, inputs, all_outputs, nbytes), None)
+
+    # -- bindings over shared memory, reused ------------------------------------------------------------------
+    @staticmethod
+    def _binding_key(call: InferCall, given: Mapping[str, InputTensor]) -> tuple[Any, ...] | None:
+        """Where every tensor of the request lies, when all lie in shared memory (None otherwise)."""
+        if any(t.shm is None for t in given.values()) or any(o.shm is None for o in call.planned):
+            return None
+        regions = {r.name: id(r) for r in call.regions}
+        ins = tuple((n, regions[t.shm.region], t.shm.offset, t.shm.byte_size, t.shape) for n, t in sorted(
+            given.items()) if t.shm is not None)
+        outs = tuple((o.name, regions[o.shm.region], o.shm.offset, o.shm.byte_size) for o in call.planned
+                     if o.shm is not None)
+        return call.entry.name, ins, outs
+
+    def _reuse(self, call: InferCall, key: tuple[Any, ...],
+               cached: tuple[list[NpuTensor], list[NpuTensor], list[NpuTensor]]) -> Job:
+        inputs, all_outputs, tensors = cached
+        for out in call.planned:  # the regions' objects may have been shrunk since: checked on every use
+            region = next(r for r in call.regions if out.shm is not None and r.name == out.shm.region)
+            assert out.shm is not None
+            region.check(out.shm, f"output {out.name!r}")
+        call.tensors = tensors
+        held = list(call.regions)
+        call.put_back = lambda: self._put_back(key, cached, held)
+        nbytes = sum(t.info.size_in_bytes for t in (*inputs, *all_outputs))
+        return Job(call, 0, Binding(call.entry.served, 0, inputs, all_outputs, nbytes), None)
+
+    def _put_back(self, key: tuple[Any, ...], binding: tuple[list[NpuTensor], list[NpuTensor], list[NpuTensor]],
+                  regions: list[Region]) -> None:
+        with self._bindings_lock:
+            # not over a region unregistered while the job ran (its release dropped the others already)
+            if len(self._bindings) < 256 and key not in self._bindings and not any(r.released for r in regions):
+                self._bindings[key] = binding
+
+    def _forget_region(self, region: Region) -> None:
+        with self._bindings_lock:
+            for key in [k for k in self._bindings if any(t[1] == id(region) for t in (*k[1], *k[2]))]:
+                del self._bindings[key]
+
+    def _output_tensor(self, call: InferCall, out: OutputTensor, info: NpuTensorInfo) -> NpuTensor:
+        if out.shm is None:
+            return NpuTensor(info, np.empty(info.shape, info.data_type.numpy))
+        what = f"output {out.name!r}"
+        if out.shm.byte_size < info.size_in_bytes:
+            raise OipError(400, f"{what}: shared_memory_byte_size {out.shm.byte_size}, shape {list(info.shape)} "
+                                f"needs {info.size_in_bytes} bytes")
+        region = next(r for r in call.regions if r.name == out.shm.region)
+        view = region.view(out.shm, what)
+        try:
+            return NpuTensor(info, view)
+        except ValueError as e:
+            raise OipError(400, f"{what}: {e}") from None
+
+    def _hold(self, call: InferCall, name: str, what: str) -> Region:
+        for region in call.regions:
+            if region.name == name:
+                return region
+        region = self.regions.acquire(name, what)
+        call.regions.append(region)
+        return region
+
+    @staticmethod
+    def _requested(entry: ModelEntry, request: InferRequest) -> list[tuple[RequestedOutput, NpuTensorInfo]]:
+        by_name = {o.name: o for o in entry.outputs}
+        if request.outputs is None:
+            return [(RequestedOutput(o.name), o) for o in entry.outputs]
+        out = []
+        seen = set()
+        for o in request.outputs:
+            info = by_name.get(o.name)
+            if info is None:
+                raise OipError(400, f"model {entry.name!r} has no output {o.name[:120]!r}; its outputs are "
+                                    f"{list(by_name)}")
+            if o.name in seen:
+                raise OipError(400, f"output {o.name!r} is asked for twice")
+            seen.add(o.name)
+            out.append((o, info))
+        return out
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def run_blocking(self, call: InferCall, job: Job) -> list[OutputTensor]:
+        """Run a job and wait for it, on a thread that may block (gRPC's): on this thread where the model has a free
+        slot and nobody queues, else through the queue."""
+        served = call.entry.served
+        if served.try_slot():
+            served.run_inline(job)
+        else:
+            ended = threading.Event()
+            call.done = ended.set
+            if not served.submit(call.sid, job):
+                call.job_ended()  # never queued: its regions are free again
+                raise OipError(503, "the server is shutting down: it takes no new requests")
+            ended.wait()
+        return call.result()
+
+    async def run_async(self, call: InferCall, job: Job, alone: bool) -> list[OutputTensor]:
+        """Run a job from the event loop. ``alone``: no other request is in flight, so the loop may run it itself
+        (no thread hand-off each way: the latency of one client); else the model's workers run it."""
+        served = call.entry.served
+        if alone and served.try_slot():
+            served.run_inline(job)
+            return call.result()
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+
+        def wake() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        def done() -> None:
+            loop.call_soon_threadsafe(wake)
+
+        call.done = done
+        if not served.submit(call.sid, job):
+            call.job_ended()  # never queued: its regions are free again
+            raise OipError(503, "the server is shutting down: it takes no new requests")
+        await asyncio.shield(ended)  # a cancelled request still lets its job end before the regions are reused
+        return call.result()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def runner_stats(self) -> dict[str, dict[str, int]]:
+        return {name: entry.served.runner.stats for name, entry in self.models.items()}
+
+
+__all__ = ["EXTENSIONS", "InferCall", "InferenceFront", "ModelEntry", "SERVER_NAME"]
