@@ -72,7 +72,7 @@ class Placement:
         for k, (name, op_type, _) in enumerate(self.assigned):
             if not name:
                 engine.setdefault(op_type, []).append(k)
-        names = {}
+        names: dict[int, str] = {}
         for op_type, positions in engine.items():
             outputs = model.get(op_type, [])
             if len(outputs) == len(positions):
