@@ -12,16 +12,29 @@ npurt's side: one runner per (model, N) with ``performance_hint="THROUGHPUT"`` a
 - callbacks: N chains of ``execute_async`` whose callbacks submit the next job (a runner with
   ``callback_order="completion"``);
 - threads: N threads calling ``execute`` on tensor sets of their own.
-The raw side, with the runner's own engine settings: OpenVINO ``compile_model`` with the THROUGHPUT hint (and
-``PERFORMANCE_HINT_NUM_REQUESTS=N``, f32) and an ``AsyncInferQueue`` of N requests, inputs set once; ONNX Runtime
-one ``InferenceSession`` with intra-op threads = cores / N (spinning off, as npurt sets it) and N threads calling
-``run``.
+Each pattern is measured against the raw pattern of the same shape, written the way a Python user of that engine
+writes it, with the runner's own engine settings (threads, spinning, precision; ``NPURT_NUM_THREADS`` is cleared):
+- OpenVINO (``compile_model`` with the THROUGHPUT hint, ``PERFORMANCE_HINT_NUM_REQUESTS=N``, f32, inputs set once):
+  ``AsyncInferQueue(N)`` for the InferQueue, ``wait_any`` and callbacks; N threads calling ``infer()`` on N infer
+  requests of their own for npurt's threads;
+- ONNX Runtime (one ``InferenceSession`` with intra-op threads = cores / N, spinning as npurt sets it): one thread
+  keeping N runs in flight for the InferQueue, ``wait_any`` and callbacks, the faster of
+  ``ThreadPoolExecutor(N)`` + ``wait(..., FIRST_COMPLETED)`` over ``session.run`` and ``session.run_async`` with a
+  callback (which ONNX Runtime refuses on a session with one intra-op thread); N threads calling ``run`` for
+  npurt's threads.
+A second column puts every pattern against N bare threads calling the engine (``infer()`` / ``run``), which hand
+nothing between threads.
 
-All five take turns in blocks of fixed time; the ratio of a pattern is the median of its per-block ratios to the
-raw block beside it (``npurt.bench.paired_ratio``), over at least 5 blocks.
+All subjects take turns in blocks of fixed time; a ratio is the median of per-block ratios to the raw block beside
+it (``npurt.bench.paired_ratio``), over at least 5 blocks.
 
-Target (issue "Throughput that scales with every core"): npurt/raw >= 0.98 at every N, on both backends, for every
-pattern and model.
+At one run (N = 1, ``execute`` in a loop, shapes pinned, CPU views) each hint (none, LATENCY, THROUGHPUT) is also
+measured against the engine at its own default settings (ONNX Runtime: a default ``InferenceSession``; OpenVINO:
+``compile_model`` with f32 only), in the same alternating blocks.
+
+Targets (issue "Throughput, continued"): on both backends, for every model and N, npurt/raw >= 0.98 against the
+raw pattern of the same shape and >= 0.90 against N bare threads; at one run, every hint >= 0.98x the engine's
+default settings.
 
     python -m benchmarks.scale [--quick] [--json] [--max-n N] [--blocks K] [--backends OPENVINO,VAIML]
                                [--models cls,rec]
@@ -34,15 +47,17 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-import numpy as np
+os.environ.pop("NPURT_NUM_THREADS", None)  # both sides take the settings stated in the report, nothing from outside
 
-from benchmarks import check, finish, parser
-from benchmarks.apps import BACKENDS, model_path, npurt_runner
-from npurt import InferQueue, JobHandle, StatusCode, TensorType
-from npurt.bench import (
+import numpy as np  # noqa: E402
+
+from benchmarks import check, finish, parser  # noqa: E402
+from benchmarks.apps import BACKENDS, model_path, npurt_runner  # noqa: E402
+from npurt import InferQueue, JobHandle, StatusCode, TensorType  # noqa: E402
+from npurt.bench import (  # noqa: E402
     BenchError,
     Budget,
     Report,
@@ -53,13 +68,14 @@ from npurt.bench import (
     paired_ratio,
     random_feeds,
 )
-from npurt.bench.subjects import RawOnnxRuntimeSubject, RawOpenVINOSubject, output_shapes_of, runner_tensors
-from npurt.runner import Runner
+from npurt.bench.subjects import RawOnnxRuntimeSubject, RawOpenVINOSubject, output_shapes_of, runner_tensors  # noqa: E402
+from npurt.runner import Runner  # noqa: E402
 
 MODELS = {"cls": ("ocr_cls", (1, 3, 48, 192)), "rec": ("ocr_rec", (1, 3, 48, 320))}
 BLOCK_S = {"cls": 0.5, "rec": 1.0}  # seconds per block and subject (full run)
 QUICK_BLOCK_S = 0.12
-LIMIT = 0.98
+LIMIT, BARE_LIMIT = 0.98, 0.90
+HINTS = (None, "LATENCY", "THROUGHPUT")
 
 
 def n_values(max_n: int) -> list[int]:
@@ -238,29 +254,162 @@ class ThreadsPattern(Subject):
         self.pool.shutdown()
 
 
-def raw_subject(backend: str, runner: Runner, path: str, feeds: Mapping[str, np.ndarray], n: int) -> Subject:
-    """The engine as a throughput app drives it, with the runner's engine settings (see the module docstring)."""
+class RawOpenVINOThreads(Subject):
+    """N threads calling ``infer()`` on N infer requests of their own, inputs set once (outputs shared)."""
+
+    def __init__(self, compiled: Any, feeds: Mapping[str, np.ndarray], n: int) -> None:
+        import openvino as ov
+
+        self.label, self.requests = "raw threads", n
+        self.requests_ = []
+        for _ in range(n):
+            request = compiled.create_infer_request()
+            for port in compiled.inputs:
+                name = next(iter(port.get_names()))
+                request.set_tensor(port, ov.Tensor(np.ascontiguousarray(feeds[name]).copy(), shared_memory=True))
+            self.requests_.append(request)
+        self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="raw-ov-threads")
+
+    def run_jobs(self, budget: Budget) -> tuple[int, float]:
+        return _threads(self.pool, [lambda r=r: r.infer(share_outputs=True) for r in self.requests_], budget)
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def _threads(pool: ThreadPoolExecutor, calls: list[Any], budget: Budget) -> tuple[int, float]:
+    """Each call on a thread of its own, in a loop until the budget is spent: (calls done, seconds)."""
+    lock = threading.Lock()
+    counts = {"started": 0, "done": 0}
+    start = time.perf_counter()
+
+    def worker(call: Any) -> None:
+        while True:
+            with lock:
+                if budget.done(counts["started"], time.perf_counter() - start):
+                    return
+                counts["started"] += 1
+            call()
+            with lock:
+                counts["done"] += 1
+
+    for f in [pool.submit(worker, c) for c in calls]:
+        f.result()
+    return counts["done"], time.perf_counter() - start
+
+
+class RawOrtInFlight(Subject):
+    """One thread keeping N ``session.run`` in flight on ``ThreadPoolExecutor(N)``, collecting with
+    ``wait(..., FIRST_COMPLETED)``: the concurrent.futures way to keep N jobs going."""
+
+    def __init__(self, session: Any, feeds: Mapping[str, np.ndarray], n: int) -> None:
+        self.label, self.requests = "raw executor", n
+        self.session = session
+        self.own = [{k: np.ascontiguousarray(v).copy() for k, v in feeds.items()} for _ in range(n)]
+        self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="raw-ort-inflight")
+
+    def run_jobs(self, budget: Budget) -> tuple[int, float]:
+        run = self.session.run
+        pending: dict[Future[Any], int] = {}
+        started = done = 0
+        start = time.perf_counter()
+        for k, feeds in enumerate(self.own):
+            pending[self.pool.submit(run, None, feeds)] = k
+            started += 1
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                k = pending.pop(f)
+                f.result()
+                done += 1
+                if not budget.done(started, time.perf_counter() - start):
+                    pending[self.pool.submit(run, None, self.own[k])] = k
+                    started += 1
+        return done, time.perf_counter() - start
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+class RawOrtRunAsync(Subject):
+    """N ``session.run_async`` in flight, each callback (on an ONNX Runtime thread) starting the next until the budget
+    is spent."""
+
+    def __init__(self, session: Any, feeds: Mapping[str, np.ndarray], n: int) -> None:
+        self.label, self.requests = "raw run_async", n
+        self.session = session
+        self.own = [{k: np.ascontiguousarray(v).copy() for k, v in feeds.items()} for _ in range(n)]
+
+    def run_jobs(self, budget: Budget) -> tuple[int, float]:
+        lock, finished = threading.Lock(), threading.Event()
+        counts = {"started": 0, "done": 0, "active": len(self.own)}
+        errors: list[str] = []
+        start = time.perf_counter()
+
+        def ended(_results: Any, k: int, error: str) -> None:
+            if error:
+                errors.append(error)
+            with lock:
+                counts["done"] += 1
+                go = not errors and not budget.done(counts["started"], time.perf_counter() - start)
+                if go:
+                    counts["started"] += 1
+                else:
+                    counts["active"] -= 1
+                    if counts["active"] == 0:
+                        finished.set()
+            if go:
+                self.session.run_async(None, self.own[k], ended, k)
+
+        counts["started"] = len(self.own)
+        for k in range(len(self.own)):
+            self.session.run_async(None, self.own[k], ended, k)
+        finished.wait()
+        if errors:
+            raise BenchError(f"run_async: {errors[0]}")
+        return counts["done"], time.perf_counter() - start
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+
+def raw_subjects(backend: str, runner: Runner, path: str, feeds: Mapping[str, np.ndarray], n: int
+                 ) -> tuple[list[Subject], Subject]:
+    """The engine's same-shape patterns for npurt's asynchronous ones (ONNX Runtime: the candidates, the faster is
+    taken) and its N bare threads, with the runner's engine settings (see the module docstring)."""
     settings = dict(runner.device_info.engine_settings)
     if backend == "OPENVINO":
         import openvino as ov
 
         compiled = ov.Core().compile_model(path, "CPU", settings)
-        return RawOpenVINOSubject(compiled, feeds, n, label="raw")
+        return [RawOpenVINOSubject(compiled, feeds, n, label="raw AsyncInferQueue")], \
+            RawOpenVINOThreads(compiled, feeds, n)
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
+    threads = int(settings["intra_op_num_threads"].split()[0])
+    options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    return RawOnnxRuntimeSubject(session, feeds, n, label="raw")
+    same_shape: list[Subject] = [RawOrtInFlight(session, feeds, n)]
+    if threads != 1:  # ONNX Runtime refuses run_async on a session with one intra-op thread
+        same_shape.append(RawOrtRunAsync(session, feeds, n))
+    return same_shape, RawOnnxRuntimeSubject(session, feeds, n, label="raw threads")
 
 
 def raw_description(backend: str, runner: Runner, n: int) -> str:
     settings = dict(runner.device_info.engine_settings)
     if backend == "OPENVINO":
-        return f"AsyncInferQueue({n}), " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
-    return (f"{n} threads x run, intra_op_num_threads={settings['intra_op_num_threads'].split()[0]}, "
-            f"allow_spinning={settings['allow_spinning']}")
+        return f"AsyncInferQueue({n}) / {n} threads x infer(), " + ", ".join(
+            f"{k}={v}" for k, v in sorted(settings.items()))
+    return (f"one thread keeping {n} runs in flight / {n} threads x run, intra_op_num_threads="
+            f"{settings['intra_op_num_threads'].split()[0]}, allow_spinning={settings['allow_spinning']}")
 
 
 def measure(backend: str, name: str, n: int, block_s: float, blocks: int, table: Table, report: Report) -> None:
@@ -277,9 +426,10 @@ def measure(backend: str, name: str, n: int, block_s: float, blocks: int, table:
         def sets(r: Runner) -> list[tuple[list[Any], list[Any]]]:
             return [runner_tensors(r, feeds, TensorType.CPU, shapes) for _ in range(n)]
 
-        subjects = [QueuePattern(chained, feeds, n, shapes), WaitAnyPattern(runner, sets(runner)),
-                    CallbackPattern(chained, sets(chained)), ThreadsPattern(runner, sets(runner)),
-                    raw_subject(backend, runner, path, feeds, n)]
+        patterns: list[Subject] = [QueuePattern(chained, feeds, n, shapes), WaitAnyPattern(runner, sets(runner)),
+                                   CallbackPattern(chained, sets(chained)), ThreadsPattern(runner, sets(runner))]
+        same_shape, bare = raw_subjects(backend, runner, path, feeds, n)
+        subjects = [*patterns, *same_shape, bare]
         budget = Budget(niter=None, time_s=block_s * blocks, warmup=3, blocks=blocks)
         before = runner.stats["copies"] + chained.stats["copies"]
         results = measure_throughput(subjects, budget)
@@ -290,15 +440,77 @@ def measure(backend: str, name: str, n: int, block_s: float, blocks: int, table:
             s.close()
         runner.close()
         chained.close()
-    raw = results[-1]
-    for subject, stats in zip(subjects[:-1], results[:-1]):
-        ratio = paired_ratio(stats, raw)
-        table.add(backend, name, n, subject.label, stats.fps, raw.fps, ratio)
-        report.targets.append(Target(f"{backend} {name} N={n} {subject.label} npurt/raw",
+    by_subject = dict(zip(subjects, results))
+    raw_async = max(same_shape, key=lambda s: by_subject[s].fps)  # the faster of the candidates
+    bare_stats = by_subject[bare]
+    for subject in patterns:
+        stats = by_subject[subject]
+        raw = bare if subject.label == "threads" else raw_async
+        ratio = paired_ratio(stats, by_subject[raw])
+        bare_ratio = paired_ratio(stats, bare_stats)
+        table.add(backend, name, n, subject.label, stats.fps, raw.label, by_subject[raw].fps, ratio,
+                  bare_stats.fps, bare_ratio)
+        report.targets.append(Target(f"{backend} {name} N={n} {subject.label} npurt/{raw.label}",
                                      ratio if ratio is not None else float("nan"), LIMIT, at_most=False))
+        if subject.label != "threads":
+            report.targets.append(Target(f"{backend} {name} N={n} {subject.label} npurt/raw threads",
+                                         bare_ratio if bare_ratio is not None else float("nan"), BARE_LIMIT,
+                                         at_most=False))
+    if len(same_shape) > 1:
+        table.add(f"  {backend} {name} N={n}: same-shape raw candidates: " + ", ".join(
+            f"{s.label} {by_subject[s].fps:.1f}/s" for s in same_shape) + f" (taken: {raw_async.label})")
     table.add(f"  {backend} {name} N={n}: raw = {description}; {blocks} blocks of {block_s:g} s each")
     if copies:
         report.problems.append(f"{backend} {name} N={n}: {copies} host copies on the zero-copy paths")
+
+
+def hints_at_one_run(backend: str, name: str, iterations: int, blocks: int, table: Table, report: Report) -> None:
+    """One run at a time (``execute`` in a loop, shapes pinned, CPU views): each hint against the engine at its own
+    default settings."""
+    from npurt.bench import measure_latency
+    from npurt.bench.subjects import RawOnnxRuntimeSubject as RawOrt
+    from npurt.bench.subjects import RawOpenVINOSubject as RawOv
+
+    model, shape = MODELS[name]
+    path = model_path(model)
+    feeds = random_feeds({"x": (shape, "float32")}, seed=0)
+    runners = [npurt_runner(backend, path, performance_hint=hint, max_concurrent_runs=1,
+                            shapes={"x": list(shape)}, input_tensor_type="CPU", output_tensor_type="CPU")
+               for hint in HINTS]
+    if backend == "OPENVINO":
+        import openvino as ov
+
+        raw: Subject = RawOv(ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), feeds,
+                             label="raw, default settings")
+    else:
+        import onnxruntime as ort
+
+        raw = RawOrt(ort.InferenceSession(path, providers=["CPUExecutionProvider"]), feeds,
+                     label="raw, default settings")
+    subjects: list[Subject] = []
+    try:
+        for hint, r in zip(HINTS, runners):
+            ins, outs = runner_tensors(r, feeds, TensorType.CPU)
+            subjects.append(_ExecuteLoop(f"npurt hint {hint or 'none'}", r, ins, outs))
+        results = measure_latency([*subjects, raw], Budget(niter=iterations, time_s=None, warmup=5, blocks=blocks))
+    finally:
+        raw.close()
+        for r in runners:
+            r.close()
+    raw_p50 = results[-1].p50_ms
+    for hint, r, stats in zip(HINTS, runners, results):
+        settings = ", ".join(f"{k}={v}" for k, v in r.device_info.engine_settings)
+        table.add(backend, name, hint or "none", stats.p50_ms * 1e3, raw_p50 * 1e3, raw_p50 / stats.p50_ms, settings)
+        report.targets.append(Target(f"{backend} {name} one run, hint {hint or 'none'}: npurt/raw default (jobs/s)",
+                                     raw_p50 / stats.p50_ms, LIMIT, at_most=False))
+
+
+class _ExecuteLoop(Subject):
+    def __init__(self, label: str, runner: Runner, ins: list[Any], outs: list[Any]) -> None:
+        self.label, self.runner, self.ins, self.outs = label, runner, ins, outs
+
+    def step(self) -> None:
+        check(self.runner.execute([self.ins], [self.outs]), self.runner, "execute")
 
 
 def main() -> int:
@@ -321,14 +533,20 @@ def main() -> int:
         p.error("--blocks >= 5: a ratio is the median of at least 5 paired blocks")
     report = Report(f"Throughput with N jobs in flight, npurt against the engines used directly, CPU "
                     f"({os.cpu_count()} cores), {'quick' if args.quick else 'full'} run")
-    table = Table(["backend", "model", "N", "pattern", "npurt jobs/s", "raw jobs/s", "npurt/raw"],
-                  formats=["", "", "", "", "{:.1f}", "{:.1f}", "{:.3f}"],
-                  title="jobs per second (npurt/raw: median of paired per-block ratios)")
-    report.tables.append(table)
+    table = Table(["backend", "model", "N", "pattern", "npurt jobs/s", "same-shape raw", "raw jobs/s", "npurt/raw",
+                   "raw threads jobs/s", "npurt/raw threads"],
+                  formats=["", "", "", "", "{:.1f}", "", "{:.1f}", "{:.3f}", "{:.1f}", "{:.3f}"],
+                  title="jobs per second (ratios: medians of paired per-block ratios)")
+    hints = Table(["backend", "model", "hint", "npurt us", "raw default us", "npurt/raw (jobs/s)",
+                   "npurt's engine settings"], formats=["", "", "", "{:.1f}", "{:.1f}", "{:.3f}", ""],
+                  title="one run at a time (execute in a loop, p50), against the engine's default settings")
+    report.tables += [table, hints]
     for backend in backends:
         for name in names:
             for n in n_values(args.max_n):
                 measure(backend, name, n, QUICK_BLOCK_S if args.quick else BLOCK_S[name], blocks, table, report)
+            hints_at_one_run(backend, name, 200 if args.quick else (1200 if name == "cls" else 300), blocks, hints,
+                             report)
     return finish(report, args.json)
 
 
