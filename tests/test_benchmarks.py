@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.missing import require_module
 from tests.helpers.models import model_or_skip
 
-pytest.importorskip("cv2", reason="the app benchmarks need opencv-python-headless (extra 'examples')")
-pytest.importorskip("PIL", reason="the app benchmarks need Pillow (extra 'examples')")
+require_module("cv2", "the app benchmarks need opencv-python-headless (extras 'examples' and 'test')")
+require_module("PIL", "the app benchmarks need Pillow (extras 'examples' and 'test')")
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from npurt.models import zoo
+from tests.helpers.missing import missing, require_module
 from tests.helpers.models import model_or_skip
 
-pytest.importorskip("cv2", reason="the examples need opencv-python-headless (extra 'examples')")
-pytest.importorskip("PIL", reason="the examples need Pillow (extra 'examples')")
+require_module("cv2", "the examples need opencv-python-headless (extras 'examples' and 'test')")
+require_module("PIL", "the examples need Pillow (extras 'examples' and 'test')")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # Appended, not prepended: examples/ocr.py must not shadow tests/ocr.py, which the backend tests import.
@@ -64,7 +65,7 @@ def text_strip(text: str, size: int = 32) -> np.ndarray:
 
 def speech_or_skip(path: Path) -> list[tuple[float, float]]:
     if speech.missing_tools():
-        pytest.skip(f"speech synthesis needs {' and '.join(speech.missing_tools())} (apt-get install espeak-ng sox)")
+        missing(f"speech synthesis needs {' and '.join(speech.missing_tools())} (apt-get install espeak-ng sox)")
     return speech.make_speech(path)
 
 
@@ -155,7 +156,7 @@ def silero_reference() -> Any:
         done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
                                zoo.SILERO_VAD], capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            pytest.skip(f"cannot download {zoo.SILERO_VAD}: {done.stderr.strip()[-300:]}")
+            missing(f"cannot download {zoo.SILERO_VAD}: {done.stderr.strip()[-300:]}")
         with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
             source = wheel.read("silero_vad/utils_vad.py").decode()
     tree = ast.parse(source)
@@ -459,7 +460,7 @@ def test_choose_backend_says_when_the_model_is_missing(tmp_path):
 @pytest.mark.slow
 def test_vad_streams_example_interleaves_streams_without_copies():
     if speech.missing_tools():
-        pytest.skip(f"speech synthesis needs {' and '.join(speech.missing_tools())} (apt-get install espeak-ng sox)")
+        missing(f"speech synthesis needs {' and '.join(speech.missing_tools())} (apt-get install espeak-ng sox)")
     done = run_example("examples/vad_streams.py", "--streams", "3")
     assert done.returncode == 0, done.stderr
     assert len(re.findall(r"^stream \d: \d", done.stdout, re.M)) == 3

@@ -27,7 +27,7 @@ from npurt.modelfile import (
     read_onnx_ports,
     read_onnx_ports_from_bytes,
 )
-from tests.helpers.models import cache_dir
+from tests.helpers.models import model_or_skip
 
 # --- the reference: the same facts read from onnx's parsed ModelProto -------------------------------------------------
 
@@ -191,21 +191,19 @@ def test_node_models_through_files(node_models, tmp_path):
 
 # --- the real models --------------------------------------------------------------------------------------------------
 
-REAL_MODELS = sorted(cache_dir().glob("*.onnx")) if cache_dir().is_dir() else []
+REAL_MODELS = ["ocr_det", "ocr_rec", "ocr_cls", "silero_vad", "silero_vad_op18_ifless"]
 
 
-@pytest.mark.skipif(not REAL_MODELS, reason="no real models cached (tests/models.py fetches them)")
-@pytest.mark.parametrize("path", REAL_MODELS, ids=lambda p: p.name)
-def test_real_models_match_onnx(path):
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_real_models_match_onnx(name):
+    path = model_or_skip(name)
     got = read_onnx_ports(path)
     assert got == reference(onnx.load(str(path), load_external_data=False))
     assert got.inputs and got.outputs and got.node_count > 0
 
 
 def test_ocr_recogniser_keeps_its_dictionary_in_metadata():
-    path = cache_dir() / "ch_PP-OCRv4_rec_infer.onnx"
-    if not path.exists():
-        pytest.skip("PP-OCR recogniser not cached")
+    path = model_or_skip("ocr_rec")
     info = read_onnx_ports(path)
     characters = info.metadata_props["character"].splitlines()
     assert len(characters) > 6000  # one per class but the blank: the output's last dim is 6625
@@ -472,10 +470,8 @@ def test_files_that_are_not_models(tmp_path):
 
 
 def _small_real_model() -> bytes:
-    path = cache_dir() / "silero_vad_16k_op15.onnx"
-    if path.exists():  # subgraphs, symbolic dims, several inputs: most of the reader's paths
-        return path.read_bytes()
-    return _simple_model().SerializeToString()
+    # subgraphs, symbolic dims, several inputs: most of the reader's paths
+    return model_or_skip("silero_vad").read_bytes()
 
 
 def test_truncated_files(tmp_path):

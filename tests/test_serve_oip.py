@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-tritonclient_http = pytest.importorskip("tritonclient.http", reason="needs the 'serve' and 'test' extras")
-tritonclient_grpc = pytest.importorskip("tritonclient.grpc", reason="needs the 'serve' and 'test' extras")
-shm = pytest.importorskip("tritonclient.utils.shared_memory")
+from tests.helpers.missing import require_module
+
+tritonclient_http = require_module("tritonclient.http", "needs the 'serve' and 'test' extras")
+tritonclient_grpc = require_module("tritonclient.grpc", "needs the 'serve' and 'test' extras")
+shm = require_module("tritonclient.utils.shared_memory", "needs the 'serve' and 'test' extras")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from npurt import RunnerFactory  # noqa: E402

