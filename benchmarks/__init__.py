@@ -2,11 +2,15 @@
 
 Each measures through ``npurt.bench`` (the same engine as `npurt bench`), states what it compares and its targets in
 its docstring, prints a ``Report`` and exits 1 when a target is missed. What they share beyond the engine is here.
+
+Every script runs with ``NPURT_NUM_THREADS`` cleared (here, before any runner is made, and so in the fresh processes
+they start): a runner takes the thread settings its script states, and each raw side the same engine settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -15,6 +19,8 @@ from npurt.bench import BenchError, Report, render
 
 if TYPE_CHECKING:
     from npurt.runner import Runner
+
+os.environ.pop("NPURT_NUM_THREADS", None)  # the suite's cap (tests/conftest.py) must not reach a benchmark
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

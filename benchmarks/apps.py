@@ -40,9 +40,9 @@ OCR_MODELS = ("ocr_det", "ocr_cls", "ocr_rec")
 RAW_ENGINE = {"OPENVINO": "OpenVINO", "VAIML": "ONNX Runtime"}
 RAW_APP_CALL = {
     "OPENVINO": "ov.Core().compile_model(path, 'CPU', {INFERENCE_PRECISION_HINT: f32}) with the model's dynamic "
-                "shapes; InferRequest.infer(feeds) (examples/infer.py ov_infer)",
+                "shapes; InferRequest.infer(feeds, share_inputs=True, share_outputs=True) (examples/infer.py ov_infer)",
     "VAIML": "InferenceSession(path, providers=[CPUExecutionProvider]).run(None, feeds) (examples/infer.py "
-             "ort_infer)",
+             "ort_infer); VAIML on CPU: ONNX Runtime's CPU provider, no Vitis AI EP",
 }
 SR = np.array(vad.SAMPLE_RATE, np.int64)
 
@@ -100,6 +100,19 @@ def speech_audio() -> tuple[np.ndarray, tuple[tuple[float, float], ...]]:
     return audio, tuple(truth)
 
 
+SPEECH = "synthesized speech (espeak-ng, sox)"
+
+
+@cache
+def vad_audio() -> tuple[np.ndarray, str]:
+    """Speech where it can be synthesized, else a deterministic noise signal (silero's cost does not depend on what
+    it hears; both sides hear the same), and which of the two."""
+    if not speech_missing():
+        return speech_audio()[0], SPEECH
+    rng = np.random.default_rng(0)
+    return rng.normal(0, 0.05, 8 * vad.SAMPLE_RATE).astype(np.float32), "noise (espeak-ng or sox missing)"
+
+
 def audio_chunks(audio: np.ndarray) -> list[np.ndarray]:
     return list(vad.chunks(audio))
 
@@ -153,7 +166,7 @@ class ChunkCycle:
         return p
 
 
-__all__ = ["BACKENDS", "ChunkCycle", "OCR_MODELS", "RAW_APP_CALL", "RAW_ENGINE", "SR", "StreamVad", "VAD_MODEL",
-           "audio_chunks", "model_path", "npurt_runner", "ocr", "onnxruntime_loaded", "pages",
+__all__ = ["BACKENDS", "ChunkCycle", "OCR_MODELS", "RAW_APP_CALL", "RAW_ENGINE", "SPEECH", "SR", "StreamVad",
+           "VAD_MODEL", "audio_chunks", "model_path", "npurt_runner", "ocr", "onnxruntime_loaded", "pages",
            "ppocr", "probabilities", "raw_infer", "read_texts", "segments", "speech", "speech_audio", "speech_missing",
-           "vad"]
+           "vad", "vad_audio"]

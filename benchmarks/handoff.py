@@ -158,12 +158,14 @@ def raw_pattern(backend: str, path: str, feeds: dict[str, np.ndarray]) -> Patter
     if backend == "OPENVINO":
         import openvino as ov
 
-        request = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": 1}).create_infer_request()
-        request.set_input_tensor(ov.Tensor(feeds["x"]))
+        # the runner's settings: one thread, f32 (npurt asks for it on CPU); input set once, outputs shared
+        request = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": 1,
+                                                        "INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+        request.set_input_tensor(ov.Tensor(feeds["x"], shared_memory=True))
 
         def infer(k: int) -> None:
             for _ in range(k):
-                request.infer()
+                request.infer(share_outputs=True)
 
         return infer
     import onnxruntime as ort

@@ -5,14 +5,15 @@ For the PP-OCR classifier (1x3x48x192), recogniser (1x3x48x320) and detector (1x
 - latency, CPU views (the model's own): ``runner.execute`` on runner-allocated tensors, against
   - raw: the engine as a user calls it on the original model (OpenVINO: ``compile_model`` with the runner's engine
     properties, ``InferRequest.infer`` with tensors set once; ONNX Runtime: ``InferenceSession.run`` on a session with
-    default options), and
+    the runner's thread settings, ONNX Runtime's defaults without a hint), and
   - floor: the runner's own compiled engine driven on the runner's tensors, bound once, without npurt in the path
     (OpenVINO: the C++ ``infer``; ONNX Runtime: ``run_with_iobinding``): npurt - floor is npurt's own cost;
 - latency, NPU views (option ``hw_view="npu"``: FP16 NHWC on OpenVINO, BF16 HCWNC4 on ONNX Runtime, converted
   inside the compiled model): the same three; floor - raw is what the conversion in the graph costs on CPU;
 - throughput: ``execute_async`` keeping ``max_concurrent_runs`` jobs in flight on a THROUGHPUT-hint runner, against
-  the raw engine with as many requests (``AsyncInferQueue`` / threads calling ``run``), in alternating blocks; the
-  ratio is the median of per-block ratios.
+  the raw engine with as many requests (``AsyncInferQueue`` / threads calling ``run``) and the runner's own engine
+  settings (OpenVINO's properties; ONNX Runtime's intra-op threads and spinning), in alternating blocks; the ratio
+  is the median of per-block ratios.
 All subjects take turns in blocks, so that load from other processes hits them alike.
 
 Targets (issues 4 and 5): CPU views: npurt/raw p50 <= 1.03 per model, and on OpenVINO at most 20 us added (paired
@@ -42,8 +43,8 @@ from npurt.bench import (
     paired_ratio,
     random_feeds,
 )
-from npurt.bench.compare import Keeper, onnxruntime_providers
-from npurt.bench.loads import load_onnxruntime, load_openvino
+from npurt.bench.compare import Keeper
+from npurt.bench.loads import load_openvino
 from npurt.bench.subjects import RawOnnxRuntimeSubject, RawOpenVINOSubject
 from npurt.models import zoo
 
@@ -58,14 +59,21 @@ LATENCY_LIMIT, ADDED_LIMIT_US, THROUGHPUT_LIMIT = 1.03, 20.0, 0.97
 
 def raw_subject(backend: str, runner: Any, path: str, shape: tuple[int, ...], feeds: dict, requests: int,
                 label: str = "raw") -> Any:
-    """The engine as a user calls it on the original model, with the runner's engine settings (OpenVINO)."""
+    """The engine as a user calls it on the original model, with the runner's engine settings: OpenVINO's
+    properties; ONNX Runtime's intra-op threads and spinning (default settings where the runner has no hint)."""
     keeper = Keeper()
     inputs = {"x": [list(shape), "float32"]}
+    settings = dict(runner.device_info.engine_settings)
     if backend == "OPENVINO":
-        load_openvino(keeper, path, "CPU", dict(runner.device_info.engine_settings), inputs, {"x": list(shape)})
+        load_openvino(keeper, path, "CPU", settings, inputs, {"x": list(shape)})
         return RawOpenVINOSubject(keeper.kept[0], feeds, requests, label)
-    load_onnxruntime(keeper, path, inputs, onnxruntime_providers("CPU"))
-    return RawOnnxRuntimeSubject(keeper.kept[0], feeds, requests, label)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
+    options.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return RawOnnxRuntimeSubject(session, feeds, requests, label)
 
 
 def main() -> int:

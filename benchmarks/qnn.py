@@ -22,7 +22,6 @@ Targets (issue 29): run() within 1.02x of raw; a cached load <= 0.2x of a compil
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -30,16 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.pop("NPURT_NUM_THREADS", None)  # both sides get the same thread count below, stated in the report
+import numpy as np
+import onnxruntime as ort
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-
-from benchmarks import finish, parser  # noqa: E402
-from npurt import RunnerFactory, TensorDirection, TensorType  # noqa: E402
-from npurt.backends.onnxruntime import plugins  # noqa: E402
-from npurt.bench import Budget, CallSubject, Report, Table, Target, measure_latency  # noqa: E402
-from npurt.models import DEFAULT_MODEL, zoo  # noqa: E402
+from benchmarks import finish, parser
+from npurt import RunnerFactory, TensorDirection, TensorType
+from npurt.backends.onnxruntime import plugins
+from npurt.bench import Budget, CallSubject, Report, Table, Target, measure_latency
+from npurt.models import DEFAULT_MODEL, zoo
 
 QNN_OPTIONS = {"backend_type": "htp", "enable_htp_fp16_precision": "1", "soc_model": "60"}
 THREADS = 1

@@ -50,14 +50,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-os.environ.pop("NPURT_NUM_THREADS", None)  # both sides take the settings stated in the report, nothing from outside
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from benchmarks import check, finish, parser  # noqa: E402
-from benchmarks.apps import BACKENDS, model_path, npurt_runner  # noqa: E402
-from npurt import InferQueue, JobHandle, StatusCode, TensorType  # noqa: E402
-from npurt.bench import (  # noqa: E402
+from benchmarks import check, finish, parser
+from benchmarks.apps import BACKENDS, model_path, npurt_runner
+from npurt import InferQueue, JobHandle, StatusCode, TensorType
+from npurt.bench import (
     BenchError,
     Budget,
     Report,
@@ -68,8 +66,8 @@ from npurt.bench import (  # noqa: E402
     paired_ratio,
     random_feeds,
 )
-from npurt.bench.subjects import RawOnnxRuntimeSubject, RawOpenVINOSubject, output_shapes_of, runner_tensors  # noqa: E402
-from npurt.runner import Runner  # noqa: E402
+from npurt.bench.subjects import RawOnnxRuntimeSubject, RawOpenVINOSubject, output_shapes_of, runner_tensors
+from npurt.runner import Runner
 
 MODELS = {"cls": ("ocr_cls", (1, 3, 48, 192)), "rec": ("ocr_rec", (1, 3, 48, 320))}
 BLOCK_S = {"cls": 0.5, "rec": 1.0}  # seconds per block and subject (full run)

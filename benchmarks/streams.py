@@ -7,8 +7,10 @@ sox is missing) as fast as it can, each chunk with the last 64 samples of the on
   "stateN"}}``, no ``shapes``), one ``runner.open_stream()`` per stream, ``stream.run({"input", "sr"})``: the state
   stays in the runner.
 - raw: one engine request per stream, the state copied by hand from ``stateN`` to the next ``state``
-  (``vad.SileroVad``): ONNX Runtime one ``InferenceSession`` per stream, ``run``; OpenVINO one compiled model (the
-  runner's properties: f32) and one ``InferRequest`` per stream, ``infer(feeds)``.
+  (``vad.SileroVad``): ONNX Runtime one ``InferenceSession`` for every stream with the runner's thread settings,
+  ``run``; OpenVINO one compiled model (the runner's properties: f32) and one ``InferRequest`` per stream,
+  ``infer(feeds, share_inputs=True, share_outputs=True)``. ``NPURT_NUM_THREADS`` is cleared: both sides take the
+  settings stated.
 OpenVINO cannot read silero_vad_16k_op15: both OpenVINO sides run the op18_ifless export.
 
 The sides take turns in blocks (every stream advances a fixed number of chunks per block; the order alternates);
@@ -42,9 +44,8 @@ from benchmarks.apps import (
     audio_chunks,
     model_path,
     npurt_runner,
-    speech_audio,
-    speech_missing,
     vad,
+    vad_audio,
 )
 from npurt.bench import LatencyStats, Report, Table, Target
 from npurt.runner import Runner
@@ -52,16 +53,6 @@ from npurt.runner import Runner
 STREAMS = (1, 4, 16)
 THROUGHPUT_LIMIT, P50_LIMIT = 1.0, 1.10
 PROBABILITY_TOLERANCE = 1e-5
-
-
-def stream_audio() -> tuple[np.ndarray, str]:
-    """Speech where it can be synthesized, else a deterministic noise signal (silero's cost does not depend on
-    what it hears)."""
-    if not speech_missing():
-        audio, _ = speech_audio()
-        return audio, "synthesized speech (espeak-ng, sox)"
-    rng = np.random.default_rng(0)
-    return (rng.normal(0, 0.05, 8 * vad.SAMPLE_RATE)).astype(np.float32), "noise (espeak-ng or sox missing)"
 
 
 def raw_stream_factory(backend: str, path: str, runner: Runner) -> Callable[[], vad.SileroVad]:
@@ -76,7 +67,7 @@ def raw_stream_factory(backend: str, path: str, runner: Runner) -> Callable[[], 
             request = compiled.create_infer_request()
 
             def infer(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-                result = request.infer(feeds)
+                result = request.infer(feeds, share_inputs=True, share_outputs=True)  # no copies (as npurt's)
                 return {name: result[port] for port, name in ports}
 
             return vad.SileroVad(infer)
@@ -84,9 +75,16 @@ def raw_stream_factory(backend: str, path: str, runner: Runner) -> Callable[[], 
         return openvino_stream
     import onnxruntime as ort
 
+    # One session for every stream, as a user writes it (a session takes concurrent runs), with the runner's thread
+    # settings: a default session per stream would start one spinning pool of every core per stream.
+    settings = dict(runner.device_info.engine_settings)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
+    options.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
     def onnxruntime_stream() -> vad.SileroVad:
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
         return vad.SileroVad(lambda feeds: dict(zip(names, session.run(None, feeds))))
 
     return onnxruntime_stream
@@ -191,7 +189,7 @@ def main() -> int:
         p.error(f"unknown backends {sorted(wanted - set(BACKENDS))}; known: {', '.join(BACKENDS)}")
     backends = [b for b in BACKENDS if b in wanted]  # OpenVINO first: before anything imports onnxruntime
     counts = [int(s) for s in args.streams.split(",") if s.strip()]
-    audio, source = stream_audio()
+    audio, source = vad_audio()
     chunks = audio_chunks(audio)
     blocks = 5 if args.quick else 9
     chunk_budget = 300 if args.quick else 2400  # chunks per block, over all streams

@@ -62,7 +62,10 @@ def _ov_core() -> Any:
 
 
 def ov_infer(path: ModelPath, device: str = "CPU") -> Infer:
-    """OpenVINO used directly: the model compiled with its own dynamic shapes, computing in f32.
+    """OpenVINO used directly: the model compiled with its own dynamic shapes, computing in f32, inputs and outputs
+    shared with OpenVINO (``infer(feeds, share_inputs=True, share_outputs=True)``: no copy of either, as OpenVINO
+    advises for speed). The outputs are views of the request's tensors, which the next call overwrites: a caller
+    copies what it keeps beyond that.
 
     ``INFERENCE_PRECISION_HINT`` f32, because OpenVINO's CPU plugin computes in bf16 by default on CPUs with
     AVX-512 BF16 or AMX, and its results then differ from ONNX Runtime's by about 1e-2.
@@ -72,7 +75,7 @@ def ov_infer(path: ModelPath, device: str = "CPU") -> Infer:
     ports = [(o, o.get_any_name()) for o in compiled.outputs]
 
     def infer(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = request.infer(feeds)
+        result = request.infer(feeds, share_inputs=True, share_outputs=True)
         return {name: result[port] for port, name in ports}
 
     return infer

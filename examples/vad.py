@@ -62,7 +62,8 @@ class SileroVad:
         if self.takes_sr:
             feeds["sr"] = np.array(SAMPLE_RATE, np.int64)
         result = self.infer(feeds)
-        self.state = output(result, "stateN", 1)
+        # kept for the next call: a copy, since an engine may reuse its output's memory (OpenVINO's shared outputs)
+        self.state = np.array(output(result, "stateN", 1))
         self.context = x[:, -CONTEXT:]
         return float(output(result, "output", 0).reshape(-1)[0])
 

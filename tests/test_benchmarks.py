@@ -56,6 +56,9 @@ def test_real_apps_quick():
         assert f"{backend} OCR stream first pass npurt/raw" in names
         assert f"{backend} silero-vad run() on fresh inputs / raw p50" in names
         assert f"{backend} ocr_cls execute() on fresh inputs / raw p50" in names
+        assert f"{backend} VAD per chunk npurt run()/raw p50" in names  # measured over speech or over noise
+        assert f"{backend} VAD per chunk npurt stream/raw p50" in names
+    assert not [p for p in report["problems"] if "host copies" in p]  # npurt adds no host copy on any path
     ocr_rows = [r for r in report["tables"][0]["rows"] if len(r) > 1]
     assert len(ocr_rows) == 4 and all(r[6] == "yes" for r in ocr_rows)  # the same text through both, every pass
     assert all(c == "1" for r in ocr_rows for c in r[7].split("/"))  # one compile per model for the whole stream
@@ -69,8 +72,12 @@ def test_scale_quick():
     names = target_names(report)
     for backend in ("OPENVINO", "VAIML"):
         for n in (1, 2):
-            for pattern in ("InferQueue", "wait_any", "callbacks", "threads"):
-                assert f"{backend} cls N={n} {pattern} npurt/raw" in names
+            for pattern in ("InferQueue", "wait_any", "callbacks", "threads"):  # against the same-shape raw pattern
+                assert any(t.startswith(f"{backend} cls N={n} {pattern} npurt/raw") for t in names), names
+            for pattern in ("InferQueue", "wait_any", "callbacks"):  # and against N bare threads
+                assert f"{backend} cls N={n} {pattern} npurt/raw threads" in names
+        for hint in ("none", "LATENCY", "THROUGHPUT"):
+            assert f"{backend} cls one run, hint {hint}: npurt/raw default (jobs/s)" in names
     assert not report["problems"]  # no host copy on any pattern
 
 
