@@ -7,9 +7,9 @@
   request is pointed at it with ``set_tensor`` only when it held something else, so a tensor in its port's view is
   never copied on the host. Outputs whose shape only the run tells are written into the bound memory (OpenVINO
   reshapes a tensor within its capacity) and their shapes reported.
-- ``start`` runs a job on a request's own asynchronous execution. OpenVINO's Python callbacks are not called when an
-  inference fails, so each request has a thread that blocks in ``request.wait()`` (GIL released) and reports the
-  end, failures included: nothing polls.
+- Asynchronous jobs run on the runner's workers, each a synchronous ``infer`` on a pooled request (engine.py says
+  why not OpenVINO's ``start_async``).
+- Placement: ``Core.query_model`` on the attached device, per operation of OpenVINO's graph.
 """
 
 from .backend import OpenVINOBackend
