@@ -20,11 +20,13 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
+
+from .protowire import LEN, MAX_DEPTH, VARINT, Span, field_tag, fields, int32, int64, text
 
 __all__ = [
     "ELEMENT_TYPE_NAMES",
@@ -137,210 +139,71 @@ def read_onnx_ports_from_bytes(data: bytes | bytearray | memoryview) -> OnnxMode
             raise ValueError(f"not an ONNX model: {e}") from None
 
 
-# --- the wire format -------------------------------------------------------------------------------------------------
-
-_VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
-_MAX_FIELD_NUMBER = (1 << 29) - 1
-_MAX_DEPTH = 100  # nesting of subgraphs, types or groups; protobuf's own default recursion limit
-_U64 = (1 << 64) - 1
-
-Span = tuple[int, int]  # [start, end) of a length-delimited payload
-
-
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """The unsigned varint at ``pos`` (at most 10 bytes, truncated to 64 bits) and the position after it."""
-    if pos >= end:
-        raise ValueError(f"truncated: a varint at byte {pos} runs past the end of its message (byte {end})")
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    start = pos
-    value = b & 0x7F
-    shift = 7
-    pos += 1
-    while True:
-        if pos >= end:
-            raise ValueError(f"truncated: a varint at byte {start} runs past the end of its message (byte {end})")
-        if shift >= 70:
-            raise ValueError(f"malformed: the varint at byte {start} is longer than 10 bytes")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value & _U64, pos
-        shift += 7
-
-
-def _int64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _int32(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def _tag(number: int, wire_type: int) -> int:
-    return number << 3 | wire_type
-
-
-def _fields(buf: memoryview, pos: int, end: int, depth: int, wanted: frozenset[int]) -> Iterator[tuple[int, int, int]]:
-    """The fields of the message in [pos, end) whose tag (number << 3 | wire type) is in ``wanted``: (tag, a, b).
-
-    For a varint a is its value; for a length-delimited field [a, b) is its payload. Every field, wanted or not, is
-    checked to fit in the message; a field with another wire type than the one wanted is an unknown field to protobuf,
-    and skipped here like one.
-    """
-    # The one-byte varints (tags of fields 1-15, lengths and values below 128) are read inline and fields nobody asked
-    # for are not yielded: this loop is the hot path of the whole reader.
-    while pos < end:
-        tag_at = pos
-        tag = buf[pos]
-        if tag < 0x80:
-            pos += 1
-        else:
-            tag, pos = _varint(buf, pos, end)
-            if tag >> 3 > _MAX_FIELD_NUMBER:
-                raise ValueError(f"malformed: field number {tag >> 3} at byte {tag_at}")
-        if tag < 8:
-            raise ValueError(f"malformed: field number 0 at byte {tag_at}")
-        wire_type = tag & 7
-        if wire_type == _LEN:
-            if pos < end and buf[pos] < 0x80:
-                start = pos + 1
-                pos = start + buf[pos]
-            else:
-                length, start = _varint(buf, pos, end)
-                pos = start + length
-            if pos > end:
-                raise ValueError(f"truncated: field {tag >> 3} at byte {tag_at} holds {pos - start} bytes but its "
-                                 f"message ends at byte {end}")
-            if tag in wanted:
-                yield tag, start, pos
-        elif wire_type == _VARINT:
-            if pos < end and buf[pos] < 0x80:
-                value = buf[pos]
-                pos += 1
-            else:
-                value, pos = _varint(buf, pos, end)
-            if tag in wanted:
-                yield tag, value, pos
-        elif wire_type == _I64 or wire_type == _I32:
-            pos += 8 if wire_type == _I64 else 4
-            if pos > end:
-                raise ValueError(f"truncated: fixed-size field {tag >> 3} at byte {tag_at} runs past the end of its "
-                                 f"message (byte {end})")
-        elif wire_type == _SGROUP:
-            pos = _skip_group(buf, pos, end, tag >> 3, depth + 1)
-        elif wire_type == _EGROUP:
-            raise ValueError(f"malformed: an end-group tag (field {tag >> 3}) at byte {tag_at} without its start")
-        else:
-            raise ValueError(f"malformed: wire type {wire_type} (field {tag >> 3}) at byte {tag_at}")
-
-
-def _skip_group(buf: memoryview, pos: int, end: int, number: int, depth: int) -> int:
-    """The position after the (deprecated) group of field ``number`` whose start tag ends at ``pos``."""
-    if depth > _MAX_DEPTH:
-        raise ValueError(f"malformed: groups nested deeper than {_MAX_DEPTH} at byte {pos}")
-    while pos < end:
-        tag_at = pos
-        tag, pos = _varint(buf, pos, end)
-        inner, wire_type = tag >> 3, tag & 7
-        if inner == 0 or inner > _MAX_FIELD_NUMBER:
-            raise ValueError(f"malformed: field number {inner} at byte {tag_at}")
-        if wire_type == _EGROUP:
-            if inner != number:
-                raise ValueError(f"malformed: group {number} ended by the end tag of field {inner} at byte {tag_at}")
-            return pos
-        if wire_type == _VARINT:
-            _, pos = _varint(buf, pos, end)
-        elif wire_type == _LEN:
-            length, pos = _varint(buf, pos, end)
-            pos += length
-        elif wire_type == _I64:
-            pos += 8
-        elif wire_type == _I32:
-            pos += 4
-        elif wire_type == _SGROUP:
-            pos = _skip_group(buf, pos, end, inner, depth + 1)
-        else:
-            raise ValueError(f"malformed: wire type {wire_type} (field {inner}) at byte {tag_at}")
-        if pos > end:
-            raise ValueError(f"truncated: field {inner} at byte {tag_at} runs past the end of its message (byte {end})")
-    raise ValueError(f"truncated: group {number} has no end tag before byte {end}")
-
-
-def _text(buf: memoryview, start: int, end: int, what: str) -> str:
-    try:
-        return str(buf[start:end], "utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"malformed: the {what} at byte {start} is not UTF-8 ({e.reason})") from None
-
-
 # --- ONNX messages ---------------------------------------------------------------------------------------------------
 # Tags of the fields read, by message (field numbers from onnx/onnx.proto).
 
 # ModelProto
-_MODEL_IR_VERSION = _tag(1, _VARINT)
-_MODEL_GRAPH = _tag(7, _LEN)
-_MODEL_OPSET_IMPORT = _tag(8, _LEN)
-_MODEL_METADATA_PROPS = _tag(14, _LEN)
+_MODEL_IR_VERSION = field_tag(1, VARINT)
+_MODEL_GRAPH = field_tag(7, LEN)
+_MODEL_OPSET_IMPORT = field_tag(8, LEN)
+_MODEL_METADATA_PROPS = field_tag(14, LEN)
 _MODEL_FIELDS = frozenset((_MODEL_IR_VERSION, _MODEL_GRAPH, _MODEL_OPSET_IMPORT, _MODEL_METADATA_PROPS))
 # OperatorSetIdProto
-_OPSET_DOMAIN = _tag(1, _LEN)
-_OPSET_VERSION = _tag(2, _VARINT)
+_OPSET_DOMAIN = field_tag(1, LEN)
+_OPSET_VERSION = field_tag(2, VARINT)
 _OPSET_FIELDS = frozenset((_OPSET_DOMAIN, _OPSET_VERSION))
 # StringStringEntryProto
-_ENTRY_KEY = _tag(1, _LEN)
-_ENTRY_VALUE = _tag(2, _LEN)
+_ENTRY_KEY = field_tag(1, LEN)
+_ENTRY_VALUE = field_tag(2, LEN)
 _ENTRY_FIELDS = frozenset((_ENTRY_KEY, _ENTRY_VALUE))
 # GraphProto
-_GRAPH_NODE = _tag(1, _LEN)
-_GRAPH_INITIALIZER = _tag(5, _LEN)
-_GRAPH_INPUT = _tag(11, _LEN)
-_GRAPH_OUTPUT = _tag(12, _LEN)
-_GRAPH_SPARSE_INITIALIZER = _tag(15, _LEN)
+_GRAPH_NODE = field_tag(1, LEN)
+_GRAPH_INITIALIZER = field_tag(5, LEN)
+_GRAPH_INPUT = field_tag(11, LEN)
+_GRAPH_OUTPUT = field_tag(12, LEN)
+_GRAPH_SPARSE_INITIALIZER = field_tag(15, LEN)
 _GRAPH_FIELDS = frozenset((_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE_INITIALIZER))
 _SUBGRAPH_FIELDS = frozenset((_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE_INITIALIZER))
 # NodeProto
-_NODE_ATTRIBUTE = _tag(5, _LEN)
-_NODE_DOMAIN = _tag(7, _LEN)
+_NODE_ATTRIBUTE = field_tag(5, LEN)
+_NODE_DOMAIN = field_tag(7, LEN)
 _NODE_FIELDS = frozenset((_NODE_ATTRIBUTE, _NODE_DOMAIN))
 # AttributeProto
-_ATTR_T = _tag(5, _LEN)
-_ATTR_G = _tag(6, _LEN)
-_ATTR_TENSORS = _tag(10, _LEN)
-_ATTR_GRAPHS = _tag(11, _LEN)
-_ATTR_SPARSE_TENSOR = _tag(22, _LEN)
-_ATTR_SPARSE_TENSORS = _tag(23, _LEN)
+_ATTR_T = field_tag(5, LEN)
+_ATTR_G = field_tag(6, LEN)
+_ATTR_TENSORS = field_tag(10, LEN)
+_ATTR_GRAPHS = field_tag(11, LEN)
+_ATTR_SPARSE_TENSOR = field_tag(22, LEN)
+_ATTR_SPARSE_TENSORS = field_tag(23, LEN)
 _ATTR_FIELDS = frozenset((_ATTR_T, _ATTR_G, _ATTR_TENSORS, _ATTR_GRAPHS, _ATTR_SPARSE_TENSOR, _ATTR_SPARSE_TENSORS))
 # TensorProto
-_TENSOR_NAME = _tag(8, _LEN)
-_TENSOR_DATA_LOCATION = _tag(14, _VARINT)
+_TENSOR_NAME = field_tag(8, LEN)
+_TENSOR_DATA_LOCATION = field_tag(14, VARINT)
 _TENSOR_FIELDS = frozenset((_TENSOR_NAME, _TENSOR_DATA_LOCATION))
 _DATA_LOCATIONS = (0, 1)  # DEFAULT, EXTERNAL: the values of this closed enum
 _EXTERNAL = 1
 # SparseTensorProto
-_SPARSE_VALUES = _tag(1, _LEN)
-_SPARSE_INDICES = _tag(2, _LEN)
+_SPARSE_VALUES = field_tag(1, LEN)
+_SPARSE_INDICES = field_tag(2, LEN)
 _SPARSE_FIELDS = frozenset((_SPARSE_VALUES, _SPARSE_INDICES))
 # ValueInfoProto
-_VALUE_NAME = _tag(1, _LEN)
-_VALUE_TYPE = _tag(2, _LEN)
+_VALUE_NAME = field_tag(1, LEN)
+_VALUE_TYPE = field_tag(2, LEN)
 _VALUE_FIELDS = frozenset((_VALUE_NAME, _VALUE_TYPE))
 # TypeProto: the members of its oneof value (7 is an opaque type)
-_TYPE_KINDS: dict[int, PortKind] = {_tag(1, _LEN): "tensor", _tag(4, _LEN): "sequence", _tag(5, _LEN): "map",
-                                    _tag(9, _LEN): "optional", _tag(8, _LEN): "sparse_tensor", _tag(7, _LEN): "unknown"}
+_TYPE_KINDS: dict[int, PortKind] = {
+    field_tag(1, LEN): "tensor", field_tag(4, LEN): "sequence", field_tag(5, LEN): "map",
+    field_tag(9, LEN): "optional", field_tag(8, LEN): "sparse_tensor", field_tag(7, LEN): "unknown"}
 _TYPE_FIELDS = frozenset(_TYPE_KINDS)
 # TypeProto.Tensor and TypeProto.SparseTensor
-_TENSOR_TYPE_ELEM_TYPE = _tag(1, _VARINT)
-_TENSOR_TYPE_SHAPE = _tag(2, _LEN)
+_TENSOR_TYPE_ELEM_TYPE = field_tag(1, VARINT)
+_TENSOR_TYPE_SHAPE = field_tag(2, LEN)
 _TENSOR_TYPE_FIELDS = frozenset((_TENSOR_TYPE_ELEM_TYPE, _TENSOR_TYPE_SHAPE))
 # TensorShapeProto and its Dimension
-_SHAPE_DIM = _tag(1, _LEN)
+_SHAPE_DIM = field_tag(1, LEN)
 _SHAPE_FIELDS = frozenset((_SHAPE_DIM,))
-_DIM_VALUE = _tag(1, _VARINT)
-_DIM_PARAM = _tag(2, _LEN)
+_DIM_VALUE = field_tag(1, VARINT)
+_DIM_PARAM = field_tag(2, LEN)
 _DIM_FIELDS = frozenset((_DIM_VALUE, _DIM_PARAM))
 
 
@@ -370,11 +233,11 @@ def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
     graph: list[Span] = []
     opsets: dict[str, int] = {}
     metadata: dict[str, str] = {}
-    for tag, a, b in _fields(buf, 0, len(buf), 0, _MODEL_FIELDS):
+    for tag, a, b in fields(buf, 0, len(buf), 0, _MODEL_FIELDS):
         if tag == _MODEL_GRAPH:
             graph.append((a, b))
         elif tag == _MODEL_IR_VERSION:
-            ir_version = _int64(a)
+            ir_version = int64(a)
         elif tag == _MODEL_OPSET_IMPORT:
             domain, version = _opset(buf, a, b)
             opsets[domain] = version
@@ -408,21 +271,21 @@ def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
 def _opset(buf: memoryview, start: int, end: int) -> tuple[str, int]:
     domain = ""
     version = 0
-    for tag, a, b in _fields(buf, start, end, 1, _OPSET_FIELDS):
+    for tag, a, b in fields(buf, start, end, 1, _OPSET_FIELDS):
         if tag == _OPSET_DOMAIN:
-            domain = _text(buf, a, b, "opset domain")
+            domain = text(buf, a, b, "opset domain")
         else:
-            version = _int64(a)
+            version = int64(a)
     return domain, version
 
 
 def _string_pair(buf: memoryview, start: int, end: int) -> tuple[str, str]:
     key = value = ""
-    for tag, a, b in _fields(buf, start, end, 1, _ENTRY_FIELDS):
+    for tag, a, b in fields(buf, start, end, 1, _ENTRY_FIELDS):
         if tag == _ENTRY_KEY:
-            key = _text(buf, a, b, "metadata key")
+            key = text(buf, a, b, "metadata key")
         else:
-            value = _text(buf, a, b, "metadata value")
+            value = text(buf, a, b, "metadata value")
     return key, value
 
 
@@ -432,14 +295,14 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
 
     ``depth`` here and below is the nesting depth of the message walked (the model is 0, its graph 1).
     """
-    if depth > _MAX_DEPTH:
-        raise ValueError(f"malformed: messages nested deeper than {_MAX_DEPTH}")
+    if depth > MAX_DEPTH:
+        raise ValueError(f"malformed: messages nested deeper than {MAX_DEPTH}")
     nodes = 0
     initializers: set[str] = set()
     inputs: list[OnnxPort] = []
     outputs: list[OnnxPort] = []
     for start, end in spans:
-        for tag, a, b in _fields(buf, start, end, depth, _GRAPH_FIELDS if main else _SUBGRAPH_FIELDS):
+        for tag, a, b in fields(buf, start, end, depth, _GRAPH_FIELDS if main else _SUBGRAPH_FIELDS):
             if tag == _GRAPH_NODE:
                 nodes += 1
                 if walk.nodes:
@@ -459,18 +322,18 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
 
 def _walk_node(buf: memoryview, start: int, end: int, depth: int, walk: _Walk) -> None:
     domain = ""
-    for tag, a, b in _fields(buf, start, end, depth, _NODE_FIELDS):
+    for tag, a, b in fields(buf, start, end, depth, _NODE_FIELDS):
         if tag == _NODE_ATTRIBUTE:
             _walk_attribute(buf, a, b, depth + 1, walk)
         else:
-            domain = _text(buf, a, b, "node domain")
+            domain = text(buf, a, b, "node domain")
     walk.domains.add(domain)
 
 
 def _walk_attribute(buf: memoryview, start: int, end: int, depth: int, walk: _Walk) -> None:
     tensor: list[Span] = []  # the attribute's t, merged when repeated
     graph: list[Span] = []  # the attribute's g, merged when repeated
-    for tag, a, b in _fields(buf, start, end, depth, _ATTR_FIELDS):
+    for tag, a, b in fields(buf, start, end, depth, _ATTR_FIELDS):
         if tag == _ATTR_T:
             tensor.append((a, b))
         elif tag == _ATTR_G:
@@ -494,19 +357,19 @@ def _tensor_name_location(buf: memoryview, spans: list[Span], depth: int, named:
     name: Span | None = None
     location = 0
     for start, end in spans:
-        for tag, a, b in _fields(buf, start, end, depth, _TENSOR_FIELDS):
+        for tag, a, b in fields(buf, start, end, depth, _TENSOR_FIELDS):
             if tag == _TENSOR_NAME:
                 name = (a, b)
-            elif _int32(a) in _DATA_LOCATIONS:  # an unknown value of a closed enum leaves the field as it was
-                location = _int32(a)
-    return (_text(buf, *name, "tensor name") if named and name else ""), location == _EXTERNAL
+            elif int32(a) in _DATA_LOCATIONS:  # an unknown value of a closed enum leaves the field as it was
+                location = int32(a)
+    return (text(buf, *name, "tensor name") if named and name else ""), location == _EXTERNAL
 
 
 def _sparse_tensor(buf: memoryview, start: int, end: int, depth: int, walk: _Walk, named: bool) -> str:
     """A SparseTensorProto's name (that of its values), noting whether its values or indices are external."""
     values: list[Span] = []
     indices: list[Span] = []
-    for tag, a, b in _fields(buf, start, end, depth, _SPARSE_FIELDS):
+    for tag, a, b in fields(buf, start, end, depth, _SPARSE_FIELDS):
         (values if tag == _SPARSE_VALUES else indices).append((a, b))
     name, external = _tensor_name_location(buf, values, depth + 1, named)
     walk.uses_external_data |= external or _tensor_name_location(buf, indices, depth + 1, False)[1]
@@ -516,9 +379,9 @@ def _sparse_tensor(buf: memoryview, start: int, end: int, depth: int, walk: _Wal
 def _value_info(buf: memoryview, start: int, end: int, depth: int) -> OnnxPort:
     name = ""
     type_spans: list[Span] = []
-    for tag, a, b in _fields(buf, start, end, depth, _VALUE_FIELDS):
+    for tag, a, b in fields(buf, start, end, depth, _VALUE_FIELDS):
         if tag == _VALUE_NAME:
-            name = _text(buf, a, b, "port name")
+            name = text(buf, a, b, "port name")
         else:
             type_spans.append((a, b))
     kind, elem_type, shape = _port_type(buf, type_spans, depth + 1)
@@ -530,7 +393,7 @@ def _port_type(buf: memoryview, spans: list[Span], depth: int) -> tuple[PortKind
     member: int | None = None
     member_spans: list[Span] = []
     for start, end in spans:
-        for tag, a, b in _fields(buf, start, end, depth, _TYPE_FIELDS):
+        for tag, a, b in fields(buf, start, end, depth, _TYPE_FIELDS):
             if tag != member:  # a oneof: setting another member clears the one before
                 member, member_spans = tag, []
             member_spans.append((a, b))
@@ -542,22 +405,22 @@ def _port_type(buf: memoryview, spans: list[Span], depth: int) -> tuple[PortKind
     elem_type = 0
     shape_spans: list[Span] = []
     for start, end in member_spans:
-        for tag, a, b in _fields(buf, start, end, depth + 1, _TENSOR_TYPE_FIELDS):
+        for tag, a, b in fields(buf, start, end, depth + 1, _TENSOR_TYPE_FIELDS):
             if tag == _TENSOR_TYPE_ELEM_TYPE:
-                elem_type = _int32(a)
+                elem_type = int32(a)
             else:
                 shape_spans.append((a, b))
     if not shape_spans:
         return kind, elem_type, None
     dims: list[Dim] = []
     for start, end in shape_spans:
-        for _, a, b in _fields(buf, start, end, depth + 2, _SHAPE_FIELDS):
+        for _, a, b in fields(buf, start, end, depth + 2, _SHAPE_FIELDS):
             dims.append(_dim(buf, a, b, depth + 3))
     return kind, elem_type, tuple(dims)
 
 
 def _dim(buf: memoryview, start: int, end: int, depth: int) -> Dim:
     value: Dim = None
-    for tag, a, b in _fields(buf, start, end, depth, _DIM_FIELDS):
-        value = _int64(a) if tag == _DIM_VALUE else _text(buf, a, b, "dim_param")
+    for tag, a, b in fields(buf, start, end, depth, _DIM_FIELDS):
+        value = int64(a) if tag == _DIM_VALUE else text(buf, a, b, "dim_param")
     return value
