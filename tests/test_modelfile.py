@@ -81,14 +81,29 @@ def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
     return ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
 
 
-def _graph_domains(graph: onnx.GraphProto) -> set[str]:
-    domains = set()
-    for node in graph.node:
-        domains.add(_str(node.domain))
+def _all_nodes(nodes) -> list[onnx.NodeProto]:
+    """The nodes and those of their subgraphs, recursively."""
+    out = []
+    for node in nodes:
+        out.append(node)
         for attr in node.attribute:
             for sub in _subgraphs(attr):
-                domains |= _graph_domains(sub)
-    return domains
+                out += _all_nodes(sub.node)
+    return out
+
+
+def _model_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node of a model: its graph's, and its local functions' (with their subgraphs)."""
+    return _all_nodes(model.graph.node) + [n for f in model.functions for n in _all_nodes(f.node)]
+
+
+def _node_tensors(node: onnx.NodeProto):
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        for sparse in ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(attr.sparse_tensors):
+            yield from (sparse.values, sparse.indices)
 
 
 def reference(model: onnx.ModelProto) -> OnnxModelInfo:
@@ -102,9 +117,14 @@ def reference(model: onnx.ModelProto) -> OnnxModelInfo:
         inputs=tuple(_reference_port(v) for v in graph.input if _str(v.name) not in initializers),
         outputs=tuple(_reference_port(v) for v in graph.output),
         node_count=len(graph.node),
-        operator_domains=frozenset(_graph_domains(graph)),
-        has_subgraphs=any(_subgraphs(a) for n in graph.node for a in n.attribute),
-        uses_external_data=any(t.data_location == TensorProto.EXTERNAL for t in _graph_tensors(graph)),
+        operator_domains=frozenset(_str(n.domain) for n in _model_nodes(model)),
+        operator_types=frozenset(_str(n.op_type) for n in _model_nodes(model)),
+        has_subgraphs=any(_subgraphs(a) for n in [*graph.node, *(n for f in model.functions for n in f.node)]
+                          for a in n.attribute),
+        uses_external_data=any(t.data_location == TensorProto.EXTERNAL
+                               for t in [*_graph_tensors(graph),
+                                         *(t for f in model.functions for n in _all_nodes(f.node)
+                                           for t in _node_tensors(n))]),
         metadata_props=MappingProxyType({_str(p.key): _str(p.value) for p in model.metadata_props}),
     )
 
@@ -533,3 +553,33 @@ def test_reads_without_loading_the_file(tmp_path):
     tracemalloc.stop()
     assert info.input_names == ("x",)
     assert peak < 1 << 20, f"the reader allocated {peak} bytes for a model of {os.path.getsize(path)}"
+
+
+def test_nodes_of_model_local_functions_are_walked(tmp_path):
+    """A model whose graph calls a local function (FunctionProto, ModelProto field 25): the function's nodes are the
+    model's too. Their operators (a custom domain's, a Softplus) and external data count; the reader missed them
+    before it walked ModelProto.functions."""
+    from onnx import external_data_helper
+
+    weight = numpy_helper.from_array(np.ones((4,), np.float32), "w")
+    body = [helper.make_node("Constant", [], ["c"], value=weight),
+            helper.make_node("Softplus", ["x"], ["s"]),
+            helper.make_node("Mul", ["s", "c"], ["y"])]
+    function = helper.make_function("npurt.test", "ScaledSoftplus", ["x"], ["y"], body,
+                                    [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("ScaledSoftplus", ["input"], ["output"], domain="npurt.test")], "g",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, functions=[function], ir_version=9,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("npurt.test", 1)])
+    info = read_onnx_ports_from_bytes(model.SerializeToString())
+    assert info.operator_types == {"ScaledSoftplus", "Constant", "Softplus", "Mul"}
+    assert info.operator_domains == {"npurt.test", ""}
+    assert not info.uses_external_data
+    assert_like_onnx(model.SerializeToString())
+    # the function's Constant keeps its tensor in an external file: the model uses external data
+    tensor = model.functions[0].node[0].attribute[0].t
+    external_data_helper.set_external_data(tensor, "weights.bin")
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    assert read_onnx_ports_from_bytes(model.SerializeToString()).uses_external_data

@@ -80,7 +80,8 @@ class OnnxModelInfo:
     """What an ONNX model file says about itself, without its weights.
 
     ``inputs`` leaves out graph inputs that name an initializer (old IR versions list every initializer as an input).
-    ``operator_domains`` holds the domain of every node, subgraphs included, as written ("" is the default domain).
+    ``operator_domains`` holds the domain of every node, subgraphs and model-local functions included, as written
+    ("" is the default domain); ``operator_types`` every node's op_type, the same nodes.
     ``uses_external_data`` is True when any tensor the model holds (initializers, sparse initializers, node attribute
     tensors, in subgraphs too) keeps its data in an external file.
     """
@@ -91,6 +92,7 @@ class OnnxModelInfo:
     outputs: tuple[OnnxPort, ...]
     node_count: int  # nodes of the main graph, not counting subgraphs
     operator_domains: frozenset[str]
+    operator_types: frozenset[str]
     has_subgraphs: bool
     uses_external_data: bool
     metadata_props: Mapping[str, str] = field(hash=False)
@@ -108,8 +110,8 @@ def read_onnx_ports(path: str | os.PathLike[str], nodes: bool = True) -> OnnxMod
     """Read the ports of the ONNX model file at ``path`` (external data files are neither needed nor opened).
 
     ``nodes=False`` skips the nodes (a runner's load needs the ports only: a large model has thousands of nodes);
-    then ``operator_domains`` is empty and ``has_subgraphs`` False, unread. Raises ValueError when ``path`` is a
-    directory, not a regular file or not an ONNX model, and OSError when it cannot be opened.
+    then ``operator_domains`` and ``operator_types`` are empty and ``has_subgraphs`` False, unread. Raises ValueError
+    when ``path`` is a directory, not a regular file or not an ONNX model, and OSError when it cannot be opened.
     """
     path = Path(path)
     mode = path.stat().st_mode
@@ -147,7 +149,12 @@ _MODEL_IR_VERSION = field_tag(1, VARINT)
 _MODEL_GRAPH = field_tag(7, LEN)
 _MODEL_OPSET_IMPORT = field_tag(8, LEN)
 _MODEL_METADATA_PROPS = field_tag(14, LEN)
-_MODEL_FIELDS = frozenset((_MODEL_IR_VERSION, _MODEL_GRAPH, _MODEL_OPSET_IMPORT, _MODEL_METADATA_PROPS))
+_MODEL_FUNCTIONS = field_tag(25, LEN)
+_MODEL_FIELDS = frozenset((_MODEL_IR_VERSION, _MODEL_GRAPH, _MODEL_OPSET_IMPORT, _MODEL_METADATA_PROPS,
+                           _MODEL_FUNCTIONS))
+# FunctionProto (a model-local function): its nodes (field 7; a GraphProto's are field 1)
+_FUNCTION_NODE = field_tag(7, LEN)
+_FUNCTION_FIELDS = frozenset((_FUNCTION_NODE,))
 # OperatorSetIdProto
 _OPSET_DOMAIN = field_tag(1, LEN)
 _OPSET_VERSION = field_tag(2, VARINT)
@@ -165,9 +172,10 @@ _GRAPH_SPARSE_INITIALIZER = field_tag(15, LEN)
 _GRAPH_FIELDS = frozenset((_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE_INITIALIZER))
 _SUBGRAPH_FIELDS = frozenset((_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE_INITIALIZER))
 # NodeProto
+_NODE_OP_TYPE = field_tag(4, LEN)
 _NODE_ATTRIBUTE = field_tag(5, LEN)
 _NODE_DOMAIN = field_tag(7, LEN)
-_NODE_FIELDS = frozenset((_NODE_ATTRIBUTE, _NODE_DOMAIN))
+_NODE_FIELDS = frozenset((_NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN))
 # AttributeProto
 _ATTR_T = field_tag(5, LEN)
 _ATTR_G = field_tag(6, LEN)
@@ -210,11 +218,12 @@ _DIM_FIELDS = frozenset((_DIM_VALUE, _DIM_PARAM))
 class _Walk:
     """What the walk of all graphs (main graph and subgraphs) gathers."""
 
-    __slots__ = ("domains", "has_subgraphs", "uses_external_data", "nodes")
+    __slots__ = ("domains", "op_types", "has_subgraphs", "uses_external_data", "nodes")
 
     def __init__(self, nodes: bool = True) -> None:
         self.nodes = nodes  # whether to walk the nodes (their domains, subgraphs and attribute tensors)
         self.domains: set[str] = set()
+        self.op_types: set[str] = set()
         self.has_subgraphs = False
         self.uses_external_data = False
 
@@ -231,11 +240,14 @@ def _read_model(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
 def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
     ir_version: int | None = None
     graph: list[Span] = []
+    functions: list[Span] = []
     opsets: dict[str, int] = {}
     metadata: dict[str, str] = {}
     for tag, a, b in fields(buf, 0, len(buf), 0, _MODEL_FIELDS):
         if tag == _MODEL_GRAPH:
             graph.append((a, b))
+        elif tag == _MODEL_FUNCTIONS:
+            functions.append((a, b))
         elif tag == _MODEL_IR_VERSION:
             ir_version = int64(a)
         elif tag == _MODEL_OPSET_IMPORT:
@@ -255,6 +267,10 @@ def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
 
     walk = _Walk(nodes)
     node_count, initializers, inputs, outputs = _walk_graph(buf, graph, 1, walk, main=True)
+    if nodes:  # the nodes of model-local functions are nodes of the model too (their operators, tensors, subgraphs)
+        for start, end in functions:
+            for _, a, b in fields(buf, start, end, 1, _FUNCTION_FIELDS):
+                _walk_node(buf, a, b, 2, walk)
     return OnnxModelInfo(
         ir_version=ir_version,
         opset_imports=MappingProxyType(opsets),
@@ -262,6 +278,7 @@ def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
         outputs=tuple(outputs),
         node_count=node_count,
         operator_domains=frozenset(walk.domains),
+        operator_types=frozenset(walk.op_types),
         has_subgraphs=walk.has_subgraphs,
         uses_external_data=walk.uses_external_data,
         metadata_props=MappingProxyType(metadata),
@@ -321,13 +338,16 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
 
 
 def _walk_node(buf: memoryview, start: int, end: int, depth: int, walk: _Walk) -> None:
-    domain = ""
+    domain = op_type = ""  # absent: protobuf's default, the empty string
     for tag, a, b in fields(buf, start, end, depth, _NODE_FIELDS):
         if tag == _NODE_ATTRIBUTE:
             _walk_attribute(buf, a, b, depth + 1, walk)
+        elif tag == _NODE_OP_TYPE:
+            op_type = text(buf, a, b, "node op_type")
         else:
             domain = text(buf, a, b, "node domain")
     walk.domains.add(domain)
+    walk.op_types.add(op_type)
 
 
 def _walk_attribute(buf: memoryview, start: int, end: int, depth: int, walk: _Walk) -> None:

@@ -105,15 +105,22 @@ class OpenVINOBackend(Backend):
 
     def _qdq_boundaries(self, ins: list[PortSpec], outs: list[PortSpec]) -> tuple[list[PortSpec], list[PortSpec]]:
         """Where the NPU's views apply, a QDQ boundary's HW view is the quantized tensor (read from the ONNX graph;
-        HW ports get the boundary Quantize/DequantizeLinear removed from what OpenVINO compiles)."""
+        HW ports get the boundary Quantize/DequantizeLinear removed from what OpenVINO compiles). npurt's own reader
+        tells whether the graph has a Quantize/DequantizeLinear at all; only then is the model loaded, once (with its
+        weights: the graph without its boundary Q/DQ is what OpenVINO compiles)."""
+        from ...modelfile import read_onnx_ports
+
+        if not {"QuantizeLinear", "DequantizeLinear"} & read_onnx_ports(self.model_path).operator_types:
+            return ins, outs
         import onnx
 
         from ... import qdq
 
-        boundaries = qdq.find_boundaries(onnx.load(str(self.model_path), load_external_data=False))
+        model = onnx.load(str(self.model_path))
+        boundaries = qdq.find_boundaries(model)
         if not boundaries:
             return ins, outs
-        self.onnx_model = onnx.load(str(self.model_path))
+        self.onnx_model = model
         return qdq.annotate_specs(ins, boundaries), qdq.annotate_specs(outs, boundaries)
 
     @property
