@@ -154,10 +154,10 @@ def hw_view(cpu: NpuTensorInfo, target: str, *, quant_data_type: DataType | None
     if override is not None:
         layout = override.memory_layout if override.memory_layout is not None else layout
         dtype = override.data_type if override.data_type is not None else dtype
-    if layout in CHANNEL_GROUP or (layout in _PERMUTATION and len(cpu.shape) == 4):
-        shape = layout_shape(cpu.shape, layout)
-    elif layout == cpu.memory_layout or layout is MemoryLayout.UNKNOWN:
+    if layout == cpu.memory_layout or layout is MemoryLayout.UNKNOWN:  # (a frame port's CPU view is NHWC already)
         shape = cpu.shape
+    elif layout in CHANNEL_GROUP or (layout in _PERMUTATION and len(cpu.shape) == 4):
+        shape = layout_shape(cpu.shape, layout)
     else:
         raise ValueError(f"tensor {cpu.name!r}: layout {layout.name} does not apply to shape {list(cpu.shape)}")
     return NpuTensorInfo(name=cpu.name, data_type=dtype, shape=shape, direction=cpu.direction,

@@ -79,7 +79,7 @@ def set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...], elem_type: int
         tt.shape.dim.add().dim_value = int(d)
 
 
-def _rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) -> None:
+def rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) -> None:
     """Rename tensor ``old`` to ``new`` in node inputs (and outputs), also inside subgraphs that see it."""
     for node in graph.node:
         for i, n in enumerate(node.input):
@@ -94,7 +94,7 @@ def _rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) 
             for sub in subgraphs:
                 shadowed = {v.name for v in sub.input} | {i.name for i in sub.initializer}
                 if old not in shadowed:
-                    _rename_uses(sub, old, new, outputs_too=False)
+                    rename_uses(sub, old, new, outputs_too=False)
     for vi in graph.value_info:
         if vi.name == old:
             vi.name = new
@@ -181,7 +181,7 @@ class GraphEditor:
         if not steps:
             return
         internal = port.name + INTERNAL_SUFFIX
-        _rename_uses(self.graph, port.name, internal, outputs_too=False)
+        rename_uses(self.graph, port.name, internal, outputs_too=False)
         self.head += self._chain(port.name, port.name, internal, steps)
         value = next(v for v in self.graph.input if v.name == port.name)
         set_shape(value, port.hw.shape, onnx_type(port.hw.data_type, port.name))
@@ -194,7 +194,7 @@ class GraphEditor:
             raise NpuUnsupportedError(f"output {port.name!r} is not computed by a node (it is a graph input or a "
                                       "constant); its HW view cannot be baked into the model: use the CPU view")
         internal = port.name + INTERNAL_SUFFIX
-        _rename_uses(self.graph, port.name, internal, outputs_too=True)
+        rename_uses(self.graph, port.name, internal, outputs_too=True)
         self.tail += self._chain(port.name, internal, port.name, steps)
         value = next(v for v in self.graph.output if v.name == port.name)
         set_shape(value, port.hw.shape, onnx_type(port.hw.data_type, port.name))

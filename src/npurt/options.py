@@ -27,8 +27,12 @@ OPTION_KEYS = (
     "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
     "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
     "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs", "service",
-    "execution_provider", "ep_policy",
+    "execution_provider", "ep_policy", "frames",
 )
+FRAME_FORMATS = ("BGR", "RGB", "GRAY", "NV12")
+FRAME_COLORS = ("RGB", "BGR")
+FRAME_RESIZES = ("linear", "nearest")
+FRAME_KEYS = ("format", "model_color", "model_size", "resize", "mean", "std", "frame_size")
 # ONNX Runtime's device policies (OrtExecutionProviderDevicePolicy), for option ep_policy
 EP_POLICIES = ("DEFAULT", "PREFER_CPU", "PREFER_NPU", "PREFER_GPU", "MAX_PERFORMANCE", "MAX_EFFICIENCY",
                "MIN_OVERALL_POWER")
@@ -41,6 +45,19 @@ class HwFormat:
 
     memory_layout: MemoryLayout | None = None
     data_type: DataType | None = None
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """How one model input takes camera / decoder frames (option ``frames``; see ``npurt.frames``)."""
+
+    format: str  # "BGR", "RGB", "GRAY", "NV12"
+    model_color: str = "RGB"  # the channel order the model was trained on
+    model_size: tuple[int, int] | None = None  # [h, w] to resize to, where the model leaves its size open
+    resize: str | None = "linear"  # "linear", "nearest", or None (the frame is the model's size)
+    mean: tuple[float, ...] = ()  # in pixel units (0..255), in the model's channel order; () is 0
+    std: tuple[float, ...] = ()  # likewise; () is 1
+    frame_size: tuple[int, int] | None = None  # [h, w] where the device compiles static shapes (the NPU)
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,7 @@ class RunnerOptions:
     # RunnerType.ONNXRUNTIME: the EPs to try, in order, each with its provider options; or ONNX Runtime's policy
     execution_provider: tuple[tuple[str, Mapping[str, str]], ...] = ()
     ep_policy: str | None = None
+    frames: Mapping[str, FrameSpec] = field(default_factory=dict)  # input -> how it takes camera / decoder frames
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""
@@ -183,6 +201,8 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
             kw[key] = _parse_execution_providers(value)
         elif key == "ep_policy":
             kw[key] = _choice(key, value, EP_POLICIES, upper=True)
+        elif key == "frames":
+            kw[key] = _parse_frames(value)
         elif key == "memory_strict":
             if not isinstance(value, bool):
                 raise ValueError(f"option 'memory_strict': {value!r} is not a bool")
@@ -197,6 +217,53 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
         raise ValueError("options 'execution_provider' and 'ep_policy' exclude each other: name the EPs, or let "
                          "ONNX Runtime's device policy choose")
     return RunnerOptions(tensor_types=tensor_types, **kw)
+
+
+def _parse_frames(value: Any) -> dict[str, FrameSpec]:
+    """``frames``: {input name: {"format": ..., "model_color", "model_size", "resize", "mean", "std", "frame_size"}}."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"option 'frames' maps input names to frame specs, e.g. {{'x': {{'format': 'BGR'}}}}; got "
+                         f"{value!r}")
+    out = {}
+    for name, spec in value.items():
+        where = f"option 'frames': input {name!r}"
+        if not isinstance(spec, Mapping) or "format" not in spec:
+            raise ValueError(f"{where}: a dict with at least 'format' ({', '.join(FRAME_FORMATS)}), got {spec!r}")
+        unknown = sorted(set(spec) - set(FRAME_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; valid: {', '.join(FRAME_KEYS)}")
+        resize = spec.get("resize", "linear")
+        out[str(name)] = FrameSpec(
+            format=_choice(f"{where} format", spec["format"], FRAME_FORMATS, upper=True),
+            model_color=_choice(f"{where} model_color", spec.get("model_color", "RGB"), FRAME_COLORS, upper=True),
+            model_size=_size(f"{where} model_size", spec.get("model_size")),
+            resize=None if resize is None else _choice(f"{where} resize", resize, FRAME_RESIZES, upper=False),
+            mean=_floats(f"{where} mean", spec.get("mean")),
+            std=_floats(f"{where} std", spec.get("std"), nonzero=True),
+            frame_size=_size(f"{where} frame_size", spec.get("frame_size")))
+    return out
+
+
+def _size(key: str, value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value):
+        raise ValueError(f"{key}: [height, width] of positive integers, got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def _floats(key: str, value: Any, nonzero: bool = False) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    try:
+        floats = tuple(float(v) for v in items)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: a number or a list of numbers, got {value!r}") from None
+    if not floats or nonzero and any(v == 0 for v in floats):
+        raise ValueError(f"{key}: {'non-zero ' if nonzero else ''}numbers, got {value!r}")
+    return floats
 
 
 def _parse_execution_providers(value: Any) -> tuple[tuple[str, dict[str, str]], ...]:

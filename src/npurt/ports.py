@@ -20,6 +20,7 @@ from .options import RunnerOptions
 from .types import (
     DYNAMIC_DIM,
     DataType,
+    MemoryLayout,
     NpuTensorInfo,
     NpuUnsupportedError,
     QuantParameters,
@@ -48,6 +49,7 @@ class PortSpec:
     quant: QuantParameters | None = None  # set where the NPU's view is the quantized tensor (QDQ boundary)
     quant_data_type: DataType | None = None  # INT8 / UINT8: the quantized tensor's type, with quant
     dim_names: tuple[str | None, ...] = ()
+    layout: MemoryLayout | None = None  # None: the model's own for its rank (NCHW for 4-D); NHWC for a frame port
 
     @property
     def is_static(self) -> bool:
@@ -65,7 +67,8 @@ class PortSpec:
         return len(shape) == len(self.shape) and all(d is None or d == g for d, g in zip(self.shape, shape))
 
     def with_shape(self, shape: Sequence[int | None]) -> PortSpec:
-        return PortSpec(self.name, self.data_type, tuple(shape), self.quant, self.quant_data_type, self.dim_names)
+        return PortSpec(self.name, self.data_type, tuple(shape), self.quant, self.quant_data_type, self.dim_names,
+                        self.layout)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ class PortFactory:
         """Both views of a port (dynamic dims as DYNAMIC_DIM), in the view the options chose for it."""
         shape = tuple(DYNAMIC_DIM if d is None else int(d) for d in spec.shape)
         cpu = NpuTensorInfo(name=spec.name, data_type=spec.data_type, shape=shape, direction=direction,
-                            tensor_type=TensorType.CPU, memory_layout=formats.default_layout(len(shape)))
+                            tensor_type=TensorType.CPU,
+                            memory_layout=spec.layout or formats.default_layout(len(shape)))
         quantized = spec.quant is not None and self.npu_views
         hw = formats.hw_view(cpu, self.target, quant_data_type=spec.quant_data_type if quantized else None,
                              override=self.options.hw_format.get(spec.name))

@@ -89,7 +89,8 @@ class ShapeVariants:
                        "input_tensor_type": options.input_tensor_type.name,
                        "output_tensor_type": options.output_tensor_type.name,
                        "tensor_types": sorted(f"{d.name}.{n}={t.name}" for (d, n), t in options.tensor_types.items()),
-                       "hw_format": sorted((n, str(f)) for n, f in options.hw_format.items())}
+                       "hw_format": sorted((n, str(f)) for n, f in options.hw_format.items()),
+                       "frames": sorted((n, str(f)) for n, f in options.frames.items())}
         self.load_steps: list[tuple[str, float]] = []  # (what happened, ms) per compile or cache load
         self._model_ports = {TensorDirection.INPUT: ports.make_all(self._specs, TensorDirection.INPUT),
                              TensorDirection.OUTPUT: ports.make_all(self._out_specs, TensorDirection.OUTPUT)}

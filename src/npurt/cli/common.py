@@ -60,6 +60,39 @@ def parse_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+FRAME_FLAG_HELP = ("INPUT=FORMAT[,key=value...]: that input takes uint8 camera / decoder frames (FORMAT: BGR, RGB, "
+                   "GRAY, NV12), keys model_color=RGB|BGR, model_size=HxW, resize=linear|nearest|none, "
+                   "mean=M1/M2/M3, std=S1/S2/S3 (pixel units), frame_size=HxW; e.g. --frame "
+                   "x=BGR,model_size=48x192,mean=127.5,std=127.5")
+
+
+def parse_frame(text: str) -> tuple[str, dict[str, Any]]:
+    """``INPUT=FORMAT[,key=value...]`` -> (INPUT, the option ``frames`` spec of that input)."""
+    name, sep, rest = text.partition("=")
+    parts = rest.split(",")
+    if not sep or not name or not parts[0]:
+        raise CliError(f"--frame {text!r}: expected {FRAME_FLAG_HELP}", EXIT_USAGE)
+    spec: dict[str, Any] = {"format": parts[0]}
+    for part in parts[1:]:
+        key, eq, value = part.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            if key in ("model_size", "frame_size"):
+                spec[key] = [int(v) for v in value.lower().split("x")]
+            elif key in ("mean", "std"):
+                spec[key] = [float(v) for v in value.split("/")]
+            elif key == "resize":
+                spec[key] = None if value.lower() == "none" else value
+            elif key == "model_color":
+                spec[key] = value
+            else:
+                raise ValueError
+        except ValueError:
+            raise CliError(f"--frame {text!r}: cannot read {part!r}; expected {FRAME_FLAG_HELP}", EXIT_USAGE) from None
+    return name, spec
+
+
 def parse_device(text: str) -> str:
     """A device name the runner's options accept (``npurt.options.DEVICES``)."""
     from ..options import DEVICES
@@ -79,6 +112,7 @@ def add_model_options(p: argparse.ArgumentParser, backends: str, default_backend
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,...",
                    help="pin an input's shape (repeatable), e.g. --shape x=1,3,48,192: the engine is compiled for "
                         "exactly that shape (without it, dynamic dims stay dynamic where the device allows)")
+    p.add_argument("--frame", action="append", metavar="INPUT=FORMAT[,key=value...]", help=FRAME_FLAG_HELP)
     p.add_argument("--fallback", choices=("cpu", "error"), default="cpu",
                    help="when the device asked for is absent: run on CPU and say so (default), or fail")
     p.add_argument("--hw-view", choices=("device", "npu"), default="device",
@@ -164,6 +198,8 @@ def runner_options(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]])
         options["shapes"] = {n: list(s) for n, s in shapes.items()}
     if getattr(args, "hint", None):
         options["performance_hint"] = args.hint
+    if getattr(args, "frame", None):
+        options["frames"] = dict(parse_frame(item) for item in args.frame)
     return options
 
 

@@ -117,6 +117,16 @@ def _digits_report(images: np.ndarray, labels: np.ndarray, scores: np.ndarray) -
     return ["          " + ln if ln else "" for ln in art] + [f"Result    {result}"]
 
 
+def _random_frames(name: str, spec: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random uint8 frames for a frame input (option frames): its frame_size, else its model_size, else 480x640."""
+    h, w = spec.get("frame_size") or spec.get("model_size") or (480, 640)
+    if spec["format"].upper() == "NV12":
+        h, w = h + h % 2, w + w % 2
+        return {f"{name}/y": rng.integers(0, 256, (1, h, w, 1), np.uint8),
+                f"{name}/uv": rng.integers(0, 256, (1, h // 2, w // 2, 2), np.uint8)}
+    return {name: rng.integers(0, 256, (1, h, w, 1 if spec["format"].upper() == "GRAY" else 3), np.uint8)}
+
+
 def run(args: argparse.Namespace) -> int:
     from ..bench import Budget, CallSubject, measure_latency, stopwatch
     from ..models import default_model_path, default_samples
@@ -140,14 +150,20 @@ def run(args: argparse.Namespace) -> int:
         sources.append(f"{model.inputs[0].name} {list(samples[0].shape)} {samples[0].dtype}: {len(samples[1])} "
                        "held-out digits it never saw in training (npurt.models.default_samples)")
     else:
-        choice = concrete_input_shapes(model, {**shapes, **{n: a.shape for n, (a, _) in given.items()}})
+        framed = runner_options(args, {}).get("frames", {})
+        frame_shapes = {n: (1, 1, 1, 1) for n in framed}  # the model's own shape is not what a frame input takes
+        choice = concrete_input_shapes(model, {**shapes, **frame_shapes, **{n: a.shape for n, (a, _) in given.items()}})
         if choice.unresolved:
             raise ask_for_shapes(choice.unresolved, "run")
         rng = np.random.default_rng(args.seed)
         from ..bench import random_array
 
         for port in model.inputs:
-            if port.name in given:
+            if port.name in framed:
+                for name, frame in _random_frames(port.name, framed[port.name], rng).items():
+                    feeds[name] = frame
+                    sources.append(f"{name} {list(frame.shape)} uint8 random frame (seed {args.seed})")
+            elif port.name in given:
                 arr, file = given[port.name]
                 feeds[port.name] = arr
                 sources.append(f"{port.name} {list(arr.shape)} {arr.dtype} from {file}")

@@ -16,7 +16,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_USAGE, CliError, add_model_options, load_model_file, one_line, parse_shape, resolve_backend
+from .common import (
+    EXIT_USAGE,
+    CliError,
+    add_model_options,
+    load_model_file,
+    one_line,
+    parse_frame,
+    parse_shape,
+    resolve_backend,
+)
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -180,7 +189,19 @@ def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[s
             if input_name in shapes[target]:
                 raise CliError(f"--shape: input {input_name!r} of model {target!r} is given twice", EXIT_USAGE)
             shapes[target][input_name] = shape
-    return {name: {**base, **({"shapes": {n: list(s) for n, s in shapes[name].items()}} if shapes[name] else {})}
+    frames: dict[str, dict[str, Any]] = {name: {} for name in models}
+    for item in args.frame or ():  # --frame MODEL:INPUT=... for one model, --frame INPUT=... for each that has it
+        name, spec = parse_frame(item)
+        model, sep, input_name = name.partition(":")
+        if not sep or model not in models:
+            model, input_name = "", name
+        targets = [model] if model else [m for m in models if declared[m].input(input_name)]
+        if not targets:
+            raise CliError(f"--frame {item}: no served model has an input {input_name!r}", EXIT_USAGE)
+        for target in targets:
+            frames[target][input_name] = spec
+    return {name: {**base, **({"shapes": {n: list(s) for n, s in shapes[name].items()}} if shapes[name] else {}),
+                   **({"frames": frames[name]} if frames[name] else {})}
             for name in models}
 
 

@@ -280,7 +280,7 @@ def spec_to_dict(spec: PortSpec) -> dict[str, Any]:
     return {"name": spec.name, "data_type": spec.data_type.name, "shape": list(spec.shape),
             "quant": _quant_to_dict(spec.quant),
             "quant_data_type": spec.quant_data_type.name if spec.quant_data_type is not None else None,
-            "dim_names": list(spec.dim_names)}
+            "dim_names": list(spec.dim_names), "layout": spec.layout.name if spec.layout is not None else None}
 
 
 def spec_from_dict(doc: Any) -> PortSpec:
@@ -295,7 +295,8 @@ def spec_from_dict(doc: Any) -> PortSpec:
                     tuple(ints(field(doc, "shape", list, "port spec"), "port spec shape", allow_none=True)),
                     quant=_quant_from_dict(doc.get("quant"), "port spec"),
                     quant_data_type=None if qdt is None else _enum(DataType, qdt, "port spec"),
-                    dim_names=tuple(dim_names))
+                    dim_names=tuple(dim_names),
+                    layout=None if doc.get("layout") is None else _enum(MemoryLayout, doc["layout"], "port spec"))
 
 
 def device_info_to_dict(info: DeviceInfo) -> dict[str, Any]:

@@ -69,7 +69,8 @@ class OrtBackend(Backend):
         super().__init__(model_path, options)
         self._sessions: dict[str, ort.InferenceSession] = {}  # by model (the file's path, or edited bytes' digest)
         self._lock = threading.Lock()
-        self._model: Any = None  # the ONNX graph, where the NPU's views are built into it
+        self._model: Any = None  # the ONNX graph, where the NPU's views or frames' preprocessing are built into it
+        self._edited: bytes | None = None  # that graph serialized, where the device's own views run it as it is
         self._pinned_outputs: dict[Signature, list[tuple[int | None, ...]]] = {}
         self._placement = Placement()
         self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
@@ -128,13 +129,25 @@ class OrtBackend(Backend):
             ins, outs = onnx_port_specs(self.model_path)
         except ValueError as e:
             raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
+        if self.options.frames:
+            # Frames go in through preprocessing nodes in front of the model: the graph is read and edited once.
+            from ... import frames, onnx_frames
+
+            plan = frames.frame_inputs(ins, self.options.frames)
+            fed = [f for f in plan if isinstance(f, frames.FrameInput)]
+            self._model = onnx_frames.prepend(self._read_model(), fed)
+            ins = frames.port_specs(plan)
         if self.npu_views:
             # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
             from ... import qdq
 
-            self._model = self._read_model()
+            if self._model is None:
+                self._model = self._read_model()
             boundaries = qdq.find_boundaries(self._model)
             ins, outs = qdq.annotate_specs(ins, boundaries), qdq.annotate_specs(outs, boundaries)
+        elif self._model is not None:  # the device's own views over an edited graph: one session serves every shape
+            self._edited = self._model.SerializeToString()
+            self._graph_nodes = _nodes(self._model)
         self._out_specs = outs
         info = DeviceInfo(requested=self.options.device, attached=sel.attached, engine="ONNX Runtime",
                           engine_version=ort.__version__, fell_back=sel.fell_back, reason=sel.reason,
@@ -145,6 +158,10 @@ class OrtBackend(Backend):
     def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
         if self._model is None:  # the model as it is: one session serves every variant
             session = self._session(str(self.model_path), str(self.model_path), optimized_to=store)
+            return self._engine(session, inputs, ports, store)
+        if not self.npu_views:  # the device's own views over the graph with frames' preprocessing: likewise
+            assert self._edited is not None
+            session = self._session(self._edited, hashlib.sha256(self._edited).hexdigest(), optimized_to=store)
             return self._engine(session, inputs, ports, store)
         # The NPU's views: built into the graph for static input shapes (as NPU compilers take them).
         from ... import onnx_edit

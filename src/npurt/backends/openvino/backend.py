@@ -9,8 +9,9 @@ from typing import Any
 import openvino as ov
 from openvino.preprocess import PrePostProcessor
 
-from ... import devices, formats
+from ... import devices, formats, frames
 from ...engine import Backend, Discovery, Engine, OpenedModel
+from ...frames import FrameInput
 from ...ports import Port, PortFactory, PortSpec, onnx_port_specs
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from .discovery import (
@@ -26,6 +27,7 @@ from .discovery import (
     ov_type,
 )
 from .engine import OpenVINOEngine
+from .frames import bake_frames
 from .model_ports import ModelPorts, partial_shape, spec_shape
 
 
@@ -100,6 +102,11 @@ class OpenVINOBackend(Backend):
         else:
             ins = [self._spec(p, f"input {i}") for i, p in enumerate(self.model.inputs)]
             outs = [self._spec(p, f"output {i}") for i, p in enumerate(self.model.outputs)]
+        self.model_in_specs = ins  # the model's own inputs (OpenVINO's parameters map onto these)
+        self.frame_plan: list[FrameInput | PortSpec] | None = None
+        if self.options.frames:  # frame ports in their model input's place; PrePostProcessor builds the steps in
+            self.frame_plan = frames.frame_inputs(ins, self.options.frames)
+            ins = frames.port_specs(self.frame_plan)
         self.in_specs, self.out_specs = ins, outs
         return OpenedModel(info, ins, outs, dynamic_shapes=self.device in ("CPU", "GPU"))
 
@@ -136,7 +143,7 @@ class OpenVINOBackend(Backend):
     @property
     def map(self) -> ModelPorts:
         if self._map is None:
-            self._map = ModelPorts.of(self.model, self.in_specs, self.out_specs)
+            self._map = ModelPorts.of(self.model, self.model_in_specs, self.out_specs)
         return self._map
 
     @staticmethod
@@ -200,19 +207,24 @@ class OpenVINOBackend(Backend):
             model = self.model.clone()
         shapes = [list(p.cpu.shape) for p in inputs]
         pm = self.map
-        reshape = {model.input(k): partial_shape(inputs[i].cpu.shape) for i, k in enumerate(pm.param_of)
+        model_shapes = ([p.cpu.shape for p in inputs] if self.frame_plan is None
+                        else frames.model_shapes(self.frame_plan, [p.cpu.shape for p in inputs]))
+        reshape = {model.input(k): partial_shape(model_shapes[i]) for i, k in enumerate(pm.param_of)
                    if k is not None and tuple(-1 if d.is_dynamic else d.get_length()
-                                              for d in model.input(k).get_partial_shape()) != inputs[i].cpu.shape}
+                                              for d in model.input(k).get_partial_shape()) != model_shapes[i]}
         if reshape:
             try:
                 model.reshape(reshape)
             except RuntimeError as e:
                 raise NpuError(f"cannot reshape the model to input shapes {shapes}: {e}") from None
+        if self.frame_plan is not None:
+            model = bake_frames(model, self.frame_plan, pm)
+            pm = ModelPorts.of(model, self.in_specs, self.out_specs)  # the frame ports are its parameters now
         outputs = []
         for j, spec in enumerate(self.out_specs):
             source = pm.alias_of[j]
             if source is not None:  # the output is an input passed through: it has the input's shape
-                shape: tuple[int | None, ...] = tuple(None if d < 0 else d for d in inputs[source].cpu.shape)
+                shape: tuple[int | None, ...] = tuple(None if d < 0 else d for d in model_shapes[source])
             else:
                 shape = spec_shape(model.output(pm.result_of[j]).get_partial_shape())
             if None in shape and self.device == "NPU":

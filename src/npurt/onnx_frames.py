@@ -1,0 +1,102 @@
+"""Frames into an ONNX graph: the preprocessing of ``npurt.frames`` as ONNX nodes in front of the model, for ONNX
+Runtime's backends (VAIML, QNN, ONNXRUNTIME with any EP).
+
+Each frame input's graph input is replaced by its frame ports (uint8 NHWC; NV12 as its two planes) and the model's
+uses of it read the preprocessed tensor instead: Cast to float; for NV12, the UV plane resized x2 (nearest, each
+sample over its 2x2 pixels), concatenated with Y, centred and multiplied by BT.601's 3x3 matrix (the channel order
+folded into it), clipped to 0..255; GRAY repeated to three channels, or BGR/RGB reversed, where the model wants it;
+Transpose to NCHW; Resize to the model's size (linear with half-pixel centres, as OpenCV's INTER_LINEAR; nearest
+as INTER_NEAREST: asymmetric, floor); ``x * (1 / std) - mean / std``; a Cast to the model's float type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .frames import NV12_OFFSETS, NV12_TO_RGB, FrameInput, normalization, swaps_channels
+from .onnx_edit import MIN_OPSET_FOR_EDITS, converted_to_opset13, opset, rename_uses
+from .types import DataType
+
+SUFFIX = "__npurt_frame"
+
+
+def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput]) -> onnx.ModelProto:
+    """A copy of ``model`` whose frame inputs take frames (the module's docstring)."""
+    edited = converted_to_opset13(model) if opset(model) < MIN_OPSET_FOR_EDITS else model
+    out = onnx.ModelProto()
+    out.CopyFrom(edited)
+    graph = out.graph
+    head: list[onnx.NodeProto] = []
+    for frame in frames:
+        internal = frame.name + SUFFIX
+        rename_uses(graph, frame.name, internal, outputs_too=False)
+        position = next(k for k, v in enumerate(graph.input) if v.name == frame.name)
+        del graph.input[position]
+        for offset, port in enumerate(frame.ports):
+            dims = [d if d is not None else (f"{port.name}_{axis}") for d, axis in zip(port.shape, "NHWC")]
+            graph.input.insert(position + offset, helper.make_tensor_value_info(port.name, TensorProto.UINT8, dims))
+        head += _Builder(graph, frame).nodes(internal)
+    nodes = [*head, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return out
+
+
+class _Builder:
+    """The nodes of one frame input, named after it."""
+
+    def __init__(self, graph: onnx.GraphProto, frame: FrameInput) -> None:
+        self.graph, self.frame = graph, frame
+        self.out: list[onnx.NodeProto] = []
+        self.count = 0
+
+    def const(self, values: np.ndarray) -> str:
+        name = f"{self.frame.name}{SUFFIX}_const{len(self.graph.initializer)}"
+        self.graph.initializer.append(numpy_helper.from_array(values, name))
+        return name
+
+    def node(self, op: str, inputs: list[str], **attrs: Any) -> str:
+        self.count += 1
+        name = f"{self.frame.name}{SUFFIX}_{op}_{self.count}"
+        self.out.append(helper.make_node(op, inputs, [name], name=name, **attrs))
+        return name
+
+    def nodes(self, result: str) -> list[onnx.NodeProto]:
+        frame, spec = self.frame, self.frame.spec
+        if spec.format == "NV12":
+            y = self.node("Cast", [frame.ports[0].name], to=TensorProto.FLOAT)
+            uv = self.node("Cast", [frame.ports[1].name], to=TensorProto.FLOAT)
+            uv = self.node("Resize", [uv, "", self.const(np.array([1, 2, 2, 1], np.float32))], mode="nearest",
+                           coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+            yuv = self.node("Sub", [self.node("Concat", [y, uv], axis=3), self.const(NV12_OFFSETS)])
+            matrix = NV12_TO_RGB if spec.model_color == "RGB" else NV12_TO_RGB[::-1]
+            x = self.node("MatMul", [yuv, self.const(np.ascontiguousarray(matrix.T))])
+            x = self.node("Clip", [x, self.const(np.array(0, np.float32)), self.const(np.array(255, np.float32))])
+        else:
+            x = self.node("Cast", [frame.ports[0].name], to=TensorProto.FLOAT)
+            if spec.format == "GRAY" and frame.channels == 3:
+                x = self.node("Concat", [x, x, x], axis=3)
+            elif swaps_channels(frame):
+                x = self.node("Gather", [x, self.const(np.array([2, 1, 0], np.int64))], axis=3)
+        x = self.node("Transpose", [x], perm=[0, 3, 1, 2])
+        if spec.resize is not None and frame.model_hw is not None:
+            batch_and_channels = self.node("Slice", [self.node("Shape", [x]), self.const(np.array([0], np.int64)),
+                                                     self.const(np.array([2], np.int64))])
+            sizes = self.node("Concat", [batch_and_channels, self.const(np.array(frame.model_hw, np.int64))], axis=0)
+            modes = ({"mode": "linear", "coordinate_transformation_mode": "half_pixel"} if spec.resize == "linear"
+                     else {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                           "nearest_mode": "floor"})
+            x = self.node("Resize", [x, "", "", sizes], **modes)
+        scale, bias = normalization(frame)
+        if not np.all(scale == 1):
+            x = self.node("Mul", [x, self.const(scale.reshape(1, -1, 1, 1))])
+        if not np.all(bias == 0):
+            x = self.node("Add", [x, self.const(bias.reshape(1, -1, 1, 1))])
+        to = TensorProto.FLOAT16 if frame.model.data_type is DataType.FP16 else TensorProto.FLOAT
+        self.out.append(helper.make_node("Cast", [x], [result], name=f"{frame.name}{SUFFIX}_Cast_out", to=to))
+        return self.out
