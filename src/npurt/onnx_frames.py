@@ -3,10 +3,11 @@ Runtime's backends (VAIML, QNN, ONNXRUNTIME with any EP).
 
 Each frame input's graph input is replaced by its frame ports (uint8 NHWC; NV12 as its two planes) and the model's
 uses of it read the preprocessed tensor instead: Cast to float; for NV12, the UV plane resized x2 (nearest, each
-sample over its 2x2 pixels), concatenated with Y, centred and multiplied by BT.601's 3x3 matrix (the channel order
-folded into it), clipped to 0..255; GRAY repeated to three channels, or BGR/RGB reversed, where the model wants it;
-Transpose to NCHW; Resize to the model's size (linear with half-pixel centres, as OpenCV's INTER_LINEAR; nearest
-as INTER_NEAREST: asymmetric, floor); ``x * (1 / std) - mean / std``; a Cast to the model's float type.
+sample over its 2x2 pixels; in NCHW, the only Resize an NPU compiler such as QNN's takes), concatenated with Y,
+centred and multiplied by BT.601's 3x3 matrix (the channel order folded into it), clipped to 0..255; GRAY repeated
+to three channels, or BGR/RGB reversed, where the model wants it; Transpose to NCHW; Resize to the model's size
+(linear with half-pixel centres, as OpenCV's INTER_LINEAR; nearest as INTER_NEAREST: asymmetric, floor);
+``x * (1 / std) - mean / std``; a Cast to the model's float type.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from .types import DataType
 SUFFIX = "__npurt_frame"
 
 
-def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput]) -> onnx.ModelProto:
-    """A copy of ``model`` whose frame inputs take frames (the module's docstring)."""
+def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput], cast_via_fp16: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` whose frame inputs take frames (the module's docstring). ``cast_via_fp16``: uint8 goes to
+    float through float16 (exact for 0..255), for an EP whose direct Cast is wrong (ExecutionProvider)."""
     edited = converted_to_opset13(model) if opset(model) < MIN_OPSET_FOR_EDITS else model
     out = onnx.ModelProto()
     out.CopyFrom(edited)
@@ -40,7 +42,7 @@ def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput]) -> onnx.ModelP
         for offset, port in enumerate(frame.ports):
             dims = [d if d is not None else (f"{port.name}_{axis}") for d, axis in zip(port.shape, "NHWC")]
             graph.input.insert(position + offset, helper.make_tensor_value_info(port.name, TensorProto.UINT8, dims))
-        head += _Builder(graph, frame).nodes(internal)
+        head += _Builder(graph, frame, cast_via_fp16).nodes(internal)
     nodes = [*head, *graph.node]
     del graph.node[:]
     graph.node.extend(nodes)
@@ -50,8 +52,8 @@ def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput]) -> onnx.ModelP
 class _Builder:
     """The nodes of one frame input, named after it."""
 
-    def __init__(self, graph: onnx.GraphProto, frame: FrameInput) -> None:
-        self.graph, self.frame = graph, frame
+    def __init__(self, graph: onnx.GraphProto, frame: FrameInput, cast_via_fp16: bool) -> None:
+        self.graph, self.frame, self.cast_via_fp16 = graph, frame, cast_via_fp16
         self.out: list[onnx.NodeProto] = []
         self.count = 0
 
@@ -59,6 +61,11 @@ class _Builder:
         name = f"{self.frame.name}{SUFFIX}_const{len(self.graph.initializer)}"
         self.graph.initializer.append(numpy_helper.from_array(values, name))
         return name
+
+    def to_float(self, frame: str) -> str:
+        if self.cast_via_fp16:
+            frame = self.node("Cast", [frame], to=TensorProto.FLOAT16)
+        return self.node("Cast", [frame], to=TensorProto.FLOAT)
 
     def node(self, op: str, inputs: list[str], **attrs: Any) -> str:
         self.count += 1
@@ -69,16 +76,19 @@ class _Builder:
     def nodes(self, result: str) -> list[onnx.NodeProto]:
         frame, spec = self.frame, self.frame.spec
         if spec.format == "NV12":
-            y = self.node("Cast", [frame.ports[0].name], to=TensorProto.FLOAT)
-            uv = self.node("Cast", [frame.ports[1].name], to=TensorProto.FLOAT)
-            uv = self.node("Resize", [uv, "", self.const(np.array([1, 2, 2, 1], np.float32))], mode="nearest",
+            y = self.to_float(frame.ports[0].name)
+            uv = self.to_float(frame.ports[1].name)
+            # the UV plane upsampled in NCHW: NPU compilers resize spatial dims only (QNN refuses an NHWC Resize)
+            uv = self.node("Transpose", [uv], perm=[0, 3, 1, 2])
+            uv = self.node("Resize", [uv, "", self.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest",
                            coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+            uv = self.node("Transpose", [uv], perm=[0, 2, 3, 1])
             yuv = self.node("Sub", [self.node("Concat", [y, uv], axis=3), self.const(NV12_OFFSETS)])
             matrix = NV12_TO_RGB if spec.model_color == "RGB" else NV12_TO_RGB[::-1]
             x = self.node("MatMul", [yuv, self.const(np.ascontiguousarray(matrix.T))])
             x = self.node("Clip", [x, self.const(np.array(0, np.float32)), self.const(np.array(255, np.float32))])
         else:
-            x = self.node("Cast", [frame.ports[0].name], to=TensorProto.FLOAT)
+            x = self.to_float(frame.ports[0].name)
             if spec.format == "GRAY" and frame.channels == 3:
                 x = self.node("Concat", [x, x, x], axis=3)
             elif swaps_channels(frame):

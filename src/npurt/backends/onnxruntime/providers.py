@@ -28,6 +28,7 @@ class ExecutionProvider:
     option_keys: tuple[str, ...] = ()  # engine_options keys that are this EP's provider options
     plugin = False  # a plugin EP: a session gets it with add_provider_for_devices, never in a providers list
     takes_precision = False  # whether option inference_precision means something to it
+    casts_uint8_wrong = False  # its Cast uint8 -> float32 is wrong: frames go through float16 (onnx_frames)
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = {str(k): str(v) for k, v in (options or {}).items()}  # its provider options
