@@ -79,6 +79,7 @@ class Engine(ABC):
     outputs: list[Port]
     state_names: list[str] = []
     cache_metadata: Mapping[str, Any] = {}  # set by a compile that wrote what npurt's cache keeps (JSON)
+    takes_boxes = False  # inputs may be strided boxes of a contiguous tensor (types.padded_box), bound as they are
 
     @abstractmethod
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> Any:

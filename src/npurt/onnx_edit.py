@@ -9,7 +9,7 @@ model is converted to opset 13 first. The layout of each view comes from ``forma
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,14 +69,18 @@ def opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
-def set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...], elem_type: int | None = None) -> None:
+def set_shape(value: onnx.ValueInfoProto, shape: Sequence[int | None], elem_type: int | None = None) -> None:
     tt = value.type.tensor_type
     if elem_type is not None:
         tt.elem_type = elem_type
     tt.ClearField("shape")
     tt.shape.SetInParent()  # a scalar still has a (rank-0) shape
-    for d in shape:
-        tt.shape.dim.add().dim_value = int(d)
+    for axis, d in enumerate(shape):
+        dim = tt.shape.dim.add()
+        if d is None or d < 0:  # left open: a name of its own, so no two open dims are taken as equal
+            dim.dim_param = f"{value.name}:{axis}"
+        else:
+            dim.dim_value = int(d)
 
 
 def rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) -> None:
@@ -304,7 +308,7 @@ def converted_to_opset13(model: onnx.ModelProto) -> onnx.ModelProto:
         return converted
 
 
-def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | None]]) -> onnx.ModelProto:
     """A copy of ``model`` whose graph inputs named in ``shapes`` have those static shapes (nothing else edited)."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)

@@ -14,6 +14,7 @@ NpuTensors are immutable (info and memory), so a plan validated once for them st
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from typing import Any
 from .ports import Port
 from .status import StatusError
 from .tensor import NpuTensor
-from .types import DYNAMIC_DIM, MemoryLayout, NpuTensorInfo, StatusCode, TensorDirection, TensorType
+from .types import DYNAMIC_DIM, MemoryLayout, NpuTensorInfo, StatusCode, TensorDirection, TensorType, padded_box
 from .variants import ShapeError, ShapeVariants, Variant
 
 # The plan caches' keys: the ids of a call's tensors, and their infos ([inputs][slot][tensor], [outputs]...)
@@ -37,14 +38,20 @@ def _fits(shape: tuple[int, ...], port_shape: tuple[int, ...]) -> bool:
     return len(shape) == len(port_shape) and all(p in (DYNAMIC_DIM, s) for s, p in zip(shape, port_shape))
 
 
-def in_engine_view(info: NpuTensorInfo, port: Port) -> bool:
-    """Whether a tensor is laid out as the port's engine consumes it (then it goes to the engine as it is)."""
+def in_engine_view(info: NpuTensorInfo, port: Port, boxes: bool = False) -> bool:
+    """Whether a tensor is laid out as the port's engine consumes it (then it goes to the engine as it is).
+    ``boxes``: the engine also takes a strided tensor that is a box of a contiguous one it lies in whole (rows
+    padded to a pitch: a decoder's plane), as OpenVINO takes a region of a tensor."""
     want = port.engine
-    return (info.data_type is want.data_type and info.memory_layout_order == want.memory_layout_order
+    if not (info.data_type is want.data_type and info.memory_layout_order == want.memory_layout_order
             and (info.memory_layout is want.memory_layout or MemoryLayout.UNKNOWN in (info.memory_layout,
-                                                                                       want.memory_layout))
-            and (info.strides == want.strides if want.is_static else info.is_contiguous and
-                 _fits(info.shape, want.shape)))
+                                                                                       want.memory_layout))):
+        return False
+    if not info.is_contiguous:
+        box = padded_box(info.shape, info.strides) if boxes else None
+        return box is not None and info.size_in_bytes >= math.prod(box) * info.data_type.itemsize and \
+            (info.shape == want.shape if want.is_static else _fits(info.shape, want.shape))
+    return info.strides == want.strides if want.is_static else _fits(info.shape, want.shape)
 
 
 class SlotPlan:
@@ -187,7 +194,9 @@ class Planner:
                                        (outs, variant.outputs, StatusCode.INVALID_OUTPUT)):
             for t, p in zip(tensors, ports):
                 _check_view(t, p, b, status)
-        convert_in = tuple(i for i, (t, p) in enumerate(zip(ins, variant.inputs)) if not in_engine_view(t.info, p))
+        boxes = variant.engine.takes_boxes
+        convert_in = tuple(i for i, (t, p) in enumerate(zip(ins, variant.inputs))
+                           if not in_engine_view(t.info, p, boxes))
         convert_out = tuple(j for j, (t, p) in enumerate(zip(outs, variant.outputs))
                             if not in_engine_view(t.info, p))
         sync = any(t.provider not in _NO_SYNC_PROVIDERS for t in (*ins, *outs))

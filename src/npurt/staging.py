@@ -25,7 +25,7 @@ from .stats import RunnerStats
 from .status import status_of
 from .tensor import NpuTensor, allocate_tensor
 from .types import MemoryType, NpuTensorInfo, QuantParameters, StatusCode, TensorDirection
-from .variants import Variant
+from .variants import StageKey, Variant
 
 
 class CpuAccess:
@@ -83,19 +83,20 @@ class Staging:
                 binding = slot.binding if slot.binding is not None else engine.bind(ins, outs)
                 record_shapes(outs, engine.run(binding, context))
             return
-        borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]] = []
+        borrowed: list[tuple[StageKey, NpuTensor]] = []
         try:
             engine_ins = list(ins)
             for i in slot.convert_in:
                 port = variant.inputs[i]
-                engine_ins[i] = self._borrow(variant, TensorDirection.INPUT, i, port.engine, borrowed)
+                info = port.engine if port.engine.is_static else port.engine.replace(shape=ins[i].info.shape)
+                engine_ins[i] = self._borrow(variant, TensorDirection.INPUT, i, info, borrowed)
                 self.convert(ins[i], engine_ins[i], port.quant)
             engine_outs = list(outs)
             for j in slot.convert_out:
                 engine_outs[j] = self._borrow(variant, TensorDirection.OUTPUT, j, variant.outputs[j].engine,
                                               borrowed)
             with CpuAccess(engine_ins, engine_outs):
-                engine.run(engine.bind(engine_ins, engine_outs), context)  # staged ports are static: no shapes
+                engine.run(engine.bind(engine_ins, engine_outs), context)  # staged outputs are static: no shapes
             for j in slot.convert_out:
                 self.convert(engine_outs[j], outs[j], variant.outputs[j].quant)
         finally:
@@ -105,9 +106,9 @@ class Staging:
                         variant.staging.setdefault(key, []).append(stage)
 
     def _borrow(self, variant: Variant, direction: TensorDirection, index: int, info: NpuTensorInfo,
-                borrowed: list[tuple[tuple[TensorDirection, int], NpuTensor]]) -> NpuTensor:
-        """A staging tensor in the engine's view, reused across calls (one per concurrent call)."""
-        key = (direction, index)
+                borrowed: list[tuple[StageKey, NpuTensor]]) -> NpuTensor:
+        """A staging tensor in the engine's view, reused across calls (one per concurrent call and shape)."""
+        key = (direction, index, info.shape)
         with self._lock:
             free = variant.staging.get(key)
             stage = free.pop() if free else None

@@ -196,6 +196,22 @@ def _enum(enum_cls: type[IntEnum], value: Any, what: str) -> Any:
 DYNAMIC_DIM = -1  # a dim that the model leaves open, in NpuTensorInfo.shape
 
 
+def padded_box(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
+    """The contiguous shape a strided tensor is a box of, origin at its first element (rows padded to a pitch, a
+    plane inside a larger image): each dim's stride a whole multiple of the next dim's extent. None where the
+    strides are no such box (a permutation, a broadcast). The tensor itself where it is contiguous."""
+    if not shape or strides[-1] != 1:
+        return None
+    box = [int(shape[-1])]
+    for k in range(len(shape) - 2, -1, -1):
+        inner = strides[k + 1]
+        if strides[k] % inner or strides[k] // inner < box[0]:
+            return None
+        box[0] = strides[k] // inner
+        box.insert(0, int(shape[k]))
+    return tuple(box)
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides in elements."""
     strides = []

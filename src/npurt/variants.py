@@ -40,6 +40,9 @@ class ShapeError(ValueError):
 
 _clock = itertools.count(1)  # recency of use, for the LRU
 
+# a staging tensor's place in a variant's free lists: the port's direction and index, the shape staged
+StageKey = tuple[TensorDirection, int, tuple[int, ...]]
+
 
 class Variant:
     """One compiled engine and the ports it takes; ``signature`` None for the dynamic engine.
@@ -53,7 +56,7 @@ class Variant:
         self.inputs: list[Port] = engine.inputs
         self.outputs: list[Port] = engine.outputs
         self.signature = signature
-        self.staging: dict[tuple[TensorDirection, int], list[NpuTensor]] = {}  # free staging tensors (staging.py)
+        self.staging: dict[StageKey, list[NpuTensor]] = {}  # free staging tensors (staging.py)
         self.used = next(_clock)
 
     def touch(self) -> None:

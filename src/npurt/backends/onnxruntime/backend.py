@@ -22,7 +22,7 @@ import os
 import platform
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,10 @@ def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
     """An output's dims as a session knows them (None where the run decides)."""
     if arg.shape is None:
         return spec.shape
-    return tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
+    if len(arg.shape) != len(spec.shape):
+        return tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
+    # the spec's known dims stand where the session leaves one open (frames' resize, read from the model itself)
+    return tuple(d if isinstance(d, int) and d >= 0 else k for d, k in zip(arg.shape, spec.shape))
 
 
 def cores() -> int:
@@ -135,8 +138,14 @@ class OrtBackend(Backend):
 
             plan = frames.frame_inputs(ins, self.options.frames)
             fed = [f for f in plan if isinstance(f, frames.FrameInput)]
-            self._model = onnx_frames.prepend(self._read_model(), fed)
+            model = self._read_model()
             ins = frames.port_specs(plan)
+            if any(None in s.shape for s in outs):  # the output dims decided by the model's size, resized to
+                sizes = frames.model_shapes(plan, [tuple(-1 if d is None else d for d in s.shape) for s in ins])
+                outs = [spec.with_shape(shape) for spec, shape in zip(outs, self._probe_shapes(
+                    model, outs, {item.name: shape for item, shape in zip(plan, sizes)}))]
+            via_fp16 = self.provider is not None and self.provider.casts_uint8_wrong
+            self._model = onnx_frames.prepend(model, fed, via_fp16)
         if self.npu_views:
             # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
             from ... import qdq
@@ -180,7 +189,7 @@ class OrtBackend(Backend):
                 outputs: list[Port] | None = None) -> OrtEngine:
         if outputs is None:
             shapes = [_arg_shape(spec, arg) for spec, arg in zip(self._out_specs, session.get_outputs())]
-            if all(p.is_static for p in inputs) and not all(None not in s for s in shapes):
+            if all(p.is_static for p in inputs) and any(None in s for s in shapes):
                 shapes = self._pinned_shapes(inputs)
             outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
                        for spec, shape in zip(self._out_specs, shapes)]
@@ -198,19 +207,22 @@ class OrtBackend(Backend):
         shapes = self._pinned_outputs.get(signature)
         if shapes is None:
             model = self._model if self._model is not None else self._read_model()
-            shapes = self._pinned_outputs[signature] = self._probe_shapes(model, inputs)
+            pinned = {p.name: p.cpu.shape for p in inputs}
+            shapes = self._pinned_outputs[signature] = self._probe_shapes(model, self._out_specs, pinned)
         return shapes
 
-    def _probe_shapes(self, model: Any, inputs: list[Port]) -> list[tuple[int | None, ...]]:
+    @staticmethod
+    def _probe_shapes(model: Any, specs: list[PortSpec], shapes: Mapping[str, Sequence[int | None]]
+                      ) -> list[tuple[int | None, ...]]:
         from ... import onnx_edit
 
-        fixed = onnx_edit.with_input_shapes(model, {p.name: p.cpu.shape for p in inputs})
+        fixed = onnx_edit.with_input_shapes(model, shapes)
         so = ort.SessionOptions()
         so.log_severity_level = 3
         # constant folding (the basic level) resolves Shape -> Reshape chains that type inference alone leaves open
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         session = ort.InferenceSession(fixed.SerializeToString(), so, providers=[CPU_EP])
-        return [_arg_shape(spec, arg) for spec, arg in zip(self._out_specs, session.get_outputs())]
+        return [_arg_shape(spec, arg) for spec, arg in zip(specs, session.get_outputs())]
 
     def _read_model(self) -> Any:
         import onnx

@@ -14,6 +14,7 @@ the PP-OCR classifier at N = 2 ran 4-12 % fewer jobs a second that way (``benchm
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from queue import Empty, SimpleQueue
@@ -26,12 +27,24 @@ from openvino import _pyopenvino
 from ...engine import Engine, OutputTooSmallError, ResultShapes
 from ...ports import Port
 from ...tensor import NpuTensor
+from ...types import padded_box
 from .model_ports import ModelPorts
 
 # The C++ methods under the Python wrappers: no Python data dispatch per call. infer(inputs, share_outputs,
 # decode_strings) releases the GIL while inferring.
 _infer = _pyopenvino.InferRequest.infer
 _start_async = _pyopenvino.InferRequest.start_async
+
+
+def _wrap(t: NpuTensor, element_type: ov.Type) -> ov.Tensor:
+    """An ov.Tensor over a tensor's memory (no copy): a strided one (a plane with a row pitch) as the region of the
+    contiguous box it lies in, which OpenVINO reads in place (the runner's plan lets only such boxes through)."""
+    if t.info.is_contiguous:
+        return ov.Tensor(t.raw_bytes(), list(t.info.shape), element_type)
+    box = padded_box(t.info.shape, t.info.strides)
+    assert box is not None
+    whole = ov.Tensor(t.raw_bytes()[: math.prod(box) * t.info.data_type.itemsize], list(box), element_type)
+    return ov.Tensor(whole, ov.Coordinate([0] * len(box)), ov.Coordinate(list(t.info.shape)))
 
 
 Fill = tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]  # (output index, source bytes, target bytes, shape)
@@ -90,6 +103,8 @@ class _Request:
 
 class OpenVINOEngine(Engine):
     """A compiled model and its pool of infer requests."""
+
+    takes_boxes = True  # a strided plane goes in as a region of the tensor it lies in (_wrap)
 
     def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], pm: ModelPorts,
                  device: str, properties: dict[str, Any], limit: int, count_copy: Any) -> None:
@@ -177,7 +192,7 @@ class OpenVINOEngine(Engine):
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> _Binding:
         # Shares the memory (no copy): the bytes reinterpreted with the engine's shape and element type.
         tensors = [inputs[i] for i in self.bound_inputs] + [outputs[j] for j in self.bound_outputs]
-        wrapped = [ov.Tensor(t.raw_bytes(), list(t.info.shape), et) for t, et in zip(tensors, self.element_types)]
+        wrapped = [_wrap(t, et) for t, et in zip(tensors, self.element_types)]
         fills = [(j, inputs[a].raw_bytes(), outputs[j].raw_bytes(), inputs[a].info.shape) for j, a in self.aliases]
         return _Binding(wrapped, fills)
 
