@@ -1,28 +1,31 @@
-"""Camera frames into a text detector across two processes, shared by file descriptor: no frame is copied on the way.
+"""Camera frames into a text detector across two processes, shared by file descriptor: no frame is copied on the way,
+and no pixel is touched in Python: resize-free colour, layout and normalisation run inside the compiled model.
 
-What it shows: this process, the consumer, opens the PP-OCR text detector with its input pinned to the frame size
-(option ``shapes``: the HW tensors are then static), allocates a ring of input tensors in runner memory that exports
-an fd (``allocate_npu_tensor(info, MemoryType.DMA_FD)``: a dma-buf, or a sealed memfd where the machine has no
-dma-buf heap) and sends them once to a producer process (this script again, given one end of an AF_UNIX socket pair;
-``npurt.share.send_tensors``). The producer, the "camera" (a generated video of documents moving under it, or a
-video file through OpenCV), writes each frame straight into the next free tensor with ``npurt.convert`` (uint8 BGR
-NHWC into whatever view the port takes: float32 NCHW on CPU, FP16 NHWC or BF16 HCWNC4 on an NPU) and tells the
-consumer which slot is ready, in a 16-byte message on the same socket. The consumer keeps two frames in the engine
-with ``execute_async`` (double buffering: one frame's boxes are found while the next one runs), waits for the older
-one, counts its text boxes and hands the slot back.
+What it shows: this process, the consumer, opens the PP-OCR text detector with option ``frames``: its input takes
+uint8 frames as a camera or decoder hands them (BGR ``[1, H, W, 3]``, or NV12: a Y plane and an interleaved UV plane,
+rows padded to a 64-byte pitch as decoders do), and the engine turns them into the detector's normalised float
+NCHW. It allocates a ring of frame buffers in runner memory that exports an fd (``allocate_npu_tensor(info,
+MemoryType.DMA_FD)``: a dma-buf, or a sealed memfd where the machine has no dma-buf heap; an NV12 frame is one
+buffer, its planes sub-tensors with a row stride) and sends them once to a producer process (this script again,
+given one end of an AF_UNIX socket pair; ``npurt.share.send_tensors``). The producer, the "camera" (a generated
+video of documents moving under it, or a video file through OpenCV), writes each frame straight into the next free
+buffer, as a decoder would, and tells the consumer which slot is ready, in a 16-byte message on the same socket.
+The consumer keeps two frames in the engine with ``execute_async`` (double buffering: one frame's boxes are found
+while the next one runs), waits for the older one, counts its text boxes and hands the slot back.
 
-    python examples/camera_pipeline.py                          # 60 generated 640x480 frames
-    python examples/camera_pipeline.py --frames 20 --size 320x256 --fps 30
+    python examples/camera_pipeline.py                          # 60 generated 640x480 BGR frames
+    python examples/camera_pipeline.py --frames 20 --size 320x256 --fps 30 --format NV12
     python examples/camera_pipeline.py --video clip.mp4         # frames of a video (scaled to --size if given)
 
 It prints each frame's text boxes (how many, and the rectangle round them) and latency (from the frame's
 production to its result), then frames per second, latency p50 / p99, and the runner's host copies of tensor data
-(0: every tensor is in its port's view). Without ``--fps`` the camera makes frames as fast as slots come back, so
-latency includes the wait in the ring.
+(0 where the engine reads the frame where it lies; ONNX Runtime takes a plane with padded rows through one counted
+copy, OpenVINO as it is). Without ``--fps`` the camera makes frames as fast as slots come back, so latency includes
+the wait in the ring.
 
-The detector normalises pixels to ``(x / 255 - 0.5) / 0.5``; ``npurt.convert`` applies ``(x - zero_point) * scale``
-with an integer zero point, so the frames get ``(x - 127) * 2 / 255``: 1/255 above, half a grey level.
-The model comes from a PyPI wheel on first use (``npurt.models.zoo``); needs the extra ``examples``.
+The detector's normalisation ``(x / 255 - 0.5) / 0.5`` is the frames option's mean 127.5 and std 127.5, on the BGR
+pixels it was trained on (model_color BGR). The model comes from a PyPI wheel on first use (``npurt.models.zoo``);
+needs the extra ``examples``.
 """
 
 from __future__ import annotations
@@ -45,11 +48,9 @@ import numpy as np
 import npurt
 from npurt import (
     DataType,
-    MemoryLayout,
     MemoryType,
     NpuTensor,
     NpuTensorInfo,
-    QuantParameters,
     RunnerFactory,
     RunnerType,
     StatusCode,
@@ -66,8 +67,7 @@ POLL_S = 0.001  # how long the consumer looks for a new frame before it asks aga
 STRIDE = 32  # the detector's input sides are multiples of this
 PAGE_FRAMES = 15  # the generated video shows a new document every this many frames
 DESK = (92, 104, 110)  # BGR of the desk under the documents
-# uint8 pixels into the detector's [-1, 1]: (x - 127) * 2/255; the exact (x - 127.5) / 127.5 needs a zero point of 127.5
-PIXELS = QuantParameters(scale=2 / 255, zero_point=127)
+PITCH = 64  # an NV12 frame's rows are padded to a multiple of this many bytes, as decoders pad them
 MESSAGE = struct.Struct("<iiq")  # slot (END: end of stream), frame number, production time (CLOCK_MONOTONIC ns)
 END = -1
 
@@ -159,16 +159,33 @@ def video_frames(path: str, size: tuple[int, int], frames: int) -> Iterator[tupl
         capture.release()
 
 
-def produce(sock: socket.socket, size: tuple[int, int], frames: int, video: str | None, fps: float) -> None:
+def write_frame(image: np.ndarray, planes: list[NpuTensor], fmt: str) -> None:
+    """What a decoder does: a frame's pixels into its buffer. BGR as they are; NV12 from OpenCV's I420 (a Y plane, U
+    and V planes at half size), U and V interleaved into the UV plane, each plane's rows at the buffer's pitch."""
+    for t in planes:
+        t.begin_cpu_access(write=True)  # DMA-BUF cache maintenance; nothing to do for a memfd
+    if fmt == "BGR":
+        np.copyto(planes[0].numpy()[0], image)
+    else:
+        height, width = image.shape[:2]
+        yuv = cv2.cvtColor(image, cv2.COLOR_BGR2YUV_I420)
+        y, uv = (t.numpy()[0] for t in planes)
+        y[..., 0] = yuv[:height]
+        quarter = height // 4
+        uv[..., 0] = yuv[height:height + quarter].reshape(height // 2, width // 2)
+        uv[..., 1] = yuv[height + quarter:].reshape(height // 2, width // 2)
+    for t in planes:
+        t.end_cpu_access(write=True)
+
+
+def produce(sock: socket.socket, size: tuple[int, int], frames: int, video: str | None, fps: float, fmt: str) -> None:
     """The camera process: receive the ring once, then write each frame into a free slot and say which."""
     fds_at_start = open_fds()
-    ring = npurt.share.recv_tensors(sock, timeout=60)
+    received = npurt.share.recv_tensors(sock, timeout=60)
     sock.settimeout(None)
     width, height = size
-    # The frame as it is in memory: uint8 BGR pixels [1, H, W, 3], a view of the same tensor as the ring's.
-    frame_info = NpuTensorInfo(name=ring[0].info.name, data_type=DataType.UINT8, shape=(1, height, width, 3),
-                               direction=TensorDirection.INPUT, tensor_type=TensorType.CPU,
-                               memory_layout=MemoryLayout.NHWC)
+    per_frame = 2 if fmt == "NV12" else 1  # a slot's tensors: the frame, or its Y and UV planes
+    ring = [received[k:k + per_frame] for k in range(0, len(received), per_frame)]
     free = deque(range(len(ring)))
     source = video_frames(video, size, frames) if video else generated_video(size, frames)
     lines_seen: list[int] = []
@@ -184,9 +201,7 @@ def produce(sock: socket.socket, size: tuple[int, int], frames: int, video: str 
                 raise ConnectionError("the consumer went away")
             free.append(message[0])
         slot = free.popleft()
-        ring[slot].begin_cpu_access(write=True)  # DMA-BUF cache maintenance; nothing to do for a memfd
-        npurt.convert(NpuTensor(frame_info, image), ring[slot], quant=PIXELS)
-        ring[slot].end_cpu_access(write=True)
+        write_frame(image, ring[slot], fmt)
         send_message(sock, slot, k, produced)
         sent += 1
         if k % PAGE_FRAMES == 0 and lines >= 0:
@@ -196,9 +211,9 @@ def produce(sock: socket.socket, size: tuple[int, int], frames: int, video: str 
     while recv_message(sock) is not None:  # slots still coming back: read them until the consumer closes
         pass
     fds_with_ring = len(open_fds())
-    del ring
+    del ring, received
     what = video or f"documents with {', '.join(map(str, lines_seen))} lines of text"
-    print(f"# camera: {sent} frames of {width}x{height} ({what}); open fds: {len(fds_at_start)} at start, "
+    print(f"# camera: {sent} {fmt} frames of {width}x{height} ({what}); open fds: {len(fds_at_start)} at start, "
           f"{fds_with_ring} holding the ring, {len(open_fds())} after releasing it", flush=True)
     sock.close()
 
@@ -239,15 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--video", metavar="FILE", help="frames from a video file instead of generated ones")
     parser.add_argument("--fps", type=float, default=0, help="the camera's frame rate (default: as fast as taken)")
     parser.add_argument("--backend", default="AUTO", choices=[t.name for t in RunnerType])
-    parser.add_argument("--hw-view", default="device", choices=["device", "npu"],
-                        help="'npu': the ring takes the NPU's view (FP16 NHWC / BF16 HCWNC4) on any device")
+    parser.add_argument("--format", default="BGR", choices=["BGR", "NV12"],
+                        help="the frames' format: BGR as OpenCV decodes them, or NV12 as video decoders do")
     parser.add_argument("--camera-socket", type=int, help=argparse.SUPPRESS)  # the camera process: its socket fd
     args = parser.parse_args(argv)
     size = args.size
     if args.camera_socket is not None:
         with socket.socket(fileno=args.camera_socket) as sock:
             try:
-                produce(sock, size, args.frames, args.video, args.fps)
+                produce(sock, size, args.frames, args.video, args.fps, args.format)
             except ConnectionError as e:
                 print(f"camera_pipeline.py: camera: the consumer went away ({e})", file=sys.stderr)
                 return 1
@@ -261,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     size = size or (640, 480)
     width, height = size
 
-    options = {"shapes": {INPUT: [1, 3, height, width]}, "output_tensor_type": "CPU",
-               "max_concurrent_runs": IN_FLIGHT, "hw_view": args.hw_view}
+    # uint8 frames in at the detector's size; the model sees (x - 127.5) / 127.5 of the BGR pixels, NCHW float
+    frames = {INPUT: {"format": args.format, "model_color": "BGR", "mean": 127.5, "std": 127.5, "resize": None,
+                      "frame_size": [height, width]}}
+    shapes = ({INPUT: [1, height, width, 3]} if args.format == "BGR" else
+              {f"{INPUT}/y": [1, height, width, 1], f"{INPUT}/uv": [1, height // 2, width // 2, 2]})
+    options = {"frames": frames, "shapes": shapes, "output_tensor_type": "CPU", "max_concurrent_runs": IN_FLIGHT}
     with RunnerFactory.create_runner(RunnerType[args.backend], zoo.path("ocr_det"), options) as runner:
         print(f"# det: {type(runner).__name__}, {runner.device_info.summary()}")
         fds_before = open_fds()  # after the engines' own (caches, telemetry), which stay open for the process
@@ -275,18 +294,16 @@ def main(argv: list[str] | None = None) -> int:
 def run_pipeline(runner: npurt.Runner, args: argparse.Namespace, size: tuple[int, int]) -> int:
     """Ring, camera process, double-buffered detection; everything it opens is closed when it returns."""
     width, height = size
-    in_info = runner.get_tensors_info(TensorDirection.INPUT)[0]
     # The output port takes its CPU view (option output_tensor_type "CPU"): the probabilities as the model gives them.
     out_info = runner.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
-    if -1 in out_info.shape:  # an engine that does not infer it from the pinned input (ONNX Runtime here)
-        out_info = out_info.replace(shape=(1, 1, height, width))  # the text probability of each pixel
-    ring = [runner.allocate_npu_tensor(in_info, MemoryType.DMA_FD) for _ in range(RING)]
+    ring = [allocate_frame(runner, args.format, size) for _ in range(RING)]
     results = [runner.allocate_npu_tensor(out_info) for _ in range(RING)]
-    print(f"# ring: {RING} x {in_info.describe()} in {ring[0].provider} memory ({ring[0].memory_type.name}); "
-          f"results {out_info.describe()}")
+    print(f"# ring: {RING} x {' + '.join(t.info.describe() for t in ring[0])} in {ring[0][0].provider} memory "
+          f"({ring[0][0].memory_type.name}); results {out_info.describe()}")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     command = [sys.executable, __file__, "--camera-socket", str(theirs.fileno()), "--size", f"{width}x{height}",
-               "--frames", str(args.frames), "--fps", str(args.fps), *(["--video", args.video] if args.video else [])]
+               "--frames", str(args.frames), "--fps", str(args.fps), "--format", args.format,
+               *(["--video", args.video] if args.video else [])]
     camera = subprocess.Popen(command, pass_fds=[theirs.fileno()])  # its only fd from us: the socket
     theirs.close()  # the camera has its own copy
     in_flight: deque[tuple[npurt.JobHandle, int, int, int]] = deque()  # job, slot, frame, produced
@@ -294,7 +311,7 @@ def run_pipeline(runner: npurt.Runner, args: argparse.Namespace, size: tuple[int
     expected, status = 0, 0
     first = last = 0
     try:
-        npurt.share.send_tensors(ours, ring)
+        npurt.share.send_tensors(ours, [t for planes in ring for t in planes])
         ended = False
         while not ended or in_flight:
             if in_flight:
@@ -319,7 +336,7 @@ def run_pipeline(runner: npurt.Runner, args: argparse.Namespace, size: tuple[int
             if frame != len(latencies) + len(in_flight):
                 raise RuntimeError(f"frame {frame} arrived, expected {len(latencies) + len(in_flight)}")
             first = first or now_ns()
-            job = runner.execute_async([[ring[slot]]], [[results[slot]]])
+            job = runner.execute_async([ring[slot]], [[results[slot]]])
             if job.status is not StatusCode.SUCCESS:
                 raise RuntimeError(f"execute_async: {job.status.name}: {runner.last_error}")
             in_flight.append((job, slot, frame, produced))
@@ -342,6 +359,21 @@ def run_pipeline(runner: npurt.Runner, args: argparse.Namespace, size: tuple[int
     print(f"# host copies by the runner: {stats['copies']} ({stats['bytes_copied']} bytes); "
           f"jobs {stats['jobs_completed']} completed, {stats['jobs_failed']} failed")
     return status if frames_done == expected else status or 1
+
+
+def allocate_frame(runner: npurt.Runner, fmt: str, size: tuple[int, int]) -> list[NpuTensor]:
+    """One slot of the ring in exportable runner memory: a BGR frame, or an NV12 frame as a decoder lays it out (one
+    buffer, the UV plane after the Y plane, rows padded to PITCH bytes) as its two planes' sub-tensors."""
+    ports = runner.get_tensors_info(TensorDirection.INPUT)
+    if fmt == "BGR":
+        return [runner.allocate_npu_tensor(ports[0], MemoryType.DMA_FD)]
+    width, height = size
+    pitch = -(-width // PITCH) * PITCH
+    buffer = runner.allocate_npu_tensor(NpuTensorInfo("nv12", DataType.UINT8, (pitch * height * 3 // 2,)),
+                                        MemoryType.DMA_FD)
+    y = ports[0].replace(strides=(pitch * height, pitch, 1, 1), size_in_bytes=pitch * height)
+    uv = ports[1].replace(strides=(pitch * height // 2, pitch, 2, 1), size_in_bytes=pitch * height // 2)
+    return [runner.allocate_sub_tensor(buffer, y, 0), runner.allocate_sub_tensor(buffer, uv, pitch * height)]
 
 
 def finish(runner: npurt.Runner, status: StatusCode, job: tuple[npurt.JobHandle, int, int, int],
