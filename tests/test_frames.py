@@ -1,9 +1,10 @@
 """Option ``frames``: uint8 camera / decoder frames straight into a model, the preprocessing compiled into the graph.
 
-Checked against the preprocessing written by hand (numpy + OpenCV, in float32, on the same frames), on both
-engines' CPU devices: BGR / RGB / GRAY / NV12 frames of odd sizes, linear and nearest resizes, a real model
-(PP-OCR's classifier), the frame ports the runner reports, bad specs, an NV12 frame whose planes have a row pitch
-(a decoder's buffer, zero-copy on OpenVINO) and, on Qualcomm's HTP emulator, where the preprocessing is placed.
+Checked against the documented steps written by hand (OpenCV's uint8 resize of the frame or of each NV12 plane,
+then colour and normalisation in float32, on the same frames), on both engines' CPU devices: BGR / RGB / GRAY /
+NV12 frames of odd sizes, linear and nearest resizes, a real model (PP-OCR's classifier), the frame ports the
+runner reports, bad specs, an NV12 frame whose planes have a row pitch (a decoder's buffer, zero-copy on
+OpenVINO) and, on Qualcomm's HTP emulator, where the preprocessing is placed and its FP16 numerics.
 """
 
 from __future__ import annotations
@@ -53,14 +54,6 @@ def nv12_rgb(y: np.ndarray, uv: np.ndarray) -> np.ndarray:
     return np.clip((full - NV12_OFFSETS) @ NV12_TO_RGB.T, 0, 255)
 
 
-def reference(rgb: np.ndarray, resize: str, hw=MODEL_HW, mean=MEAN, std=STD) -> np.ndarray:
-    """Hand-written preprocessing: resize in float32 (OpenCV), normalize, NCHW."""
-    interp = cv2.INTER_LINEAR if resize == "linear" else cv2.INTER_NEAREST
-    img = cv2.resize(rgb.astype(np.float32), (hw[1], hw[0]), interpolation=interp)
-    img = (img - np.array(mean, np.float32)) / np.array(std, np.float32)
-    return img.transpose(2, 0, 1)[None]
-
-
 def frame_feeds(fmt: str, bgr: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """A frame in ``fmt`` for input x, and the RGB image (float) the model should see before its resize."""
     if fmt == "BGR":
@@ -74,6 +67,27 @@ def frame_feeds(fmt: str, bgr: np.ndarray) -> tuple[dict[str, np.ndarray], np.nd
     return {"x/y": y[None, :, :, None], "x/uv": uv[None]}, nv12_rgb(y, uv)
 
 
+def resized_reference(fmt: str, feeds: dict[str, np.ndarray], resize: str, mean=MEAN, std=STD) -> np.ndarray:
+    """The documented steps by hand: the frame (NV12: each plane) resized in uint8 by OpenCV, then colour in float."""
+    interp = cv2.INTER_LINEAR if resize == "linear" else cv2.INTER_NEAREST
+    size = (MODEL_HW[1], MODEL_HW[0])
+    if fmt == "NV12":
+        y = cv2.resize(feeds["x/y"][0, :, :, 0], size, interpolation=interp)
+        uv = cv2.resize(feeds["x/uv"][0], size, interpolation=interp)
+        full = np.concatenate([y[..., None], uv], -1).astype(np.float32)
+        rgb = np.clip((full - NV12_OFFSETS) @ NV12_TO_RGB.T, 0, 255)
+    else:
+        img = cv2.resize(feeds["x"][0], size, interpolation=interp)
+        img = img[..., None] if img.ndim == 2 else img
+        rgb = {"BGR": img[..., ::-1], "RGB": img, "GRAY": np.repeat(img, 3, -1)}[fmt].astype(np.float32)
+    return ((rgb - np.array(mean, np.float32)) / np.array(std, np.float32)).transpose(2, 0, 1)[None]
+
+
+# in pixel levels: nearest picks the same pixels; a linear resize in uint8 rounds differently in OpenCV (fixed-point
+# weights) and in the engines, by a level at most, which NV12's matrix scales by up to 1.164 + 2.018
+TOLERANCE = {("linear", False): 1.01, ("linear", True): 3.25, ("nearest", False): 0.01, ("nearest", True): 0.01}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("resize", ["linear", "nearest"])
 @pytest.mark.parametrize("fmt", ["BGR", "RGB", "GRAY", "NV12"])
@@ -84,13 +98,12 @@ def test_frames_match_hand_written_preprocessing(identity, backend, resize, fmt)
         sizes = [(76, 102), (480, 640), MODEL_HW] if fmt == "NV12" else [(75, 101), (480, 640), MODEL_HW]
         for h, w in sizes:
             bgr = rng.integers(0, 256, (h, w, 3), np.uint8)
-            feeds, rgb = frame_feeds(fmt, bgr)
+            feeds, _ = frame_feeds(fmt, bgr)
             out = r.run(feeds)["y"]
-            ref = reference(rgb, resize)
+            ref = resized_reference(fmt, feeds, resize)
             assert out.shape == ref.shape == (1, 3, *MODEL_HW)
-            # in pixel units (x std): float32 rounding only; nearest picks the same pixels
             err = float((np.abs(out - ref) * np.array(STD, np.float32)[:, None, None]).max())
-            assert err <= 0.01, (backend, fmt, resize, (h, w), err)
+            assert err <= TOLERANCE[resize, fmt == "NV12"], (backend, fmt, resize, (h, w), err)
         assert r.stats["copies"] == 0
 
 
@@ -113,11 +126,13 @@ def test_frame_ports_are_reported(identity, backend):
     spec = {"format": "NV12", "model_size": list(MODEL_HW), "frame_size": [720, 1280]}
     with RunnerFactory.create_runner(backend, identity, {"device": "CPU", "frames": {"x": spec}}) as r:
         ports = r.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)
-        assert [(p.name, p.data_type, p.shape, p.memory_layout) for p in ports] == [
-            ("x/y", DataType.UINT8, (-1, 720, 1280, 1), MemoryLayout.NHWC),
-            ("x/uv", DataType.UINT8, (-1, 360, 640, 2), MemoryLayout.NHWC)]
+        # the batch: open, or 1 where the engine compiles each frame size (OpenVINO, where frames are resized)
+        assert ports[0].shape[0] in (-1, 1) and ports[0].shape[0] == ports[1].shape[0]
+        assert [(p.name, p.data_type, p.shape[1:], p.memory_layout) for p in ports] == [
+            ("x/y", DataType.UINT8, (720, 1280, 1), MemoryLayout.NHWC),
+            ("x/uv", DataType.UINT8, (360, 640, 2), MemoryLayout.NHWC)]
         out = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)
-        assert [(p.name, p.shape) for p in out] == [("y", (-1, 3, *MODEL_HW))]
+        assert [(p.name, p.shape) for p in out] == [("y", (ports[0].shape[0], 3, *MODEL_HW))]
         # a frame of another size than frame_size is an input error, not a crash
         with pytest.raises(ValueError, match="does not fit"):
             r.run({"x/y": np.zeros((1, 480, 640, 1), np.uint8), "x/uv": np.zeros((1, 240, 320, 2), np.uint8)})
@@ -137,10 +152,11 @@ def test_real_classifier_on_frames(backend):
         (name,) = [p.name for p in r.get_tensors_info(TensorDirection.OUTPUT)]
         for bgr in frames:
             got = r.run({"x": bgr[None]})[name]
-            x = (cv2.resize(bgr.astype(np.float32), (192, 48)) - 127.5) / 127.5
+            x = (cv2.resize(bgr, (192, 48)).astype(np.float32) - 127.5) / 127.5  # the app code it replaces
             want = plain.run({"x": x.transpose(2, 0, 1)[None]})[name]
             assert got.shape == want.shape == (1, 2)
-            assert np.abs(got - want).max() <= 1e-4 and got.argmax() == want.argmax()
+            # the engines' uint8 resize and OpenCV's round a pixel level apart at most
+            assert np.abs(got - want).max() <= 0.02 and got.argmax() == want.argmax()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -193,8 +209,8 @@ def test_nv12_planes_with_a_row_pitch(identity, backend):
                                       .replace(shape=(1, 3, *MODEL_HW)))
         copies = r.stats["copies"]
         assert r.execute([[y_t, uv_t]], [[out_t]]) == 0
-        ref = reference(nv12_rgb(y, uv), "linear", mean=[0], std=[1])
-        assert np.abs(out_t.numpy() - ref).max() <= 0.01
+        ref = resized_reference("NV12", {"x/y": y[None, :, :, None], "x/uv": uv[None]}, "linear", mean=[0], std=[1])
+        assert np.abs(out_t.numpy() - ref).max() <= TOLERANCE["linear", True]
         assert r.stats["copies"] - copies == (0 if backend == "OPENVINO" else 2)
 
 

@@ -2,12 +2,14 @@
 Runtime's backends (VAIML, QNN, ONNXRUNTIME with any EP).
 
 Each frame input's graph input is replaced by its frame ports (uint8 NHWC; NV12 as its two planes) and the model's
-uses of it read the preprocessed tensor instead: Cast to float; for NV12, the UV plane resized x2 (nearest, each
-sample over its 2x2 pixels; in NCHW, the only Resize an NPU compiler such as QNN's takes), concatenated with Y,
-centred and multiplied by BT.601's 3x3 matrix (the channel order folded into it), clipped to 0..255; GRAY repeated
-to three channels, or BGR/RGB reversed, where the model wants it; Transpose to NCHW; Resize to the model's size
-(linear with half-pixel centres, as OpenCV's INTER_LINEAR; nearest as INTER_NEAREST: asymmetric, floor);
-``x * (1 / std) - mean / std``; a Cast to the model's float type.
+uses of it read the preprocessed tensor instead. On the CPU and other dynamic-shape EPs, the frame is resized first,
+in uint8 NHWC, to the model's size (linear with half-pixel centres, as OpenCV's INTER_LINEAR of a uint8 frame;
+nearest as INTER_NEAREST: asymmetric, floor; for NV12 each plane, the UV plane's samples interpolated from half
+size), so only the model's pixels are converted. For an NPU compiler (which takes a float Resize, in NCHW): Cast to
+float first, the UV plane upsampled x2 (nearest, each sample over its 2x2 pixels), and the Resize after the
+colour steps, in float. Then, in that order: NV12's planes concatenated, centred and multiplied by BT.601's 3x3
+matrix (the channel order folded into it), clipped to 0..255; GRAY repeated to three channels, or BGR/RGB reversed,
+where the model wants it; Transpose to NCHW; ``x * (1 / std) - mean / std``; a Cast to the model's float type.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from .types import DataType
 SUFFIX = "__npurt_frame"
 
 
-def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput], cast_via_fp16: bool = False) -> onnx.ModelProto:
-    """A copy of ``model`` whose frame inputs take frames (the module's docstring). ``cast_via_fp16``: uint8 goes to
-    float through float16 (exact for 0..255), for an EP whose direct Cast is wrong (ExecutionProvider)."""
+def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput], uint8_resize: bool = True,
+            cast_via_fp16: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` whose frame inputs take frames (the module's docstring). ``uint8_resize``: the frame is
+    resized first, in uint8 (on the CPU: only the model's pixels are converted; an NPU compiler takes a float
+    Resize). ``cast_via_fp16``: uint8 goes to float through float16 (exact for 0..255), for an EP whose direct Cast
+    is wrong (ExecutionProvider)."""
     edited = converted_to_opset13(model) if opset(model) < MIN_OPSET_FOR_EDITS else model
     out = onnx.ModelProto()
     out.CopyFrom(edited)
@@ -42,7 +47,7 @@ def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput], cast_via_fp16:
         for offset, port in enumerate(frame.ports):
             dims = [d if d is not None else (f"{port.name}_{axis}") for d, axis in zip(port.shape, "NHWC")]
             graph.input.insert(position + offset, helper.make_tensor_value_info(port.name, TensorProto.UINT8, dims))
-        head += _Builder(graph, frame, cast_via_fp16).nodes(internal)
+        head += _Builder(graph, frame, uint8_resize, cast_via_fp16).nodes(internal)
     nodes = [*head, *graph.node]
     del graph.node[:]
     graph.node.extend(nodes)
@@ -52,8 +57,9 @@ def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput], cast_via_fp16:
 class _Builder:
     """The nodes of one frame input, named after it."""
 
-    def __init__(self, graph: onnx.GraphProto, frame: FrameInput, cast_via_fp16: bool) -> None:
-        self.graph, self.frame, self.cast_via_fp16 = graph, frame, cast_via_fp16
+    def __init__(self, graph: onnx.GraphProto, frame: FrameInput, uint8_resize: bool, cast_via_fp16: bool) -> None:
+        self.graph, self.frame = graph, frame
+        self.uint8_resize, self.cast_via_fp16 = uint8_resize, cast_via_fp16
         self.out: list[onnx.NodeProto] = []
         self.count = 0
 
@@ -73,35 +79,53 @@ class _Builder:
         self.out.append(helper.make_node(op, inputs, [name], name=name, **attrs))
         return name
 
+    def resize_modes(self) -> dict[str, str]:
+        if self.frame.spec.resize == "linear":  # OpenCV's INTER_LINEAR
+            return {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}
+        return {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+
+    def resized_nhwc(self, x: str) -> str:
+        """An NHWC tensor's H and W resized to the model's (its N and C as they are)."""
+        shape = self.node("Shape", [x])
+        sizes = self.node("Concat", [
+            self.node("Slice", [shape, self.const(np.array([0], np.int64)), self.const(np.array([1], np.int64))]),
+            self.const(np.array(self.frame.model_hw, np.int64)),
+            self.node("Slice", [shape, self.const(np.array([3], np.int64)), self.const(np.array([4], np.int64))])],
+            axis=0)
+        return self.node("Resize", [x, "", "", sizes], **self.resize_modes())
+
     def nodes(self, result: str) -> list[onnx.NodeProto]:
         frame, spec = self.frame, self.frame.spec
+        resizing = spec.resize is not None and frame.model_hw is not None
+        in_uint8 = resizing and self.uint8_resize  # resized before anything else, in uint8 NHWC (as OpenCV's)
         if spec.format == "NV12":
-            y = self.to_float(frame.ports[0].name)
-            uv = self.to_float(frame.ports[1].name)
-            # the UV plane upsampled in NCHW: NPU compilers resize spatial dims only (QNN refuses an NHWC Resize)
-            uv = self.node("Transpose", [uv], perm=[0, 3, 1, 2])
-            uv = self.node("Resize", [uv, "", self.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest",
-                           coordinate_transformation_mode="asymmetric", nearest_mode="floor")
-            uv = self.node("Transpose", [uv], perm=[0, 2, 3, 1])
+            y, uv = frame.ports[0].name, frame.ports[1].name
+            if in_uint8:  # each plane to the model's size: the UV plane's samples interpolated from half size
+                y, uv = self.to_float(self.resized_nhwc(y)), self.to_float(self.resized_nhwc(uv))
+            else:
+                y, uv = self.to_float(y), self.to_float(uv)
+                # the UV plane upsampled in NCHW: NPU compilers resize spatial dims only (QNN refuses NHWC)
+                uv = self.node("Transpose", [uv], perm=[0, 3, 1, 2])
+                uv = self.node("Resize", [uv, "", self.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest",
+                               coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+                uv = self.node("Transpose", [uv], perm=[0, 2, 3, 1])
             yuv = self.node("Sub", [self.node("Concat", [y, uv], axis=3), self.const(NV12_OFFSETS)])
             matrix = NV12_TO_RGB if spec.model_color == "RGB" else NV12_TO_RGB[::-1]
             x = self.node("MatMul", [yuv, self.const(np.ascontiguousarray(matrix.T))])
             x = self.node("Clip", [x, self.const(np.array(0, np.float32)), self.const(np.array(255, np.float32))])
         else:
-            x = self.to_float(frame.ports[0].name)
+            x = frame.ports[0].name
+            x = self.to_float(self.resized_nhwc(x) if in_uint8 else x)
             if spec.format == "GRAY" and frame.channels == 3:
                 x = self.node("Concat", [x, x, x], axis=3)
             elif swaps_channels(frame):
                 x = self.node("Gather", [x, self.const(np.array([2, 1, 0], np.int64))], axis=3)
         x = self.node("Transpose", [x], perm=[0, 3, 1, 2])
-        if spec.resize is not None and frame.model_hw is not None:
+        if resizing and not in_uint8:
             batch_and_channels = self.node("Slice", [self.node("Shape", [x]), self.const(np.array([0], np.int64)),
                                                      self.const(np.array([2], np.int64))])
             sizes = self.node("Concat", [batch_and_channels, self.const(np.array(frame.model_hw, np.int64))], axis=0)
-            modes = ({"mode": "linear", "coordinate_transformation_mode": "half_pixel"} if spec.resize == "linear"
-                     else {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
-                           "nearest_mode": "floor"})
-            x = self.node("Resize", [x, "", "", sizes], **modes)
+            x = self.node("Resize", [x, "", "", sizes], **self.resize_modes())
         scale, bias = normalization(frame)
         if not np.all(scale == 1):
             x = self.node("Mul", [x, self.const(scale.reshape(1, -1, 1, 1))])

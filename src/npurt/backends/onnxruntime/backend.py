@@ -145,7 +145,7 @@ class OrtBackend(Backend):
                 outs = [spec.with_shape(shape) for spec, shape in zip(outs, self._probe_shapes(
                     model, outs, {item.name: shape for item, shape in zip(plan, sizes)}))]
             via_fp16 = self.provider is not None and self.provider.casts_uint8_wrong
-            self._model = onnx_frames.prepend(model, fed, via_fp16)
+            self._model = onnx_frames.prepend(model, fed, uint8_resize=sel.attached != "NPU", cast_via_fp16=via_fp16)
         if self.npu_views:
             # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
             from ... import qdq
