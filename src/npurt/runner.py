@@ -55,13 +55,10 @@ from .variants import ShapeVariants, Variant
 
 
 class Runner:
-    """Loads a model on a device through a backend and runs it. Thread-safe: one runner is meant to be shared.
+    """Loads a model on a device through a backend and runs it (the module's docstring has the contract).
 
-    Made by ``RunnerFactory.create_runner`` (``Runner(backend_class, model_path, options)`` is the same without the
-    registry). Construction and queries raise (ValueError for bad arguments, NpuError for the engine, the device
-    and a closed runner); execution returns StatusCodes with the message in ``last_error``. A tensor in its port's
-    view reaches the engine without a host copy; every copy the runner makes is counted in ``stats``. Close it
-    (``close()``, or ``with``) to release the engines and threads.
+    Made by ``RunnerFactory.create_runner`` (``Runner(backend_class, model_path, options)`` without the registry).
+    Close it (``close()``, or ``with``) to release the engines and threads.
     """
 
     def __init__(self, backend: type[Backend], model_path: str | Path,
@@ -136,8 +133,7 @@ class Runner:
         return self.get_port(name).info(TensorType(tensor_type))
 
     def get_port(self, name: str) -> Port:
-        """Both views of a port and which one the engine consumes (ValueError for a name the model does not have,
-        NpuError once closed)."""
+        """Both views of a port and which the engine consumes (ValueError: no such name; NpuError once closed)."""
         self._require_open()
         return self._core.port(name)
 
@@ -151,21 +147,21 @@ class Runner:
         return len(self._core.input_names)
 
     def get_num_output_tensors(self) -> int:
-        """The outputs an app passes tensors for (a stream's carried state is not counted)."""
+        """The outputs an app passes tensors for (likewise)."""
         return len(self._core.output_names)
 
     def get_batch_size(self) -> int:
-        """The number of batch slots one execute takes (option batch_size)."""
+        """The batch slots one execute takes (option batch_size)."""
         return self.options.batch_size
 
     @property
     def input_specs(self) -> list[PortSpec]:
-        """The model's inputs as read, dynamic dims (None) included, state ports too (a new list)."""
+        """The model's inputs as read (frame ports in a frame input's place), open dims None, state ports too."""
         return list(self._core.in_specs)
 
     @property
     def output_specs(self) -> list[PortSpec]:
-        """The model's outputs as read, dynamic dims (None) included, state ports too (a new list)."""
+        """The model's outputs as read, open dims None, state ports too (a new list)."""
         return list(self._core.out_specs)
 
     @property
@@ -187,15 +183,14 @@ class Runner:
 
     @property
     def runner_type(self) -> str:
-        """The backend's name ("OPENVINO", "VAIML", or a registered backend's)."""
+        """The backend's name ("OPENVINO", "VAIML", "QNN", "ONNXRUNTIME", or a registered backend's)."""
         return self._backend.name
 
     def engine_for(self, shapes: Sequence[Sequence[int]] | None = None, compile: bool = False) -> Engine:
-        """The compiled engine that runs these input CPU shapes (default: the default shapes), for diagnostics
-        (``.compiled_model``, ``.session``...) and for a service that describes an engine to its clients.
-        ``compile``: compile it where none is yet (with ``shapes`` None: the engine of the model's own dims, open
-        ones included, on a device that compiles dynamic shapes). ValueError where none is compiled (and
-        ``compile`` is False) or the model cannot take the shapes; NpuError where the engine cannot compile them."""
+        """The compiled engine that runs these input CPU shapes (default: the default shapes), for diagnostics and
+        for a service. ``compile``: compile it where none is yet (``shapes`` None: the model's own dims, on a
+        dynamic-shape device). ValueError where none is compiled (and ``compile`` is False) or the model cannot
+        take the shapes; NpuError where the engine cannot compile them."""
         self._require_open()
         variants = self._core.variants
         signature = None if shapes is None else tuple(tuple(int(d) for d in s) for s in shapes)
@@ -205,9 +200,8 @@ class Runner:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Totals since the runner was made: ``copies`` / ``bytes_copied`` (every host-side copy of tensor data
-        the runner did), ``executes`` / ``execute_failures``, ``jobs_submitted`` / ``jobs_completed`` /
-        ``jobs_failed``, ``compiles``. A snapshot (a new dict)."""
+        """Totals since the runner was made (a new dict): ``copies`` / ``bytes_copied`` (every host copy of tensor
+        data it did), ``executes`` / ``execute_failures``, ``jobs_*`` (submitted, completed, failed), ``compiles``."""
         return self._core.stats.snapshot()
 
     @property
@@ -249,11 +243,11 @@ class Runner:
         """Run one batch synchronously: ``inputs[b][i]``, ``outputs[b][j]`` (batch slot b, tensors matched to
         ports by ``info.name``).
 
-        A tensor in its port's view reaches the engine without a copy; one in the other view is converted through
-        a staging tensor (one counted copy each way). An output whose shape only the run tells gets the data at
-        the start of its memory, and its ``result_info`` says the shape; INVALID_OUTPUT (with the shape needed in
-        ``last_error``) where the memory is too small. INVALID_INPUT / INVALID_OUTPUT for wrong tensors, the
-        engine's failures as RUNTIME_ERROR, UNSUPPORTED or OUT_OF_MEMORY, FAILURE once closed.
+        A tensor in its port's view reaches the engine without a copy; one in the other view goes through a staging
+        tensor (one counted copy each way). An output whose shape only the run tells gets the data at the start of
+        its memory, its ``result_info`` the shape (INVALID_OUTPUT, the shape needed in ``last_error``, where too
+        small). INVALID_INPUT / INVALID_OUTPUT for wrong tensors, the engine's failures as RUNTIME_ERROR,
+        UNSUPPORTED or OUT_OF_MEMORY, FAILURE once closed.
 
         ``stream`` (see ``open_stream``): the run takes its place in the stream's line, reads its state and leaves
         the next state there; on a model with state and no stream given, the default stream."""
@@ -282,10 +276,8 @@ class Runner:
         RESOURCE_UNAVAILABLE when ``max_concurrent_runs`` jobs are in flight (transient: wait for one and retry).
         The tensors must stay alive and unchanged until the job ends. ``callback(JobHandle)`` runs on one of the
         runner's threads when the job ends (option ``callback_order``), with the job's message in ``last_error``;
-        a job with a callback is released after its callback returns. A callback may submit jobs and wait for them
-        through npurt's own waits (``wait``, ``wait_any``, an InferQueue's), never by other means (a lock, an event
-        or a future of its own): its first submission runs next on the thread that runs the callback
-        (docs/throughput.md). ``stream``: the job runs in the stream's line, after the stream's earlier runs."""
+        it may submit jobs and wait for them through npurt's own waits only (docs/throughput.md). ``stream``: the
+        job runs in the stream's line, after the stream's earlier runs."""
         core = self._core
         try:
             core.check_open()
@@ -311,9 +303,8 @@ class Runner:
     def wait(self, job: JobHandle | int, timeout_ms: int | None = None) -> StatusCode:
         """Wait for a job (a JobHandle or its id): ``timeout_ms`` 0 polls, None waits for as long as it takes.
 
-        JOB_PENDING on timeout; INVALID_JOB_ID for a job that is unknown or already collected; INVALID_INPUT for a
-        negative or non-numeric timeout; otherwise the job's own status (and its message in ``last_error``). A
-        collected job is forgotten. Never raises."""
+        JOB_PENDING on timeout; INVALID_JOB_ID for a job unknown or already collected; INVALID_INPUT for a bad
+        timeout; otherwise the job's own status (its message in ``last_error``), and the job is forgotten."""
         core = self._core
         job_id = _job_id_of(job)
         if job_id is None:
@@ -327,10 +318,9 @@ class Runner:
     def wait_any(self, jobs: Sequence[JobHandle | int], timeout_ms: int | None = None) -> JobHandle:
         """Wait for whichever of ``jobs`` (JobHandles or ids) ends first and collect it, as ``wait`` does.
 
-        Returns ``JobHandle(status, job_id)`` of that job (its own status); ``JobHandle(JOB_PENDING, 0)`` when none
-        ends within ``timeout_ms``; ``JobHandle(INVALID_JOB_ID, id)`` for a job that is unknown or already
-        collected; ``JobHandle(INVALID_INPUT, 0)`` for a bad ``timeout_ms``. Where several have ended, the one that
-        ended first. Never raises."""
+        Returns ``JobHandle(status, job_id)`` of the first to end (its own status); ``JobHandle(JOB_PENDING, 0)``
+        on timeout; ``JobHandle(INVALID_JOB_ID, id)`` for a job unknown or already collected;
+        ``JobHandle(INVALID_INPUT, 0)`` for a bad ``timeout_ms``. Never raises."""
         core = self._core
         try:
             if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence):
