@@ -84,14 +84,16 @@ class _Builder:
             return {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}
         return {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
 
-    def resized_nhwc(self, x: str) -> str:
-        """An NHWC tensor's H and W resized to the model's (its N and C as they are)."""
+    def resized(self, x: str, nchw: bool) -> str:
+        """A tensor's H and W resized to the model's (its N and C as they are), in NHWC or NCHW."""
         shape = self.node("Shape", [x])
-        sizes = self.node("Concat", [
-            self.node("Slice", [shape, self.const(np.array([0], np.int64)), self.const(np.array([1], np.int64))]),
-            self.const(np.array(self.frame.model_hw, np.int64)),
-            self.node("Slice", [shape, self.const(np.array([3], np.int64)), self.const(np.array([4], np.int64))])],
-            axis=0)
+
+        def dims(start: int, end: int) -> str:
+            return self.node("Slice", [shape, self.const(np.array([start], np.int64)),
+                                       self.const(np.array([end], np.int64))])
+
+        hw = self.const(np.array(self.frame.model_hw, np.int64))
+        sizes = self.node("Concat", [dims(0, 2), hw] if nchw else [dims(0, 1), hw, dims(3, 4)], axis=0)
         return self.node("Resize", [x, "", "", sizes], **self.resize_modes())
 
     def nodes(self, result: str) -> list[onnx.NodeProto]:
@@ -101,7 +103,7 @@ class _Builder:
         if spec.format == "NV12":
             y, uv = frame.ports[0].name, frame.ports[1].name
             if in_uint8:  # each plane to the model's size: the UV plane's samples interpolated from half size
-                y, uv = self.to_float(self.resized_nhwc(y)), self.to_float(self.resized_nhwc(uv))
+                y, uv = self.to_float(self.resized(y, nchw=False)), self.to_float(self.resized(uv, nchw=False))
             else:
                 y, uv = self.to_float(y), self.to_float(uv)
                 # the UV plane upsampled in NCHW: NPU compilers resize spatial dims only (QNN refuses NHWC)
@@ -115,17 +117,14 @@ class _Builder:
             x = self.node("Clip", [x, self.const(np.array(0, np.float32)), self.const(np.array(255, np.float32))])
         else:
             x = frame.ports[0].name
-            x = self.to_float(self.resized_nhwc(x) if in_uint8 else x)
+            x = self.to_float(self.resized(x, nchw=False) if in_uint8 else x)
             if spec.format == "GRAY" and frame.channels == 3:
                 x = self.node("Concat", [x, x, x], axis=3)
             elif swaps_channels(frame):
                 x = self.node("Gather", [x, self.const(np.array([2, 1, 0], np.int64))], axis=3)
         x = self.node("Transpose", [x], perm=[0, 3, 1, 2])
         if resizing and not in_uint8:
-            batch_and_channels = self.node("Slice", [self.node("Shape", [x]), self.const(np.array([0], np.int64)),
-                                                     self.const(np.array([2], np.int64))])
-            sizes = self.node("Concat", [batch_and_channels, self.const(np.array(frame.model_hw, np.int64))], axis=0)
-            x = self.node("Resize", [x, "", "", sizes], **self.resize_modes())
+            x = self.resized(x, nchw=True)
         scale, bias = normalization(frame)
         if not np.all(scale == 1):
             x = self.node("Mul", [x, self.const(scale.reshape(1, -1, 1, 1))])
