@@ -1,16 +1,16 @@
 """An ONNX model's graph read without its weights, and the output shapes that graph decides from pinned inputs.
 
 ``onnx.load`` copies every weight into protobuf objects: for the few kilobytes of structure a shape question needs,
-a model's whole size in memory, which glibc seldom hands back. ``read_skeleton`` maps the file and hands protobuf the
-model's bytes with the large initializers of its main graph cut out (each is recorded as a ``Weight``: its name,
-element type, dims, and where its bytes lie in the file), so only the pages holding the structure are touched. Small
-initializers stay (shape arithmetic reads them: Reshape targets, Slice bounds); so do integer ones of any size.
+a model's whole size in memory, which glibc seldom hands back. ``read_skeleton`` maps the file and keeps the model's
+bytes with the large initializers (and weight-holding Constant nodes) of its main graph cut out; each is recorded as
+a ``Weight``: its name, element type, dims, and where its bytes lie in the file. Small initializers stay (shape
+arithmetic reads them: Reshape targets, Slice bounds); so do integer ones of any size. Nothing here imports the
+``onnx`` package on the way to a shape (its import alone costs more time and memory than a small model's load);
+``Skeleton.model`` parses the bytes with it for the callers that edit the graph.
 
-``output_shapes`` answers what a runner with pinned input shapes must report: ONNX's shape inference (with data
-propagation, over the weights declared as inputs of their dims) and, only where it leaves an output dim open, one
-ONNX Runtime session over the same weightless graph, never run (its constant folding resolves Shape chains that
-inference leaves open). Neither holds the weights. The same skeleton is what a derived graph (the decoder's static
-form) is built on.
+``output_shapes`` answers what a runner with pinned input shapes must report: ONNX Runtime's own inference over the
+weightless graph (the weights declared as inputs of their dims, the pinned inputs at their shapes), with only its
+constant folding on (it resolves Shape -> Reshape chains; nothing is run). The session holds no weights.
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-
-from .onnx_edit import graph_inputs, set_shape
 from .protowire import LEN, VARINT, field_tag, fields, varint
 
+if TYPE_CHECKING:
+    import onnx
+
 MIN_WEIGHT_BYTES = 1024  # initializers from this size up are weights: left out of the skeleton
-_KEPT_TYPES = frozenset((TensorProto.INT32, TensorProto.INT64))  # shape and index tensors: always kept
+_KEPT_TYPES = frozenset((6, 7))  # TensorProto INT32, INT64: shape and index tensors, always kept
 
 _MODEL_GRAPH = field_tag(7, LEN)
 _GRAPH_NODE = field_tag(1, LEN)
 _GRAPH_INITIALIZER = field_tag(5, LEN)
+_GRAPH_INPUT = field_tag(11, LEN)
+_VALUE_NAME = field_tag(1, LEN)
 _NODE_OUTPUT = field_tag(2, LEN)
 _NODE_OP_TYPE = field_tag(4, LEN)
 _NODE_ATTRIBUTE = field_tag(5, LEN)
@@ -74,31 +74,42 @@ class Weight:
 
 @dataclass
 class Skeleton:
-    """A model without its weights: ``model`` is the ModelProto with ``weights`` cut out of its main graph."""
+    """A model without its weights: ``data`` is the serialized ModelProto with ``weights`` cut out of its main
+    graph; ``graph`` is [start, end) of its main graph in ``data``."""
 
-    model: onnx.ModelProto
+    data: bytes
     weights: dict[str, Weight]
     path: Path
+    graph: tuple[int, int]
 
-    def weights_as_inputs(self, shapes: Mapping[str, Sequence[int | None]] | None = None) -> onnx.ModelProto:
-        """A copy whose left-out weights are graph inputs of their type and dims (what shape inference and a
-        session that is never run need of them), and whose inputs named in ``shapes`` have those shapes."""
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The weightless model as protobuf objects (imports onnx)."""
+        import onnx
+
         model = onnx.ModelProto()
-        model.CopyFrom(self.model)
-        declared = {v.name for v in model.graph.input}
-        for w in self.weights.values():
-            if w.name not in declared:
-                model.graph.input.append(helper.make_tensor_value_info(w.name, w.elem_type, list(w.dims)))
-        for value in graph_inputs(model.graph):
-            if shapes is not None and value.name in shapes:
-                set_shape(value, shapes[value.name])
+        model.ParseFromString(self.data)
         return model
+
+    def probe_model(self, pinned: Mapping[str, tuple[int, Sequence[int]]]) -> bytes:
+        """The weightless model with its weights declared as graph inputs of their type and dims and the inputs in
+        ``pinned`` ({name: (element type, shape)}) at those shapes: what a session that only tells shapes needs."""
+        buf = memoryview(self.data)
+        start, end = self.graph
+        cuts = [(_field_start(buf, a, b, _GRAPH_INPUT), b) for _, a, b in
+                fields(buf, start, end, 1, frozenset((_GRAPH_INPUT,))) if _value_name(buf, a, b) in pinned]
+        added = b"".join(_field(_GRAPH_INPUT, _value_info(name, elem, dims)) for name, (elem, dims) in pinned.items())
+        added += b"".join(_field(_GRAPH_INPUT, _value_info(w.name, w.elem_type, w.dims))
+                          for w in self.weights.values())
+        return _without(buf, [self.graph], cuts, added)
 
 
 def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIGHT_BYTES) -> Skeleton:
     """The model at ``path`` without the initializers of its main graph that hold ``min_weight_bytes`` or more
     (integer ones kept). Raises ValueError for a file that is not an ONNX model."""
     path = Path(path)
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path} is not an ONNX model: the file is empty")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
             memoryview(mapped) as buf:
         cuts: list[tuple[int, int]] = []  # [start, end) of each field removed, tag included
@@ -114,12 +125,15 @@ def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIG
                     weights[weight.name] = weight
                     cuts.append((_field_start(buf, a, b, tag), b))
         data = _without(buf, graphs, cuts)
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(data)
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError
-        raise ValueError(f"{path} is not an ONNX model: {e}") from None
-    return Skeleton(model, weights, path)
+    return skeleton_of_bytes(data, path, weights)
+
+
+def skeleton_of_bytes(data: bytes, path: Path, weights: dict[str, Weight] | None = None) -> Skeleton:
+    """A serialized model (weights in it, or cut out and listed in ``weights``) as a Skeleton."""
+    graphs = [(a, b) for _, a, b in fields(memoryview(data), 0, len(data), 0, frozenset((_MODEL_GRAPH,)))]
+    if len(graphs) != 1:
+        raise ValueError(f"{path}: an ONNX model has one graph field, this one has {len(graphs)}")
+    return Skeleton(data, weights or {}, path, graphs[0])
 
 
 def _constant_weight(buf: memoryview, start: int, end: int, path: Path, min_bytes: int) -> Weight | None:
@@ -200,9 +214,11 @@ def _varint_bytes(value: int) -> bytes:
             return bytes(out)
 
 
-def _without(buf: memoryview, graphs: list[tuple[int, int]], cuts: list[tuple[int, int]]) -> bytes:
-    """The model's bytes with ``cuts`` removed from its graph fields (each graph's length written anew)."""
-    if not cuts:
+def _without(buf: memoryview, graphs: list[tuple[int, int]], cuts: list[tuple[int, int]], added: bytes = b""
+             ) -> bytes:
+    """The model's bytes with ``cuts`` removed from its graph fields and ``added`` (encoded fields) appended to the
+    last graph (each graph's length written anew)."""
+    if not cuts and not added:
         return bytes(buf)
     out = bytearray()
     pos = 0
@@ -215,138 +231,55 @@ def _without(buf: memoryview, graphs: list[tuple[int, int]], cuts: list[tuple[in
             body += buf[at:a]
             at = b
         body += buf[at:end]
-        out += _varint_bytes(_MODEL_GRAPH) + _varint_bytes(len(body)) + body
+        if (start, end) == graphs[-1]:
+            body += added
+        out += _field(_MODEL_GRAPH, bytes(body))
         pos = end
     out += buf[pos:]
     return bytes(out)
 
 
-def output_shapes(skeleton: Skeleton, pinned: Mapping[str, Sequence[int | None]], probes: list[str] | None = None
+# ONNX Runtime's basic-level optimizers other than constant folding: nothing a shape needs, and most of the session's
+# cost over a large graph (names ONNX Runtime does not know are ignored)
+_NOT_FOLDING = ["ConstantSharing", "CommonSubexpressionElimination", "EliminateIdentity", "EliminateSlice",
+                "UnsqueezeElimination", "EliminateDropout", "ExpandElimination", "CastElimination", "DivMulFusion",
+                "FuseReluClip", "GemmTransposeFusion", "NotWhereFusion", "ConvAddFusion", "ConvBNFusion",
+                "ConvMulFusion", "MatMulAddFusion", "ReshapeFusion", "NoopElimination", "DoubleQDQPairsRemover",
+                "QDQPropagationTransformer", "EnsureUniqueDQForNodeUnit", "ConvActivationFusion", "PadFusion",
+                "SliceElimination", "IdenticalChildrenConsolidation", "ShapeInputMerge", "PreShapeNodeElimination"]
+
+
+def output_shapes(skeleton: Skeleton, pinned: Mapping[str, tuple[int, Sequence[int]]]
                   ) -> list[tuple[int | None, ...] | None]:
-    """Each graph output's dims for inputs pinned to ``pinned`` (None for a dim the run decides; None for an output
-    whose rank is not known), by shape inference, then one session over the weightless graph where inference
-    leaves a dim open (``probes`` gets a line for each such session made)."""
-    model = skeleton.weights_as_inputs(pinned)
-    _constants_as_initializers(model.graph)
-    for value in model.graph.output:  # inferred anew: the declared dims are the model's open ones
-        value.type.tensor_type.ClearField("shape")
-    try:
-        for _ in range(_FOLD_ROUNDS):
-            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-            if not _fold_shape_arithmetic(model, inferred):
-                break
-        shapes = [_dims(v) for v in inferred.graph.output]
-    except Exception:  # noqa: BLE001 - inference refuses some graphs the engine runs: the engine answers
-        shapes = [None] * len(model.graph.output)
-    if all(s is not None and None not in s for s in shapes):
-        return shapes
+    """Each graph output's dims for the inputs in ``pinned`` ({name: (element type, shape)}) at those shapes: None
+    for a dim only the data decides, None for an output whose rank is not known. Read from an ONNX Runtime session
+    over the weightless graph that is never run."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    # constant folding (the basic level) resolves Shape -> Reshape chains that inference alone leaves open
+    # constant folding (the basic level) resolves Shape -> Reshape chains that type inference alone leaves open
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    if probes is not None:
-        probes.append(f"a shape probe session for {skeleton.path.name}")
-    probed = [tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape) if arg.shape is not None
-              else None for arg in session.get_outputs()]
-    return [_better(s, p) for s, p in zip(shapes, probed)]
+    session = ort.InferenceSession(skeleton.probe_model(pinned), so, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=_NOT_FOLDING)
+    return [tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape) if arg.shape is not None
+            else None for arg in session.get_outputs()]
 
 
-_FOLD_ROUNDS = 8
-_MAX_FOLDED_ELEMENTS = 64  # shape arithmetic: a few ints (an input beyond this is data, not a shape)
-_FOLDABLE = frozenset(("Shape", "Cast", "Slice", "Concat", "Gather", "Unsqueeze", "Squeeze", "Add", "Sub", "Mul",
-                       "Div", "Identity", "Range", "ReduceProd", "Equal", "Where", "Expand", "Neg", "Max", "Min",
-                       "ConstantOfShape", "Floor", "Ceil", "Sqrt", "Reshape"))
+def _value_name(buf: memoryview, start: int, end: int) -> str:
+    for _, a, b in fields(buf, start, end, 2, frozenset((_VALUE_NAME,))):
+        return str(buf[a:b], "utf-8")
+    return ""
 
 
-def _fold_shape_arithmetic(model: onnx.ModelProto, inferred: onnx.ModelProto) -> bool:
-    """Shape arithmetic evaluated where its inputs are known (a Shape of a static tensor, small constants), its
-    results made initializers; ONNX's own data propagation skips many ops at older opsets. Returns whether any
-    node was folded."""
-    from onnx.reference import ReferenceEvaluator
-
-    graph = model.graph
-    static = {v.name: d for v in [*inferred.graph.value_info, *inferred.graph.input]
-              if (d := _dims(v)) is not None and None not in d}
-    known = {t.name: t for t in graph.initializer if _elements(t.dims) <= _MAX_FOLDED_ELEMENTS}
-    kept, folded = [], False
-    for node in graph.node:
-        value = None
-        if node.op_type in _FOLDABLE and node.domain in ("", "ai.onnx") and len(node.output) == 1:
-            if node.op_type == "Shape" and node.input[0] in static:
-                value = _run_alone(ReferenceEvaluator, model, node, {"x": np.array(static[node.input[0]])})
-            elif node.op_type != "Shape" and all(not i or i in known for i in node.input):
-                value = _run_alone(ReferenceEvaluator, model, node, None, known)
-        if value is not None and value.size <= _MAX_FOLDED_ELEMENTS:
-            known[node.output[0]] = numpy_helper.from_array(value, node.output[0])
-            graph.initializer.append(known[node.output[0]])
-            folded = True
-        else:
-            kept.append(node)
-    if folded:
-        del graph.node[:]
-        graph.node.extend(kept)
-    return folded
+def _field(tag: int, payload: bytes) -> bytes:
+    return _varint_bytes(tag) + _varint_bytes(len(payload)) + payload
 
 
-def _run_alone(evaluator: Any, model: onnx.ModelProto, node: onnx.NodeProto, shape_of: dict[str, np.ndarray] | None,
-               known: Mapping[str, TensorProto] | None = None) -> np.ndarray | None:
-    """One node evaluated on its own at the model's opsets (a Shape node on a zero tensor of the known shape)."""
-    try:
-        if shape_of is not None:
-            dims = [int(d) for d in shape_of["x"]]
-            alone = helper.make_node(node.op_type, ["x"], node.output, **{a.name: helper.get_attribute_value(a)
-                                                                           for a in node.attribute})
-            feeds = {"x": np.zeros(dims, np.uint8)}
-        else:
-            assert known is not None
-            alone = node
-            feeds = {i: numpy_helper.to_array(known[i]) for i in node.input if i}
-        graph = helper.make_graph([alone], "fold", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(
-            v.dtype), list(v.shape)) for n, v in feeds.items()], [helper.make_tensor_value_info(
-                alone.output[0], TensorProto.UNDEFINED, None)])
-        one = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
-        (out,) = evaluator(one).run(None, feeds)
-        return np.asarray(out)
-    except Exception:  # noqa: BLE001 - whatever cannot be evaluated here is left to the engine
-        return None
-
-
-def _elements(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
-
-
-def _constants_as_initializers(graph: onnx.GraphProto) -> None:
-    """Constant nodes' tensors as initializers: shape inference reads an initializer's values (a Reshape's target),
-    not a Constant node's."""
-    kept = []
-    for node in graph.node:
-        attrs = {a.name: a for a in node.attribute}
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and set(attrs) == {"value"}:
-            tensor = TensorProto()
-            tensor.CopyFrom(attrs["value"].t)
-            tensor.name = node.output[0]
-            graph.initializer.append(tensor)
-        else:
-            kept.append(node)
-    if len(kept) != len(graph.node):
-        del graph.node[:]
-        graph.node.extend(kept)
-
-
-def _dims(value: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
-    tt = value.type.tensor_type
-    if not tt.HasField("shape"):
-        return None
-    return tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim)
-
-
-def _better(a: tuple[int | None, ...] | None, b: tuple[int | None, ...] | None) -> tuple[int | None, ...] | None:
-    if a is None or b is None or len(a) != len(b):
-        return b if a is None else a
-    return tuple(x if x is not None else y for x, y in zip(a, b))
+def _value_info(name: str, elem_type: int, dims: Sequence[int]) -> bytes:
+    """A ValueInfoProto of a tensor: name (1), type (2) = TypeProto.tensor_type (1) = elem_type (1), shape (2) of
+    Dimension (1) dim_value (1)."""
+    shape = b"".join(_field(field_tag(1, LEN), _varint_bytes(field_tag(1, VARINT)) + _varint_bytes(int(d)))
+                     for d in dims)
+    tensor = _varint_bytes(field_tag(1, VARINT)) + _varint_bytes(elem_type) + _field(field_tag(2, LEN), shape)
+    return _field(field_tag(1, LEN), name.encode()) + _field(field_tag(2, LEN), _field(field_tag(1, LEN), tensor))

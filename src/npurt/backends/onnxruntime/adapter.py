@@ -8,8 +8,8 @@ per input-shape signature, as NPU compilers take them. Which EP each node went t
 (``placement``), never assumed: an EP that is registered yet runs nothing is reported.
 
 Output shapes: with inputs pinned (option ``shapes``), every output dim the graph decides from them is static, read
-from the graph without its weights (``onnx_graph``: shape inference, and a weightless session where inference leaves
-a dim open). The one session that runs on the CPU loads the file as it is.
+from the graph without its weights (``onnx_graph``: a session over the weightless graph with only constant folding
+on, never run). The session that runs on the CPU loads the file as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from ... import devices
 from ...engine import Backend, Engine, OpenedModel
-from ...ports import Port, PortFactory, PortSpec, Signature, onnx_port_specs
+from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Signature, onnx_port_specs
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
 from .engine import OrtEngine
 from .placement import ModelNodes, Placement
@@ -84,7 +84,6 @@ class OrtBackend(Backend):
         self._edited: bytes | None = None  # that graph serialized, where the device's own views run it as it is
         self._pinned_outputs: dict[Signature, list[tuple[int | None, ...]]] = {}
         self._skeleton: Any = None  # the model's graph without its weights, read where pinned shapes ask for it
-        self.shape_probes: list[str] = []  # the sessions made only to read output shapes (none where inference tells)
         self._placement = Placement()
         self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
@@ -146,6 +145,7 @@ class OrtBackend(Backend):
             # Frames go in through preprocessing nodes in front of the model: the graph is read and edited once.
             from ... import frames, onnx_frames
 
+            self._in_specs = ins
             plan = frames.frame_inputs(ins, self.options.frames)
             fed = [f for f in plan if isinstance(f, frames.FrameInput)]
             model = self._read_model()
@@ -168,7 +168,7 @@ class OrtBackend(Backend):
         elif self._model is not None:  # the device's own views over an edited graph: one session serves every shape
             self._edited = self._model.SerializeToString()
             self._graph_nodes = _nodes(self._model)
-        self._out_specs = outs
+        self._in_specs, self._out_specs = ins, outs
         info = DeviceInfo(requested=self.options.device, attached=sel.attached, engine="ONNX Runtime",
                           engine_version=ort.__version__, fell_back=sel.fell_back, reason=sel.reason,
                           skipped=sel.skipped, full_name=ep.describe() if self.on_ep else CPU_EP)
@@ -222,13 +222,13 @@ class OrtBackend(Backend):
             shapes = self._pinned_outputs[signature] = self._decided_shapes(self._out_specs, pinned)
         return shapes
 
-    def _decided_shapes(self, specs: list[PortSpec], pinned: Mapping[str, Sequence[int | None]]
+    def _decided_shapes(self, specs: list[PortSpec], pinned: Mapping[str, Sequence[int]]
                         ) -> list[tuple[int | None, ...]]:
         """Output dims for pinned inputs, over the edited graph where there is one, else the file's skeleton."""
         from ... import onnx_graph
 
         if self._model is not None:
-            skeleton = onnx_graph.Skeleton(self._model, {}, self.model_path)
+            skeleton = onnx_graph.skeleton_of_bytes(self._model.SerializeToString(), self.model_path)
         else:
             if self._skeleton is None:
                 try:
@@ -236,7 +236,8 @@ class OrtBackend(Backend):
                 except ValueError as e:
                     raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
             skeleton = self._skeleton
-        found = onnx_graph.output_shapes(skeleton, pinned, self.shape_probes)
+        types = {spec.name: DATA_TYPES_ONNX[spec.data_type] for spec in self._in_specs}
+        found = onnx_graph.output_shapes(skeleton, {name: (types[name], shape) for name, shape in pinned.items()})
         return [_decided(spec, shape) for spec, shape in zip(specs, found)]
 
     def _read_model(self) -> Any:
