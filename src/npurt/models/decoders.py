@@ -217,7 +217,6 @@ def build_model(shape: DecoderShape, seed: int = 0) -> onnx.ModelProto:
     g.const("const.i1", np.array(1, dtype=np.int64))
     g.const("const.ax0", np.array([0], dtype=np.int64))
     g.const("const.ax1", np.array([1], dtype=np.int64))
-    g.const("const.int64_max", np.array([np.iinfo(np.int64).max], dtype=np.int64))
     g.const("const.axes12", np.array([1, 2], dtype=np.int64))
 
     # lengths: S (new tokens), T (past + new)
@@ -229,6 +228,7 @@ def build_model(shape: DecoderShape, seed: int = 0) -> onnx.ModelProto:
     if shape.has_position_ids:
         positions = POSITION_IDS
     else:
+        g.const("const.int64_max", np.array([np.iinfo(np.int64).max], dtype=np.int64))
         csum = g.op("CumSum", [ATTENTION_MASK, "const.i1"], "positions/cumsum")
         pos_all = g.op("Max", [g.op("Sub", [csum, "const.i1"], "positions/minus_one"), "const.i0"],
                        "positions/clamped")
