@@ -21,9 +21,11 @@ import numpy as np
 
 from npurt.models.decoder_reference import (
     NEAR_TIE,
+    GenaiDecoder,
     Greedy,
+    OnnxRuntimeDecoder,
+    OpenVinoDecoder,
     agreeing_prefix,
-    genai_model,
     greedy_genai,
     greedy_onnxruntime,
     greedy_openvino,
@@ -44,8 +46,9 @@ from npurt.models.decoders import (
 from tests.helpers.missing import require_module
 
 __all__ = ["EOS_TOKEN_ID", "MODEL_FILE", "NEAR_TIE", "NEW_TOKENS", "PROMPT", "SHAPES", "TEST_SHAPES", "DecoderShape",
-           "Greedy", "agreeing_prefix", "assert_tokens_agree", "build_decoder", "decoder_folder", "genai_model",
-           "greedy_genai", "greedy_onnxruntime", "greedy_openvino", "numpy_logits", "require_genai", "top2_gap"]
+           "GenaiDecoder", "Greedy", "OnnxRuntimeDecoder", "OpenVinoDecoder", "agreeing_prefix", "assert_tokens_agree",
+           "build_decoder", "decoder_folder", "greedy_genai", "greedy_onnxruntime", "greedy_openvino", "numpy_logits",
+           "require_genai", "top2_gap"]
 
 PROMPT = [1, 17, 42, 99, 7, 300]  # ids below every test shape's vocabulary
 NEW_TOKENS = 64
