@@ -9,6 +9,7 @@ the genai_config's eos, the stateful OpenVINO IR and deterministic builds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -102,8 +103,10 @@ def test_layout_is_the_model_builders(root):
         for kv in ("key", "value"):
             node = producers[f"present.{i}.{kv}"]
             assert node.op_type == "Concat" and node.input[0] == f"past_key_values.{i}.{kv}"
+    assert sum(n.op_type == "Gather" and n.output[0].endswith("_repeat") for n in model.graph.node) == 2 * shape.layers
     nopos = onnx.load(str(decoder_folder(root, "nopos") / MODEL_FILE))
     assert "position_ids" not in {v.name for v in nopos.graph.input}
+    assert sum(n.op_type == "Expand" for n in nopos.graph.node) == 2 * SHAPES["nopos"].layers  # HF's repeat_kv
 
 
 @pytest.mark.parametrize("name", TEST_SHAPES)
@@ -135,7 +138,7 @@ def test_padding_mask_and_positions(root):
 def test_in_graph_positions_equal_given_ones(root):
     """nopos derives cumsum(attention_mask) - 1 in the graph: the same weights with position_ids given agree."""
     nopos = SHAPES["nopos"]
-    given = DecoderShape(**{**nopos.__dict__, "has_position_ids": True})
+    given = dataclasses.replace(nopos, has_position_ids=True)
     a = session(decoder_folder(root, "nopos") / MODEL_FILE)
     b = session(decoder_folder(root, given) / MODEL_FILE)
     fa = run(a, feeds_for(nopos, [PROMPT], [[1] * 6], None))
@@ -252,5 +255,8 @@ def test_bad_shapes():
         DecoderShape(layers=1, hidden=8, heads=3, kv_heads=2, head_dim=4, intermediate=8, vocab=16, context_length=8)
     with pytest.raises(ValueError, match="even"):
         DecoderShape(layers=1, hidden=8, heads=2, kv_heads=2, head_dim=3, intermediate=8, vocab=16, context_length=8)
+    with pytest.raises(ValueError, match="kv_repeat"):
+        DecoderShape(layers=1, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=8, vocab=16, context_length=8,
+                     kv_repeat="tile")
     with pytest.raises(ValueError, match="layers must be positive"):
         DecoderShape(layers=0, hidden=8, heads=2, kv_heads=2, head_dim=4, intermediate=8, vocab=16, context_length=8)
