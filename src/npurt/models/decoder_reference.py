@@ -1,10 +1,12 @@
 """Greedy generation by the engines used directly, on the decoders of `npurt.models.decoders`: what npurt's
 ``decoder`` option and ``npurt.Generator`` are checked against (tests) and timed against (benchmarks).
 
-- `greedy_onnxruntime`: plain ONNX Runtime (CPU provider) over the dynamic model, the KV cache growing by Concat:
-  the new tokens, the logits each was picked from, and each step's top-2 logit gap.
-- `greedy_openvino`: the same loop on OpenVINO's CPU plugin at ``INFERENCE_PRECISION_HINT`` f32.
-- `greedy_genai`: onnxruntime-genai's own greedy search over the model's folder (``genai_config.json``).
+- `OnnxRuntimeDecoder` / `greedy_onnxruntime`: plain ONNX Runtime (CPU provider) over the dynamic model, the KV
+  cache growing by Concat: the new tokens, the logits each was picked from, each step's top-2 logit gap, and when
+  each token was known.
+- `OpenVinoDecoder` / `greedy_openvino`: the same loop on OpenVINO's CPU plugin at ``INFERENCE_PRECISION_HINT`` f32.
+- `GenaiDecoder` / `greedy_genai`: onnxruntime-genai's own greedy search over the model's folder
+  (``genai_config.json``).
 - `agreeing_prefix`: how many leading tokens two engines must agree on: all, or those before the reference's first
   step whose top-2 gap is under a tolerance (engines at f32 differ by ~1e-5: a near-tie may pick either token).
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +42,26 @@ NEAR_TIE = 1e-3  # the top-2 logit gap under which a greedy step may pick either
 @dataclass
 class Greedy:
     """A greedy run: the new tokens, and per step the logits (float32 [vocab]) each was picked from and their top-2
-    gap (largest minus second largest)."""
+    gap (largest minus second largest; onnxruntime-genai's runs have neither); ``start`` and ``times``: the
+    ``time.perf_counter()`` when the run began and when each token was known."""
 
     tokens: list[int] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
+    start: float = 0.0
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def time_to_first_token_s(self) -> float:
+        """From the start of the run (the prompt given) to the first new token."""
+        return self.times[0] - self.start
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """The tokens after the first over the time after the first: the decode steps' rate (nan under 2 tokens)."""
+        if len(self.times) < 2 or self.times[-1] <= self.times[0]:
+            return float("nan")
+        return (len(self.times) - 1) / (self.times[-1] - self.times[0])
 
 
 def top2_gap(logits: np.ndarray) -> float:
@@ -82,7 +100,7 @@ def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], port
             prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None) -> Greedy:
     if not prompt_ids:
         raise ValueError("an empty prompt")
-    out = Greedy()
+    out = Greedy(start=time.perf_counter())
     past: dict[str, np.ndarray] = {}
     for i in range(ports.layers):
         for name in (PAST_KEY % i, PAST_VALUE % i):
@@ -96,6 +114,7 @@ def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], port
         results = step(feeds)
         logits = np.array(results[LOGITS][0, -1], dtype=np.float32)
         token = int(np.argmax(logits))
+        out.times.append(time.perf_counter())
         out.tokens.append(token)
         out.logits.append(logits)
         out.gaps.append(top2_gap(logits))
@@ -110,67 +129,98 @@ def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], port
     return out
 
 
+class OnnxRuntimeDecoder:
+    """Plain ONNX Runtime (CPU provider) over the dynamic model, one session for many runs: the prompt in one run,
+    then one token a run, each run's present fed back as the next run's past (numpy arrays, the KV growing)."""
+
+    def __init__(self, model_path: str | Path, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        if threads is not None:
+            so.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+        self.ports = _ports({i.name: i.shape for i in self.session.get_inputs()})
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.session.run(self.names, feeds)))
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                 eos_token_id: int | None = None) -> Greedy:
+        """Greedy tokens; stops after ``eos_token_id`` (kept)."""
+        return _greedy(self.step, self.ports, prompt_ids, max_new_tokens, eos_token_id)
+
+
+class OpenVinoDecoder:
+    """The same loop on OpenVINO's CPU plugin, computing in f32 (``INFERENCE_PRECISION_HINT``: its default on a
+    bf16-capable CPU is bf16, which changes tokens at near-ties); one compiled model and request for many runs."""
+
+    def __init__(self, model_path: str | Path, threads: int | None = None) -> None:
+        import openvino as ov
+
+        properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+        if threads is not None:
+            properties["INFERENCE_NUM_THREADS"] = threads
+        compiled = ov.Core().compile_model(str(model_path), "CPU", properties)
+        self.ports = _ports({p.any_name: [d.get_length() if d.is_static else -1 for d in p.get_partial_shape()]
+                             for p in compiled.inputs})
+        self.request = compiled.create_infer_request()
+        self.outputs = [(o, o.any_name) for o in compiled.outputs]
+
+    def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = self.request.infer(feeds)
+        return {name: np.array(results[port]) for port, name in self.outputs}
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                 eos_token_id: int | None = None) -> Greedy:
+        """Greedy tokens; stops after ``eos_token_id`` (kept)."""
+        return _greedy(self.step, self.ports, prompt_ids, max_new_tokens, eos_token_id)
+
+
+class GenaiDecoder:
+    """onnxruntime-genai's own greedy search over the decoder's folder (its genai_config.json: names, eos, context
+    length), one ``og.Model`` for many runs; ``threads``: the session's intra-op threads."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None) -> None:
+        self.og: Any = importlib.import_module("onnxruntime_genai")
+        if threads is None:
+            self.model = self.og.Model(str(folder))
+        else:
+            config = self.og.Config(str(folder))
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+            self.model = self.og.Model(config)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Greedy:
+        """The new tokens (up to the config's eos, which onnxruntime-genai drops, or ``max_new_tokens``), with the
+        time each was known (no logits)."""
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(prompt_ids) + max_new_tokens)
+        out = Greedy(start=time.perf_counter())
+        generator = self.og.Generator(self.model, params)
+        generator.append_tokens(np.asarray([prompt_ids], dtype=np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+            if generator.is_done() and len(generator.get_sequence(0)) == len(prompt_ids) + len(out.tokens):
+                break  # stopped at eos: no new token
+            out.times.append(time.perf_counter())
+            out.tokens.append(int(generator.get_next_tokens()[0]))
+        return out
+
+
 def greedy_onnxruntime(model_path: str | Path, prompt_ids: Sequence[int], max_new_tokens: int, *,
                        eos_token_id: int | None = None, threads: int | None = None) -> Greedy:
-    """Greedy generation by plain ONNX Runtime (CPU provider) over the dynamic model: the prompt in one run, then one
-    token a run, each run's present fed back as the next run's past. Stops after ``eos_token_id`` (kept)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if threads is not None:
-        so.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    ports = _ports({i.name: i.shape for i in session.get_inputs()})
-    names = [o.name for o in session.get_outputs()]
-
-    def step(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(names, session.run(names, feeds)))
-
-    return _greedy(step, ports, prompt_ids, max_new_tokens, eos_token_id)
+    """`OnnxRuntimeDecoder`'s greedy run, once."""
+    return OnnxRuntimeDecoder(model_path, threads).generate(prompt_ids, max_new_tokens, eos_token_id=eos_token_id)
 
 
 def greedy_openvino(model_path: str | Path, prompt_ids: Sequence[int], max_new_tokens: int, *,
                     eos_token_id: int | None = None, threads: int | None = None) -> Greedy:
-    """The same loop on OpenVINO's CPU plugin, computing in f32 (``INFERENCE_PRECISION_HINT``: its default on a
-    bf16-capable CPU is bf16, which changes tokens at near-ties)."""
-    import openvino as ov
-
-    properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
-    if threads is not None:
-        properties["INFERENCE_NUM_THREADS"] = threads
-    compiled = ov.Core().compile_model(str(model_path), "CPU", properties)
-    ports = _ports({p.any_name: [d.get_length() if d.is_static else -1 for d in p.get_partial_shape()]
-                    for p in compiled.inputs})
-    request = compiled.create_infer_request()
-    outputs = [(o, o.any_name) for o in compiled.outputs]
-
-    def step(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = request.infer(feeds)
-        return {name: np.array(results[port]) for port, name in outputs}
-
-    return _greedy(step, ports, prompt_ids, max_new_tokens, eos_token_id)
+    """`OpenVinoDecoder`'s greedy run, once."""
+    return OpenVinoDecoder(model_path, threads).generate(prompt_ids, max_new_tokens, eos_token_id=eos_token_id)
 
 
-def genai_model(folder: str | Path, threads: int | None = None) -> Any:
-    """onnxruntime-genai's ``og.Model`` over the decoder's folder (``threads``: the session's intra-op threads)."""
-    og: Any = importlib.import_module("onnxruntime_genai")
-    if threads is None:
-        return og.Model(str(folder))
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-    return og.Model(config)
-
-
-def greedy_genai(model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    """onnxruntime-genai's greedy search: the new tokens (up to its eos, which it keeps, or ``max_new_tokens``).
-    ``model``: a folder with genai_config.json, or an ``og.Model`` (`genai_model`)."""
-    og: Any = importlib.import_module("onnxruntime_genai")
-    if isinstance(model, (str, Path)):
-        model = genai_model(model)
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(prompt_ids) + max_new_tokens)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray([prompt_ids], dtype=np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    return [int(t) for t in generator.get_sequence(0)[len(prompt_ids):]]
+def greedy_genai(model: str | Path | GenaiDecoder, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """onnxruntime-genai's greedy tokens (`GenaiDecoder`; ``model``: one, or the decoder's folder)."""
+    decoder = model if isinstance(model, GenaiDecoder) else GenaiDecoder(model)
+    return decoder.generate(prompt_ids, max_new_tokens).tokens

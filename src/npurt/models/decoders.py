@@ -13,7 +13,8 @@ model builder and optimum's exports, so that onnxruntime-genai runs the folder a
   [batch_size, num_kv_heads, total_sequence_length, head_size], each the output of ``Concat(past, new, axis=2)``.
 - the network: a Gather embedding; per layer RMSNorm (Pow / ReduceMean / Add / Sqrt / Div / Mul), Q / K / V MatMuls,
   rotary embeddings (rotate-half) from cos / sin caches of ``context_length`` rows gathered by position, the KV heads
-  repeated for grouped-query attention by a Gather over the head axis, scores ``Q K^T / sqrt(head_dim)`` plus an
+  repeated for grouped-query attention by a Gather over the head axis (or, ``kv_repeat="expand"``, by Unsqueeze /
+  Expand / Reshape as Hugging Face's ``repeat_kv`` exports), scores ``Q K^T / sqrt(head_dim)`` plus an
   additive mask, Softmax, the output projection, a SwiGLU MLP; the final RMSNorm and the lm_head MatMul.
 - the mask is built in the graph from ``attention_mask`` (padding) and causality: key k is visible to query q iff
   ``attention_mask[k] == 1`` and ``k <= (total_sequence_length - sequence_length) + q``; a hidden key gets
@@ -73,6 +74,7 @@ class DecoderShape:
     vocab: int
     context_length: int
     has_position_ids: bool = True
+    kv_repeat: str = "gather"  # how KV heads are repeated for GQA: "gather" (one Gather) or "expand" (HF's repeat_kv)
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "context_length"):
@@ -80,6 +82,8 @@ class DecoderShape:
                 raise ValueError(f"DecoderShape.{name} must be positive, got {getattr(self, name)}")
         if self.heads % self.kv_heads:
             raise ValueError(f"DecoderShape: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.kv_repeat not in ("gather", "expand"):
+            raise ValueError(f"DecoderShape: kv_repeat must be 'gather' or 'expand', got {self.kv_repeat!r}")
         if self.head_dim % 2:
             raise ValueError(f"DecoderShape: head_dim ({self.head_dim}) must be even (rotary embeddings)")
         if self.vocab <= max(BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID):
@@ -100,7 +104,7 @@ SHAPES: dict[str, DecoderShape] = {
     "mha": DecoderShape(layers=3, hidden=96, heads=4, kv_heads=4, head_dim=24, intermediate=256, vocab=640,
                         context_length=256),
     "nopos": DecoderShape(layers=2, hidden=128, heads=8, kv_heads=2, head_dim=16, intermediate=352, vocab=1024,
-                          context_length=256, has_position_ids=False),
+                          context_length=256, has_position_ids=False, kv_repeat="expand"),
     "bench": DecoderShape(layers=4, hidden=512, heads=8, kv_heads=2, head_dim=64, intermediate=1280, vocab=8192,
                           context_length=1024),
 }
@@ -198,6 +202,15 @@ def _heads(g: _Graph, x: str, n: int, d: int, prefix: str) -> str:
     return g.op("Transpose", [r], f"{prefix}/transpose", perm=[0, 2, 1, 3])
 
 
+def _repeat_kv(g: _Graph, x: str, shape: DecoderShape, prefix: str) -> str:
+    """[B, kv_heads, T, D] -> [B, heads, T, D]: KV head j // n_rep serves query head j."""
+    if shape.kv_repeat == "gather":
+        return g.op("Gather", [x, "const.kv_repeat"], prefix, axis=1)
+    wide = g.op("Unsqueeze", [x, "const.ax2"], f"{prefix}/unsqueeze")  # [B, kv, 1, T, D]
+    expanded = g.op("Expand", [wide, "const.kv_expand"], f"{prefix}/expand")  # [B, kv, n_rep, T, D]
+    return g.op("Reshape", [expanded, "const.kv_merge"], prefix)
+
+
 def build_model(shape: DecoderShape, seed: int = 0) -> onnx.ModelProto:
     """The decoder as an ONNX model (weights inline), checked by onnx.checker."""
     w = make_weights(shape, seed)
@@ -217,7 +230,6 @@ def build_model(shape: DecoderShape, seed: int = 0) -> onnx.ModelProto:
     g.const("const.i1", np.array(1, dtype=np.int64))
     g.const("const.ax0", np.array([0], dtype=np.int64))
     g.const("const.ax1", np.array([1], dtype=np.int64))
-    g.const("const.int64_max", np.array([np.iinfo(np.int64).max], dtype=np.int64))
     g.const("const.axes12", np.array([1, 2], dtype=np.int64))
 
     # lengths: S (new tokens), T (past + new)
@@ -229,6 +241,7 @@ def build_model(shape: DecoderShape, seed: int = 0) -> onnx.ModelProto:
     if shape.has_position_ids:
         positions = POSITION_IDS
     else:
+        g.const("const.int64_max", np.array([np.iinfo(np.int64).max], dtype=np.int64))
         csum = g.op("CumSum", [ATTENTION_MASK, "const.i1"], "positions/cumsum")
         pos_all = g.op("Max", [g.op("Sub", [csum, "const.i1"], "positions/minus_one"), "const.i0"],
                        "positions/clamped")
@@ -251,8 +264,12 @@ def build_model(shape: DecoderShape, seed: int = 0) -> onnx.ModelProto:
     mask = g.op("Where", [visible, "const.zero_f", "const.mask_value"], "mask/additive")
 
     n_rep = shape.heads // shape.kv_heads
-    if n_rep > 1:
+    if n_rep > 1 and shape.kv_repeat == "gather":
         g.const("const.kv_repeat", np.repeat(np.arange(shape.kv_heads, dtype=np.int64), n_rep))
+    elif n_rep > 1:
+        g.const("const.ax2", np.array([2], dtype=np.int64))
+        g.const("const.kv_expand", np.array([1, 1, n_rep, 1, 1], dtype=np.int64))
+        g.const("const.kv_merge", np.array([0, shape.heads, -1, shape.head_dim], dtype=np.int64))
 
     x = g.op("Gather", ["model.embed_tokens.weight", INPUT_IDS], "embed/out", axis=0)
     inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch_size", "sequence_length"]),
@@ -282,8 +299,8 @@ def build_model(shape: DecoderShape, seed: int = 0) -> onnx.ModelProto:
         keys = g.op("Concat", [past_k, k], PRESENT_KEY % i, axis=2)  # the graph output itself
         values = g.op("Concat", [past_v, v], PRESENT_VALUE % i, axis=2)
         if n_rep > 1:
-            keys = g.op("Gather", [keys, "const.kv_repeat"], f"{n}/k_repeat", axis=1)
-            values = g.op("Gather", [values, "const.kv_repeat"], f"{n}/v_repeat", axis=1)
+            keys = _repeat_kv(g, keys, shape, f"{n}/k_repeat")
+            values = _repeat_kv(g, values, shape, f"{n}/v_repeat")
         kt = g.op("Transpose", [keys], f"{n}/k_transpose", perm=[0, 1, 3, 2])
         scores = g.op("Mul", [g.op("MatMul", [q, kt], f"{n}/qk"), "const.scale"], f"{n}/scaled")
         probs = g.op("Softmax", [g.op("Add", [scores, mask], f"{n}/masked")], f"{n}/probs", axis=-1)

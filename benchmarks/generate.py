@@ -1,0 +1,322 @@
+"""Generation: ``npurt.Generator`` against onnxruntime-genai and OpenVINO GenAI's LLMPipeline on the same decoder.
+
+The decoders are `npurt.models.decoders`' (random weights, seed 0): the test shapes (a step is a fraction of a
+millisecond: the ratios show the per-token Python) and ``bench`` (hidden 512, 4 layers, vocabulary 8192, about 75 MB
+of weights: compute dominates). Each run: a prompt of ``--prompt-tokens`` random ids, then 64 new tokens, greedy
+(fewer where the model's eos comes first: every side stops there). The sides, all on the CPU:
+
+- npurt: ``npurt.Generator(runner).generate(prompt, 64, eos_token_id=...)`` over
+  ``RunnerFactory.create_runner(RunnerType.ONNXRUNTIME | RunnerType.OPENVINO, model.onnx, {"decoder": {"max_length":
+  L, "prefill_chunk": C}})``; its figures are the Generator's own ``stats`` ("time_to_first_token_s",
+  "decode_tokens_per_s", "prefill_chunks", "copies"), one Generator per run.
+- onnxruntime-genai: ``og.Model(folder)`` (genai_config.json), ``append_tokens`` then ``generate_next_token`` until
+  done (`npurt.models.decoder_reference.GenaiDecoder`): the raw side of npurt's ONNXRUNTIME backend.
+- OpenVINO GenAI: ``LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32")`` on the stateful IR of the same
+  weights (`npurt.models.decoders.build_openvino_stateful`), ``generate(ov.Tensor(ids), config, streamer)``: the
+  raw side of npurt's OPENVINO backend. openvino-genai pins OpenVINO's minor version, so it runs in a venv of its
+  own, never the project's (``--ovgenai-python``, or ``$NPURT_OVGENAI_PYTHON``; e.g. ``python3 -m venv
+  ~/ovgenai-venv && ~/ovgenai-venv/bin/pip install openvino-genai``), a worker process that times itself.
+- For scale, not targets: the plain Python loops of ONNX Runtime and of OpenVINO at f32 over the dynamic model
+  (numpy KV arrays growing by Concat, `npurt.models.decoder_reference`).
+
+Every raw side times itself alike: time to first token from the call that takes the prompt to the first new token;
+decode tokens/s as the tokens after the first over the time after the first. Each side runs once to warm up (its
+tokens checked against the plain ONNX Runtime loop's, up to any step whose top-2 logit gap is under 1e-3), then
+``--runs`` rounds, alternating, the order turned each round; figures are medians, ratios the median of the rounds'
+ratios (time to first token: raw / npurt; decode: npurt / raw, so above 1 is npurt faster). Engine threads are
+each engine's default unless ``--threads`` is given (then every side gets that many).
+
+Targets (issue 36): time to first token and decode tokens/s against onnxruntime-genai (ONNXRUNTIME) and against
+OpenVINO GenAI (OPENVINO): >= 1.0x on the bench model, >= 0.9x on the test shapes; host copies per decode step
+(stats["copies"] over the decode steps): none beyond the token in and the logits out. ``--raw-only`` measures the
+raw sides alone (no npurt rows, no targets).
+
+    python -m benchmarks.generate [--quick] [--json] [--raw-only] [--shapes gqa,bench] [--runs N]
+                                  [--prompt-tokens N] [--prefill-chunk N] [--threads N] [--ovgenai-python PATH]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npurt.bench import BenchError, Report, Table, Target
+from npurt.models.decoder_reference import (
+    GenaiDecoder,
+    Greedy,
+    OnnxRuntimeDecoder,
+    OpenVinoDecoder,
+    agreeing_prefix,
+)
+from npurt.models.decoders import EOS_TOKEN_ID, build_decoder, build_openvino_stateful, shape_of
+
+from . import finish, parser
+
+NEW_TOKENS = 64
+TARGET_BENCH = 1.0  # the bench model: compute dominates
+TARGET_SMALL = 0.9  # the test shapes: the per-token Python shows
+OV_FOLDER = "openvino"  # the stateful IR's folder inside the model's
+
+
+@dataclass
+class Run:
+    """One side's run: its tokens and figures (npurt's from its stats)."""
+
+    tokens: list[int]
+    ttft_s: float
+    decode_tps: float
+    copies: float | None = None
+    prefill_chunks: int | None = None
+
+
+@dataclass
+class Side:
+    label: str
+    run: Callable[[], Run]
+    raw_of: str | None = None  # npurt sides: the label of the raw side they are held against
+    runs: list[Run] = field(default_factory=list)
+    close: Callable[[], None] | None = None
+
+
+def from_greedy(g: Greedy) -> Run:
+    return Run(g.tokens, g.time_to_first_token_s, g.decode_tokens_per_s)
+
+
+# ---------------------------------------------------------------------------------------------------- OpenVINO GenAI
+OVGENAI_WORKER = """
+import json, sys, time
+import numpy as np, openvino as ov, openvino_genai as ovg
+folder, threads = sys.argv[1], int(sys.argv[2])
+props = {"INFERENCE_PRECISION_HINT": "f32"}
+if threads > 0:
+    props["INFERENCE_NUM_THREADS"] = threads
+pipe = ovg.LLMPipeline(folder, "CPU", **props)
+
+class Clock(ovg.StreamerBase):
+    def __init__(self):
+        super().__init__()
+        self.times = []
+    def write(self, token):
+        now = time.perf_counter()
+        self.times.extend([now] * (len(token) if isinstance(token, list) else 1))
+        return ovg.StreamingStatus.RUNNING
+    def end(self):
+        pass
+
+print(json.dumps({"ready": ovg.__version__}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    config = ovg.GenerationConfig()
+    config.max_new_tokens = req["max_new_tokens"]
+    config.do_sample = False
+    config.eos_token_id = req["eos_token_id"]
+    ids = ov.Tensor(np.asarray([req["prompt"]], dtype=np.int64))
+    clock = Clock()
+    start = time.perf_counter()
+    result = pipe.generate(ids, config, clock)
+    tokens = [int(t) for t in result.tokens[0]]
+    print(json.dumps({"tokens": tokens, "times": [t - start for t in clock.times]}), flush=True)
+"""
+
+
+class OvGenaiWorker:
+    """OpenVINO GenAI's LLMPipeline in a process of its own venv, one generate per request line."""
+
+    def __init__(self, python: str, folder: Path, threads: int | None, log: Path) -> None:
+        script = folder / "ovgenai_worker.py"
+        script.write_text(OVGENAI_WORKER)
+        self.log = open(log, "wb")  # noqa: SIM115 - closed in close()
+        self.process = subprocess.Popen([python, str(script), str(folder), str(threads or 0)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True)
+        ready = self._reply(log)
+        self.version = str(ready["ready"])
+
+    def _reply(self, log: Path) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.log.flush()
+            raise BenchError(f"OpenVINO GenAI's worker ended: {log.read_text()[-2000:]}")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int) -> Run:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"prompt": list(prompt), "max_new_tokens": max_new_tokens,
+                                             "eos_token_id": eos_token_id}) + "\n")
+        self.process.stdin.flush()
+        reply = self._reply(Path(self.log.name))
+        times = reply["times"]
+        tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
+        return Run(reply["tokens"], times[0], tps)
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+# ------------------------------------------------------------------------------------------------------------- npurt
+def npurt_side(backend: str, model: Path, prompt: Sequence[int], options: dict[str, Any]) -> Side:
+    """npurt.Generator over a runner with option decoder (issue 36's API)."""
+    import npurt
+    from npurt import RunnerFactory, RunnerType
+
+    runner = RunnerFactory.create_runner(getattr(RunnerType, backend), str(model), options)
+
+    def run() -> Run:
+        gen = npurt.Generator(runner)
+        tokens = gen.generate(list(prompt), NEW_TOKENS, eos_token_id=EOS_TOKEN_ID)
+        stats = gen.stats
+        decode_steps = max(int(len(tokens)) - 1, 1)
+        return Run([int(t) for t in tokens], float(stats["time_to_first_token_s"]),
+                   float(stats["decode_tokens_per_s"]), float(stats["copies"]) / decode_steps,
+                   int(stats["prefill_chunks"]))
+
+    return Side(f"npurt {backend}", run, raw_of="onnxruntime-genai" if backend == "ONNXRUNTIME" else "OpenVINO GenAI",
+                close=runner.close)
+
+
+def npurt_available() -> bool:
+    import npurt
+
+    return hasattr(npurt, "Generator")
+
+
+# -------------------------------------------------------------------------------------------------------- one model
+def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table) -> None:
+    shape = shape_of(name)
+    folder = tmp / name
+    model = build_decoder(folder, shape, 0)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, shape.vocab, args.prompt_tokens)]
+    max_length = args.prompt_tokens + NEW_TOKENS
+    if max_length > shape.context_length:
+        raise BenchError(f"{name}: prompt and new tokens ({max_length}) past the context length "
+                         f"{shape.context_length}")
+    threads = args.threads
+    sides: list[Side] = []
+    ort_loop = OnnxRuntimeDecoder(model, threads)
+    reference = ort_loop.generate(prompt, NEW_TOKENS, eos_token_id=EOS_TOKEN_ID)
+    sides.append(Side("ONNX Runtime, Python loop", lambda: from_greedy(
+        ort_loop.generate(prompt, NEW_TOKENS, eos_token_id=EOS_TOKEN_ID))))
+    ov_loop = OpenVinoDecoder(model, threads)
+    sides.append(Side("OpenVINO f32, Python loop", lambda: from_greedy(
+        ov_loop.generate(prompt, NEW_TOKENS, eos_token_id=EOS_TOKEN_ID))))
+    try:
+        genai = GenaiDecoder(folder, threads)
+        sides.append(Side("onnxruntime-genai", lambda: from_greedy(genai.generate(prompt, NEW_TOKENS))))
+    except ImportError:
+        report.notes.append("onnxruntime-genai is not installed (pip install 'npurt[test]'): its rows are left out")
+    if args.ovgenai_python:
+        build_openvino_stateful(folder / OV_FOLDER, shape, 0)
+        worker = OvGenaiWorker(args.ovgenai_python, folder / OV_FOLDER, threads, tmp / f"ovgenai_{name}.log")
+        sides.append(Side("OpenVINO GenAI", lambda: worker.generate(prompt, NEW_TOKENS, EOS_TOKEN_ID),
+                          close=worker.close))
+        if f"OpenVINO GenAI {worker.version}" not in report.notes[0]:
+            report.notes[0] += f"; OpenVINO GenAI {worker.version}"
+    if not args.raw_only:
+        options: dict[str, Any] = {"decoder": {"max_length": max_length, "prefill_chunk": args.prefill_chunk}}
+        if threads is not None:
+            options["num_threads"] = threads
+        for backend in ("ONNXRUNTIME", "OPENVINO"):
+            sides.append(npurt_side(backend, model, prompt, options))
+    try:
+        expected = [t for t in reference.tokens if t != EOS_TOKEN_ID]
+        n = min(agreeing_prefix(reference), len(expected))
+        for side in sides:  # warm-up, and the tokens checked
+            tokens = [t for t in side.run().tokens if t != EOS_TOKEN_ID]
+            if tokens[:n] != expected[:n] or (n == len(expected) and len(tokens) != n):
+                report.problems.append(f"{name}: {side.label}'s tokens differ from plain ONNX Runtime's (first "
+                                       f"{n} compared): {tokens[:n]} against {expected[:n]}")
+        for r in range(args.runs):  # alternating, the order turned each round
+            k = r % len(sides)
+            for side in sides[k:] + sides[:k]:
+                side.runs.append(side.run())
+    finally:
+        for side in sides:
+            if side.close is not None:
+                side.close()
+    by_label = {side.label: side for side in sides}
+    limit = TARGET_BENCH if name == "bench" else TARGET_SMALL
+    for side in sides:
+        ttft = float(np.median([r.ttft_s for r in side.runs])) * 1e3
+        tps = float(np.median([r.decode_tps for r in side.runs]))
+        raw = by_label.get(side.raw_of) if side.raw_of else None
+        ttft_ratio = tps_ratio = None
+        if raw is not None:
+            ttft_ratio = float(np.median([b.ttft_s / a.ttft_s for a, b in zip(side.runs, raw.runs)]))
+            tps_ratio = float(np.median([a.decode_tps / b.decode_tps for a, b in zip(side.runs, raw.runs)]))
+            report.targets += [
+                Target(f"{name}: time to first token, {raw.label} / {side.label}", ttft_ratio, limit,
+                       at_most=False, unit="x"),
+                Target(f"{name}: decode tokens/s, {side.label} / {raw.label}", tps_ratio, limit, at_most=False,
+                       unit="x")]
+        elif side.raw_of:
+            report.notes.append(f"{name}: {side.label} has no {side.raw_of} rows to be held against")
+        copies = side.runs[-1].copies
+        if copies is not None:
+            report.targets.append(Target(f"{name}: {side.label} host copies per decode step (stats['copies'])",
+                                         copies, 0, unit=""))
+        table.add(name, side.label, ttft, tps, ttft_ratio, tps_ratio, len(side.runs[-1].tokens),
+                  side.runs[-1].prefill_chunks, copies)
+
+
+def main() -> int:
+    p = parser(__doc__)
+    p.add_argument("--raw-only", action="store_true", help="the raw sides alone (no npurt rows, no targets)")
+    p.add_argument("--shapes", default=None, help="comma-separated presets (default gqa,mha,nopos,bench; --quick: "
+                                                  "gqa,bench)")
+    p.add_argument("--runs", type=int, default=None, help="alternating rounds after the warm-up (default 9; "
+                                                          "--quick: 5)")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--prefill-chunk", type=int, default=32, help="npurt's option decoder.prefill_chunk")
+    p.add_argument("--threads", type=int, default=None, help="engine threads for every side (default: each "
+                                                             "engine's own)")
+    p.add_argument("--ovgenai-python", default=os.environ.get("NPURT_OVGENAI_PYTHON"),
+                   help="the python of a venv with openvino-genai (default: $NPURT_OVGENAI_PYTHON)")
+    args = p.parse_args()
+    shapes = (args.shapes or ("gqa,bench" if args.quick else "gqa,mha,nopos,bench")).split(",")
+    args.runs = args.runs or (5 if args.quick else 9)
+    import onnxruntime as ort
+    import openvino as ov
+
+    report = Report(f"Generation, {NEW_TOKENS} new tokens after {args.prompt_tokens} (CPU: {os.cpu_count()} cores, "
+                    f"load average {os.getloadavg()[0]:.1f} at the start)")
+    report.notes.append(f"engines: ONNX Runtime {ort.__version__}, OpenVINO {ov.__version__}")
+    if not args.ovgenai_python:
+        report.notes.append("OpenVINO GenAI: no --ovgenai-python (or $NPURT_OVGENAI_PYTHON): its rows and the "
+                            "OPENVINO targets are left out")
+    if not args.raw_only and not npurt_available():
+        report.notes.append("npurt.Generator does not exist yet: npurt's rows are left out (as --raw-only)")
+        args.raw_only = True
+    report.notes.append(f"threads: {args.threads or 'each engine its own default'}; medians of {args.runs} "
+                        "alternating rounds after a warm-up; ratios: above 1 is npurt faster")
+    table = Table(["model", "side", "first token ms", "decode tokens/s", "first token: raw / npurt",
+                   "decode: npurt / raw", "tokens", "prefill chunks", "copies / step"],
+                  formats=["", "", "{:.2f}", "{:.0f}", "{:.2f}x", "{:.2f}x", "", "", "{:.1f}"])
+    report.tables.append(table)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in shapes:
+            measure_shape(report, name, args, Path(tmp), table)
+    report.notes.append(f"took {time.perf_counter() - t0:.0f} s")
+    return finish(report, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
