@@ -245,8 +245,9 @@ def parse_http(body: bytes, header_length: str | None, limits: OipLimits) -> Inf
     offset = json_size
     elements = 0
     for k, item in enumerate(inputs):
-        tensor, offset = _http_input(k, item, view, offset)
-        elements = _count_elements(elements, tensor.shape, limits)
+        tensor, parameters = _http_input(k, item)
+        elements = _count_elements(elements, tensor.shape, limits)  # before its data is decoded
+        offset = _http_data(tensor, item, parameters, view, offset)
         request.inputs.append(tensor)
     if offset != len(body):
         raise bad(f"the body has {len(body) - offset} bytes after the tensors its header declares")
@@ -306,9 +307,8 @@ def _count_tensors(n: int, limits: OipLimits) -> None:
                             "(--max-tensors)")
 
 
-def _http_input(k: int, item: Any, body: memoryview, offset: int) -> tuple[InputTensor, int]:
-    """Input ``k`` of the JSON, its data from the JSON, the binary part at ``offset`` or shared memory; the offset
-    of the next binary part."""
+def _http_input(k: int, item: Any) -> tuple[InputTensor, dict[str, Any]]:
+    """Input ``k`` of the JSON: its name, datatype, shape and shared memory reference; its parameters."""
     what = f"input {k}"
     if not isinstance(item, dict):
         raise bad(f"{what} is not an object")
@@ -316,30 +316,36 @@ def _http_input(k: int, item: Any, body: memoryview, offset: int) -> tuple[Input
     if not isinstance(name, str) or not name:
         raise bad(f"{what}: 'name' is missing or not a string")
     what = f"input {name!r}"
-    data_type = _data_type(item.get("datatype"), what)
-    shape = _shape(item.get("shape"), what)
-    tensor = InputTensor(name, data_type, shape)
-    p = _parameters(item.get("parameters"), what)
-    tensor.shm = _shm_ref(p, what)
-    size = p.get("binary_data_size")
+    tensor = InputTensor(name, _data_type(item.get("datatype"), what), _shape(item.get("shape"), what))
+    parameters = _parameters(item.get("parameters"), what)
+    tensor.shm = _shm_ref(parameters, what)
+    return tensor, parameters
+
+
+def _http_data(tensor: InputTensor, item: dict[str, Any], parameters: dict[str, Any], body: memoryview,
+               offset: int) -> int:
+    """The input's data: from the JSON, the binary part at ``offset`` or shared memory (then none here); the offset
+    of the next binary part."""
+    what = f"input {tensor.name!r}"
+    size = parameters.get("binary_data_size")
     if tensor.shm is not None:
         if size is not None or "data" in item:
             raise bad(f"{what}: data given both in shared memory and in the request")
     elif size is not None:
         size = _int(size, f"{what}: binary_data_size")
         if size != tensor.nbytes:
-            raise bad(f"{what}: binary_data_size {size}, shape {list(shape)} of {datatype_name(data_type)} "
-                      f"needs {tensor.nbytes} bytes")
+            raise bad(f"{what}: binary_data_size {size}, shape {list(tensor.shape)} of "
+                      f"{datatype_name(tensor.data_type)} needs {tensor.nbytes} bytes")
         if offset + size > len(body):
             raise bad(f"{what}: the binary data is truncated: {size} bytes declared, {len(body) - offset} left "
                       "in the body")
-        tensor.array = array_over(body, offset, data_type, shape)
+        tensor.array = array_over(body, offset, tensor.data_type, tensor.shape)
         offset += size
     elif "data" in item:
-        tensor.array = _array_from_json(item["data"], data_type, shape, what)
+        tensor.array = _array_from_json(item["data"], tensor.data_type, tensor.shape, what)
     else:
         raise bad(f"{what}: no data (neither 'data', binary_data_size nor shared memory)")
-    return tensor, offset
+    return offset
 
 
 def _http_output(k: int, item: Any) -> RequestedOutput:

@@ -12,8 +12,6 @@ hand-off), else through the model's queue. Message and metadata sizes are grpcio
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from concurrent import futures
 from typing import Any
 
@@ -22,6 +20,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc  #
 
 from .codec import InferRequest, OipError, OutputTensor, fill_grpc_response, parse_grpc
 from .inference import InferenceFront, bearer_ok
+from .logs import RateLimited
 from .shm import cuda_register_refused, cuda_status, cuda_unregister
 
 log = logging.getLogger("npurt.serve")
@@ -31,27 +30,17 @@ _CODE_OF = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHEN
             409: grpc.StatusCode.FAILED_PRECONDITION, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
             503: grpc.StatusCode.UNAVAILABLE}
 OPEN_RPCS = frozenset({"ServerLive", "ServerReady"})  # health, for probes
-UNIMPLEMENTED_LOG_PERIOD_S = 60.0
 
 
 class _Unimplemented:
     """Answers an RPC npurt does not serve: UNIMPLEMENTED, logged once per method and period."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._logged: dict[str, float] = {}
-        self._count: dict[str, int] = {}
+        self.limiter = RateLimited()
 
     def __call__(self, method: str, context: Any) -> Any:
-        now = time.monotonic()
-        with self._lock:
-            self._count[method] = self._count.get(method, 0) + 1
-            last = self._logged.get(method)
-            due = last is None or now - last >= UNIMPLEMENTED_LOG_PERIOD_S
-            if due:
-                self._logged[method] = now
-                count, self._count[method] = self._count[method], 0
-        if due:
+        count = self.limiter.due(method)
+        if count:
             log.info("gRPC %s: not implemented by npurt serve (UNIMPLEMENTED; %d call(s) since the last line)",
                      method, count)
         context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by npurt serve")

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from .codec import InferRequest, OipError, OutputTensor, http_response, parse_http
 from .inference import InferenceFront, bearer_ok
+from .logs import ClientErrors
 from .metrics import CONTENT_TYPE
 from .shm import cuda_register_refused, cuda_status, cuda_unregister
 
@@ -232,6 +233,9 @@ class HttpFrontEnd:
     # -- running ----------------------------------------------------------------------------------------------
     def start(self) -> str:
         """Listen; the address ("host:port") once bound (raises what binding raised)."""
+        server_log = logging.getLogger("aiohttp.server")
+        if not any(isinstance(f, ClientErrors) for f in server_log.filters):
+            server_log.addFilter(ClientErrors())
         self._thread = threading.Thread(target=self._serve, name="npurt-serve-http", daemon=True)
         self._thread.start()
         self._started.wait()
