@@ -189,3 +189,34 @@ def test_cuda_shared_memory_as_a_server_without_gpus(service, protocol):
     meta = client.get_server_metadata()
     extensions = meta["extensions"] if protocol == "http" else list(meta.extensions)
     assert "cuda_shared_memory" not in extensions and {"statistics", "model_configuration"} <= set(extensions)
+
+
+# ---------------------------------------------------------------------------------------------- strict JSON types
+@pytest.mark.parametrize("bad", [1.9, -0.5, True, "7", 2 ** 31, -(2 ** 31) - 1, None],
+                         ids=["1.9", "-0.5", "true", "'7'", "2^31", "-2^31-1", "null"])
+def test_json_data_must_match_its_datatype(service, bad):
+    """INT32 data takes integers within INT32's range: nothing truncated, wrapped or coerced (400, as Triton);
+    the error is JSON with Content-Type exactly application/json."""
+    import http.client
+    import json
+
+    values = list(range(15)) + [bad]
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": values},
+                      {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [[1] * 16]}]}
+    host, _, port = service.http_address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/v2/models/simple/infer", body=json.dumps(doc).encode())
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 400, answer
+        assert response.getheader("Content-Type") == "application/json"
+        assert "INPUT0" in answer["error"] and "INT32" in answer["error"], answer
+        doc["inputs"][0]["data"] = list(range(16))  # the same request with good data: nested lists are fine too
+        conn.request("POST", "/v2/models/simple/infer", body=json.dumps(doc).encode())
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200, answer
+        assert answer["outputs"][0]["data"] == [v + 1 for v in range(16)]
+    finally:
+        conn.close()
