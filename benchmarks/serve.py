@@ -421,13 +421,35 @@ class OipClients:
             proc.join(timeout=30)
 
 
+def statistics_fn(address: str) -> Any:
+    """npurt serve's statistics of the classifier (Triton's schema), as a callable."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(address)
+
+    def read() -> dict[str, Any]:
+        return dict(client.get_inference_statistics("cls")["model_stats"][0]["inference_stats"])
+
+    return read
+
+
 def oip_latency(report: Report, table: Table, servers: dict[str, dict[str, str]], x: np.ndarray,
                 quick: bool) -> None:
     """p50 / p99 of one client, every server and protocol taking turns; npurt's against KServe's faster protocol."""
     labels = [(server, protocol) for server, addresses in servers.items() for protocol in addresses]
     subjects = [CallSubject(f"PP-OCR cls, {server}, {protocol}", infer_fn(protocol, servers[server][protocol], "cls",
                                                                            x)) for server, protocol in labels]
+    statistics = statistics_fn(servers["npurt serve"]["HTTP"])
+    before = statistics()
     stats = measure_latency(subjects, Budget(niter=150 if quick else 1000, time_s=None, warmup=20, blocks=6))
+    after = statistics()
+    requests = after["success"]["count"] - before["success"]["count"]
+    phases = ("success", "compute_input", "queue", "compute_infer", "compute_output")
+    phase_table = Table(["phase (Triton's statistics)", "us per request"], formats=["", "{:.0f}"],
+                        title=f"npurt serve's own figures over the latency run ({requests} requests, both protocols)")
+    for phase in phases:
+        phase_table.add(phase, (after[phase]["ns"] - before[phase]["ns"]) / max(requests, 1) / 1e3)
+    report.tables.append(phase_table)
     theirs = {protocol: st.p50_ms for (server, protocol), st in zip(labels, stats) if server == "KServe"}
     faster = min(theirs, key=lambda k: theirs[k]) if theirs else None
     for subject, st in zip(subjects, stats):
