@@ -487,12 +487,53 @@ def oip_throughput(report: Report, table: Table, servers: dict[str, dict[str, st
                                              ratio, 1.2, at_most=False, unit="x"))
 
 
-def oip_section(report: Report, quick: bool, kserve_python: str | None) -> None:
-    """npurt serve over HTTP and gRPC against KServe's model server over both; the 1080p frame in shared memory
-    against the socket."""
+def oip_shared_memory(report: Report, latency: Table, service: ServiceProcess, quick: bool) -> None:
+    """The 1080p frame: an HTTP request whose input and output lie in system shared memory against the socket
+    protocol's round trip of the same frame through the same server."""
     import tritonclient.http as httpclient
     import tritonclient.utils.shared_memory as shm
 
+    frame = np.random.default_rng(1).random(FRAME_SHAPE, dtype=np.float32)
+    key_in, key_out = f"/npurt_bench_in_{os.getpid()}", f"/npurt_bench_out_{os.getpid()}"
+    region_in = shm.create_shared_memory_region("bench_in", key_in, frame.nbytes)
+    region_out = shm.create_shared_memory_region("bench_out", key_out, frame.nbytes)
+    try:
+        shm.set_shared_memory_region(region_in, [frame])
+        client = httpclient.InferenceServerClient(service.http_address)
+        client.register_system_shared_memory("bench_in", key_in, frame.nbytes)
+        client.register_system_shared_memory("bench_out", key_out, frame.nbytes)
+        request_input = httpclient.InferInput("x", list(FRAME_SHAPE), "FP32")
+        request_input.set_shared_memory("bench_in", frame.nbytes)
+        request_output = httpclient.InferRequestedOutput("y")
+        request_output.set_shared_memory("bench_out", frame.nbytes)
+
+        def shm_infer() -> None:
+            client.infer("frame", [request_input], outputs=[request_output])
+
+        with connect(service.socket_path) as socket_client, socket_client.open_runner("frame") as remote:
+            feeds = {"x": frame}
+            socket_subject = RunnerSubject(remote, feeds, label="socket protocol")
+            shm_subject = CallSubject("HTTP, input and output in system shared memory", shm_infer)
+            n_frame = 40 if quick else 300
+            a, b = measure_latency([socket_subject, shm_subject],
+                                   Budget(niter=n_frame, time_s=None, warmup=10, blocks=6))
+            got = shm.get_contents_as_numpy(region_out, np.float32, list(FRAME_SHAPE))
+            if not np.array_equal(got, remote.run(feeds)["y"]):
+                report.problems.append("the shared memory request's output differs from the socket's")
+            latency.add("1x3x1080x1920 f32, socket protocol (registered tensors)", a.p50_ms, a.p99_ms, 1.0)
+            latency.add("1x3x1080x1920 f32, HTTP with system shared memory", b.p50_ms, b.p99_ms,
+                        b.p50_ms / a.p50_ms)
+            report.targets.append(Target("1080p frame: HTTP over shared memory / socket protocol round trip",
+                                         b.p50_ms / a.p50_ms, 1.1, unit="x"))
+        client.unregister_system_shared_memory()
+    finally:
+        shm.destroy_shared_memory_region(region_in)
+        shm.destroy_shared_memory_region(region_out)
+
+
+def oip_section(report: Report, quick: bool, kserve_python: str | None) -> None:
+    """npurt serve over HTTP and gRPC against KServe's model server over both; the 1080p frame in shared memory
+    against the socket."""
     tmp_dir = tempfile.TemporaryDirectory()
     tmp = Path(tmp_dir.name)
     cls_model = zoo.path("ocr_cls")
@@ -534,43 +575,7 @@ def oip_section(report: Report, quick: bool, kserve_python: str | None) -> None:
             oip_latency(report, latency, servers, x, quick)
             if kserve is not None:
                 oip_throughput(report, throughput, servers, quick)
-            # the 1080p frame: an HTTP request over shared memory against the socket protocol's round trip
-            frame = np.random.default_rng(1).random(FRAME_SHAPE, dtype=np.float32)
-            key_in, key_out = f"/npurt_bench_in_{os.getpid()}", f"/npurt_bench_out_{os.getpid()}"
-            region_in = shm.create_shared_memory_region("bench_in", key_in, frame.nbytes)
-            region_out = shm.create_shared_memory_region("bench_out", key_out, frame.nbytes)
-            try:
-                shm.set_shared_memory_region(region_in, [frame])
-                client = httpclient.InferenceServerClient(service.http_address)
-                client.register_system_shared_memory("bench_in", key_in, frame.nbytes)
-                client.register_system_shared_memory("bench_out", key_out, frame.nbytes)
-                request_input = httpclient.InferInput("x", list(FRAME_SHAPE), "FP32")
-                request_input.set_shared_memory("bench_in", frame.nbytes)
-                request_output = httpclient.InferRequestedOutput("y")
-                request_output.set_shared_memory("bench_out", frame.nbytes)
-
-                def shm_infer() -> None:
-                    client.infer("frame", [request_input], outputs=[request_output])
-
-                with connect(service.socket_path) as socket_client, socket_client.open_runner("frame") as remote:
-                    feeds = {"x": frame}
-                    socket_subject = RunnerSubject(remote, feeds, label="socket protocol")
-                    shm_subject = CallSubject("HTTP, input and output in system shared memory", shm_infer)
-                    n_frame = 40 if quick else 300
-                    a, b = measure_latency([socket_subject, shm_subject],
-                                           Budget(niter=n_frame, time_s=None, warmup=10, blocks=6))
-                    got = shm.get_contents_as_numpy(region_out, np.float32, list(FRAME_SHAPE))
-                    if not np.array_equal(got, remote.run(feeds)["y"]):
-                        report.problems.append("the shared memory request's output differs from the socket's")
-                    latency.add("1x3x1080x1920 f32, socket protocol (registered tensors)", a.p50_ms, a.p99_ms, 1.0)
-                    latency.add("1x3x1080x1920 f32, HTTP with system shared memory", b.p50_ms, b.p99_ms,
-                                b.p50_ms / a.p50_ms)
-                    report.targets.append(Target("1080p frame: HTTP over shared memory / socket protocol round trip",
-                                                 b.p50_ms / a.p50_ms, 1.1, unit="x"))
-                client.unregister_system_shared_memory()
-            finally:
-                shm.destroy_shared_memory_region(region_in)
-                shm.destroy_shared_memory_region(region_out)
+            oip_shared_memory(report, latency, service, quick)
             deaths += service.process.poll() is not None
             if kserve is not None:
                 deaths += kserve.process.poll() is not None
