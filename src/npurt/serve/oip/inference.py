@@ -1,6 +1,8 @@
 """What the HTTP and gRPC front ends share: the served models as the Open Inference Protocol sees them, inference
 requests turned into jobs of those served models (the same jobs, queue and workers as the local socket's), system
-shared memory, health and the drain on shutdown.
+shared memory, health, admission (``--max-in-flight``), each model's statistics and configuration, and the drain on
+shutdown. ``InferenceFront.infer`` is one admitted request from its decoding to its answer's encoding, on a thread
+that may block (never an event loop's).
 
 An ``InferCall`` is one request's job and its ``JobOwner``: the served model runs it and answers through it. Inputs
 reach the runner as arrays over the request's bytes or over a shared memory mapping (no copy where their alignment
