@@ -16,19 +16,20 @@
 Targets (the issue): added p50 <= 60 us, independent of the tensor's size (the 1080p frame's added p50 within 60 us
 of the classifier's); throughput with 4 clients >= 0.95x of 4 threads in one process.
 
-The Open Inference Protocol (``--part oip``; issue 31), against what a user would pick instead: KServe's own Python
-model server (``kserve`` from PyPI, a ``kserve.Model`` whose ``predict`` calls ONNX Runtime), the same model (the
-PP-OCR classifier) on the same engine (ONNX Runtime's CPU provider: npurt's VAIML backend on CPU, no Vitis AI EP)
-with the same engine settings (one intra-op thread per run, as many runs at once as cores: npurt's two slots,
-KServe's two uvicorn workers), the same client (tritonclient.http, binary data), 1 and 8 concurrent client
-processes. KServe pins many packages: it runs from a venv of its own, never the project's (``--kserve-python``, or
-``$NPURT_KSERVE_PYTHON``; e.g. ``python3 -m venv ~/kserve-venv && ~/kserve-venv/bin/pip install kserve
-onnxruntime``). And the 1x3x1080x1920 float32 frame of the latency part above (its normalisation) sent as an HTTP
-request whose input and output lie in system shared memory, against the socket protocol's round trip (``execute``
-on registered tensors) of the same frame through the same server.
+The Open Inference Protocol (``--part oip``; issues 31 and 38), against what a user would pick instead: KServe's own
+Python model server (``kserve`` from PyPI, a ``kserve.Model`` whose ``predict`` calls ONNX Runtime), the same model
+(the PP-OCR classifier) on the same engine (ONNX Runtime's CPU provider: npurt's VAIML backend on CPU, no Vitis AI
+EP) with the same engine settings (one intra-op thread per run, as many runs at once as cores: npurt's two slots,
+KServe's two uvicorn workers), the same clients (tritonclient.http with binary data, tritonclient.grpc), over both
+protocols, every row labelled by its protocol (KServe's REST decoder turns binary tensors into Python lists; its
+gRPC path does not), 1 and 8 concurrent client processes. KServe pins many packages: it runs from a venv of its own,
+never the project's (``--kserve-python``, or ``$NPURT_KSERVE_PYTHON``; e.g. ``python3 -m venv ~/kserve-venv &&
+~/kserve-venv/bin/pip install kserve onnxruntime``). And the 1x3x1080x1920 float32 frame of the latency part above
+(its normalisation) sent as an HTTP request whose input and output lie in system shared memory, against the socket
+protocol's round trip (``execute`` on registered tensors) of the same frame through the same server.
 
-Targets (issue 31): throughput >= 1.2x KServe's at 8 clients; p50 <= 0.8x KServe's at 1 client; the 1080p shared
-memory request <= 1.1x the socket protocol's round trip; 0 server deaths.
+Targets (issues 31, 38), each of npurt's protocols against KServe's faster one: throughput >= 1.2x at 8 clients; p50
+<= 0.8x at 1 client; the 1080p shared memory request <= 1.1x the socket protocol's round trip; 0 server deaths.
 
     python -m benchmarks.serve [--quick] [--json] [--backend openvino|vaiml] [--part socket|oip|all]
                                [--kserve-python PATH]
@@ -297,11 +298,12 @@ if __name__ == "__main__":
     p.add_argument("--grpc-port", type=int); p.add_argument("--threads", type=int)
     p.add_argument("--workers", type=int)
     a = p.parse_args()
-    ModelServer(http_port=a.port, grpc_port=a.grpc_port, enable_grpc=False, workers=a.workers,
+    ModelServer(http_port=a.port, grpc_port=a.grpc_port, enable_grpc=True, workers=a.workers,
                 enable_latency_logging=False).start([OnnxModel(a.name, a.path, a.threads)])
 """
 CLS_OUT = "save_infer_model/scale_0.tmp_1"
 OIP_CLIENTS = (1, 8)
+PROTOCOLS = ("HTTP", "gRPC")
 
 
 def free_port() -> int:
@@ -316,19 +318,22 @@ class KServeProcess:
     def __init__(self, python: str, model: Path, name: str, tmp: Path, threads: int, workers: int) -> None:
         script = tmp / "kserve_model.py"
         script.write_text(KSERVE_MODEL)
-        self.port = free_port()
+        self.port, grpc_port = free_port(), free_port()
         self.log = open(tmp / "kserve.log", "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen([python, str(script), "--path", str(model), "--name", name, "--port",
-                                         str(self.port), "--grpc-port", str(free_port()), "--threads", str(threads),
+                                         str(self.port), "--grpc-port", str(grpc_port), "--threads", str(threads),
                                          "--workers", str(workers)], stdout=self.log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL)
         self.address = f"127.0.0.1:{self.port}"
+        self.addresses = {"HTTP": self.address, "gRPC": f"127.0.0.1:{grpc_port}"}
+        import tritonclient.grpc as grpcclient
         import tritonclient.http as httpclient
 
         deadline = time.monotonic() + 120
         while True:
             try:
-                if httpclient.InferenceServerClient(self.address).is_model_ready(name):
+                if httpclient.InferenceServerClient(self.address).is_model_ready(name) and \
+                        grpcclient.InferenceServerClient(self.addresses["gRPC"]).is_model_ready(name):
                     break
             except Exception:  # noqa: BLE001 - not up yet
                 pass
@@ -348,25 +353,37 @@ class KServeProcess:
         self.log.close()
 
 
-def http_infer_fn(address: str, model: str, x: np.ndarray) -> Any:
-    """One client's binary infer request, as a callable (tritonclient.http, a connection of its own)."""
+def infer_fn(protocol: str, address: str, model: str, x: np.ndarray) -> Any:
+    """One client's infer request, as a callable: tritonclient.http with binary data, or tritonclient.grpc (a
+    connection of its own)."""
+    import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    client = httpclient.InferenceServerClient(address)
-    outputs = [httpclient.InferRequestedOutput(CLS_OUT, binary_data=True)]
+    if protocol == "HTTP":
+        client = httpclient.InferenceServerClient(address)
+        outputs = [httpclient.InferRequestedOutput(CLS_OUT, binary_data=True)]
 
-    def infer() -> np.ndarray:
-        i = httpclient.InferInput("x", list(x.shape), "FP32")
-        i.set_data_from_numpy(x, binary_data=True)
-        return client.infer(model, [i], outputs=outputs).as_numpy(CLS_OUT)
+        def infer() -> np.ndarray:
+            i = httpclient.InferInput("x", list(x.shape), "FP32")
+            i.set_data_from_numpy(x, binary_data=True)
+            return client.infer(model, [i], outputs=outputs).as_numpy(CLS_OUT)
 
-    return infer
+        return infer
+    channel = grpcclient.InferenceServerClient(address)
+    grpc_outputs = [grpcclient.InferRequestedOutput(CLS_OUT)]
+
+    def infer_grpc() -> np.ndarray:
+        i = grpcclient.InferInput("x", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        return channel.infer(model, [i], outputs=grpc_outputs).as_numpy(CLS_OUT)
+
+    return infer_grpc
 
 
-def oip_client_process(address: str, seed: int, conn: Any) -> None:
-    """A tritonclient.http client process: infer in a loop for as long as it is told; its count back."""
+def oip_client_process(protocol: str, address: str, seed: int, conn: Any) -> None:
+    """A tritonclient client process: infer in a loop for as long as it is told; its count back."""
     x = np.random.default_rng(seed).random(CLS_SHAPE, dtype=np.float32)
-    infer = http_infer_fn(address, "cls", x)
+    infer = infer_fn(protocol, address, "cls", x)
     for _ in range(5):
         infer()
     conn.send("ready")
@@ -379,12 +396,12 @@ def oip_client_process(address: str, seed: int, conn: Any) -> None:
 
 
 class OipClients:
-    def __init__(self, address: str, n: int) -> None:
+    def __init__(self, protocol: str, address: str, n: int) -> None:
         ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
         for k in range(n):
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=oip_client_process, args=(address, k, theirs), daemon=True)
+            proc = ctx.Process(target=oip_client_process, args=(protocol, address, k, theirs), daemon=True)
             proc.start()
             self.conns.append(mine)
             self.procs.append(proc)
@@ -404,110 +421,161 @@ class OipClients:
             proc.join(timeout=30)
 
 
-def oip_section(report: Report, quick: bool, kserve_python: str | None) -> None:
-    """npurt serve over HTTP against KServe's model server; the 1080p frame in shared memory against the socket."""
+def statistics_fn(address: str) -> Any:
+    """npurt serve's statistics of the classifier (Triton's schema), as a callable."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(address)
+
+    def read() -> dict[str, Any]:
+        return dict(client.get_inference_statistics("cls")["model_stats"][0]["inference_stats"])
+
+    return read
+
+
+def oip_latency(report: Report, table: Table, servers: dict[str, dict[str, str]], x: np.ndarray,
+                quick: bool) -> None:
+    """p50 / p99 of one client, every server and protocol taking turns; npurt's against KServe's faster protocol."""
+    labels = [(server, protocol) for server, addresses in servers.items() for protocol in addresses]
+    subjects = [CallSubject(f"PP-OCR cls, {server}, {protocol}", infer_fn(protocol, servers[server][protocol], "cls",
+                                                                           x)) for server, protocol in labels]
+    statistics = statistics_fn(servers["npurt serve"]["HTTP"])
+    before = statistics()
+    stats = measure_latency(subjects, Budget(niter=150 if quick else 1000, time_s=None, warmup=20, blocks=6))
+    after = statistics()
+    requests = after["success"]["count"] - before["success"]["count"]
+    phases = ("success", "compute_input", "queue", "compute_infer", "compute_output")
+    phase_table = Table(["phase (Triton's statistics)", "us per request"], formats=["", "{:.0f}"],
+                        title=f"npurt serve's own figures over the latency run ({requests} requests, both protocols)")
+    for phase in phases:
+        phase_table.add(phase, (after[phase]["ns"] - before[phase]["ns"]) / max(requests, 1) / 1e3)
+    report.tables.append(phase_table)
+    theirs = {protocol: st.p50_ms for (server, protocol), st in zip(labels, stats) if server == "KServe"}
+    faster = min(theirs, key=lambda k: theirs[k]) if theirs else None
+    for subject, st in zip(subjects, stats):
+        table.add(subject.label, st.p50_ms, st.p99_ms, st.p50_ms / theirs[faster] if faster else None)
+    if faster is not None:
+        for (server, protocol), st in zip(labels, stats):
+            if server == "npurt serve":
+                report.targets.append(Target(f"p50 at 1 client, npurt serve {protocol} / KServe {faster}",
+                                             st.p50_ms / theirs[faster], 0.8, unit="x"))
+
+
+def oip_throughput(report: Report, table: Table, servers: dict[str, dict[str, str]], quick: bool) -> None:
+    """Requests/s of 1 and 8 client processes per server and protocol, in alternating blocks (the order turned each
+    block); npurt's against KServe's faster protocol (the median of the blocks' ratios)."""
+    seconds, blocks = (1.0, 2) if quick else (3.0, 4)
+    for clients in OIP_CLIENTS:
+        groups = {(server, protocol): OipClients(protocol, address, clients)
+                  for server, addresses in servers.items() for protocol, address in addresses.items()}
+        rates: dict[tuple[str, str], list[float]] = {key: [] for key in groups}
+        try:
+            for k in range(blocks):
+                order = list(groups.items())
+                for key, group in order if k % 2 == 0 else order[::-1]:
+                    rates[key].append(group.rate(seconds))
+        finally:
+            for group in groups.values():
+                group.close()
+        kserve = [key for key in rates if key[0] == "KServe"]
+        faster = max(kserve, key=lambda key: float(np.median(rates[key])))
+        for key, values in rates.items():
+            ratio = float(np.median([a / b for a, b in zip(values, rates[faster])]))
+            table.add(str(clients), f"{key[0]}, {key[1]}", float(np.median(values)), ratio)
+            if clients == 8 and key[0] == "npurt serve":
+                report.targets.append(Target(f"throughput at 8 clients, npurt serve {key[1]} / KServe {faster[1]}",
+                                             ratio, 1.2, at_most=False, unit="x"))
+
+
+def oip_shared_memory(report: Report, latency: Table, service: ServiceProcess, quick: bool) -> None:
+    """The 1080p frame: an HTTP request whose input and output lie in system shared memory against the socket
+    protocol's round trip of the same frame through the same server."""
     import tritonclient.http as httpclient
     import tritonclient.utils.shared_memory as shm
 
+    frame = np.random.default_rng(1).random(FRAME_SHAPE, dtype=np.float32)
+    key_in, key_out = f"/npurt_bench_in_{os.getpid()}", f"/npurt_bench_out_{os.getpid()}"
+    region_in = shm.create_shared_memory_region("bench_in", key_in, frame.nbytes)
+    region_out = shm.create_shared_memory_region("bench_out", key_out, frame.nbytes)
+    try:
+        shm.set_shared_memory_region(region_in, [frame])
+        client = httpclient.InferenceServerClient(service.http_address)
+        client.register_system_shared_memory("bench_in", key_in, frame.nbytes)
+        client.register_system_shared_memory("bench_out", key_out, frame.nbytes)
+        request_input = httpclient.InferInput("x", list(FRAME_SHAPE), "FP32")
+        request_input.set_shared_memory("bench_in", frame.nbytes)
+        request_output = httpclient.InferRequestedOutput("y")
+        request_output.set_shared_memory("bench_out", frame.nbytes)
+
+        def shm_infer() -> None:
+            client.infer("frame", [request_input], outputs=[request_output])
+
+        with connect(service.socket_path) as socket_client, socket_client.open_runner("frame") as remote:
+            feeds = {"x": frame}
+            socket_subject = RunnerSubject(remote, feeds, label="socket protocol")
+            shm_subject = CallSubject("HTTP, input and output in system shared memory", shm_infer)
+            n_frame = 40 if quick else 300
+            a, b = measure_latency([socket_subject, shm_subject],
+                                   Budget(niter=n_frame, time_s=None, warmup=10, blocks=6))
+            got = shm.get_contents_as_numpy(region_out, np.float32, list(FRAME_SHAPE))
+            if not np.array_equal(got, remote.run(feeds)["y"]):
+                report.problems.append("the shared memory request's output differs from the socket's")
+            latency.add("1x3x1080x1920 f32, socket protocol (registered tensors)", a.p50_ms, a.p99_ms, 1.0)
+            latency.add("1x3x1080x1920 f32, HTTP with system shared memory", b.p50_ms, b.p99_ms,
+                        b.p50_ms / a.p50_ms)
+            report.targets.append(Target("1080p frame: HTTP over shared memory / socket protocol round trip",
+                                         b.p50_ms / a.p50_ms, 1.1, unit="x"))
+        client.unregister_system_shared_memory()
+    finally:
+        shm.destroy_shared_memory_region(region_in)
+        shm.destroy_shared_memory_region(region_out)
+
+
+def oip_section(report: Report, quick: bool, kserve_python: str | None) -> None:
+    """npurt serve over HTTP and gRPC against KServe's model server over both; the 1080p frame in shared memory
+    against the socket."""
     tmp_dir = tempfile.TemporaryDirectory()
     tmp = Path(tmp_dir.name)
     cls_model = zoo.path("ocr_cls")
     frame_model = normalize_model(tmp / "normalize_1080p.onnx")
     args = ["--backend", "vaiml", "--device", "CPU", "--threads", "1", "--shape",
-            "cls:x=" + ",".join(map(str, CLS_SHAPE)), "--http", "127.0.0.1:0"]
+            "cls:x=" + ",".join(map(str, CLS_SHAPE)), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"]
     report.notes.append("Open Inference Protocol: both servers run the PP-OCR classifier on ONNX Runtime's CPU "
                         "provider (npurt's VAIML backend on CPU, no Vitis AI EP), one intra-op thread per run, two "
                         "runs at once (npurt: two slots; KServe: two uvicorn workers); clients are tritonclient.http "
-                        "processes sending binary data")
-    latency = Table(["request", "p50 ms", "p99 ms", "p50 / reference"], formats=["", "{:.3f}", "{:.3f}", "{:.2f}x"],
-                    title="latency, one client")
-    throughput = Table(["clients", "npurt serve /s", "KServe /s", "npurt / KServe"],
-                       formats=["", "{:.0f}", "{:.0f}", "{:.2f}x"], title="throughput, HTTP binary")
+                        "processes sending binary data and tritonclient.grpc processes; each ratio is against "
+                        "KServe's faster protocol")
+    latency = Table(["request", "p50 ms", "p99 ms", "p50 / KServe's faster"],
+                    formats=["", "{:.3f}", "{:.3f}", "{:.2f}x"], title="latency, one client")
+    throughput = Table(["clients", "server, protocol", "requests/s", "/ KServe's faster"],
+                       formats=["", "", "{:.0f}", "{:.2f}x"], title="throughput")
     report.tables += [latency, throughput]
-    n = 150 if quick else 1000
-    budget = Budget(niter=n, time_s=None, warmup=20, blocks=6)
     deaths = 0
     kserve: KServeProcess | None = None
     with ServiceProcess.start({"cls": cls_model, "frame": frame_model}, tmp / "serve.sock", args) as service:
         try:
+            servers = {"npurt serve": {"HTTP": service.http_address, "gRPC": service.grpc_address}}
             x = np.random.default_rng(0).random(CLS_SHAPE, dtype=np.float32)
-            npurt_infer = http_infer_fn(service.http_address, "cls", x)
             with RunnerFactory.create_runner("VAIML", cls_model, {"device": "CPU", "num_threads": 1,
                                                                   "shapes": {"x": list(CLS_SHAPE)}}) as local:
-                if not np.array_equal(npurt_infer(), local.run({"x": x})[CLS_OUT]):
-                    report.problems.append("npurt serve's answer differs from the in-process runner's")
-            subjects = [CallSubject("npurt serve", npurt_infer)]
+                expected = local.run({"x": x})[CLS_OUT]
+            for protocol, address in servers["npurt serve"].items():
+                if not np.array_equal(infer_fn(protocol, address, "cls", x)(), expected):
+                    report.problems.append(f"npurt serve's answer over {protocol} differs from the in-process "
+                                           "runner's")
             if kserve_python:
                 kserve = KServeProcess(kserve_python, cls_model, "cls", tmp, threads=1, workers=2)
-                kserve_infer = http_infer_fn(kserve.address, "cls", x)
-                if not np.allclose(kserve_infer(), npurt_infer(), atol=1e-5):
-                    report.problems.append("KServe's answer differs from npurt serve's")
-                subjects.append(CallSubject("KServe", kserve_infer))
+                servers["KServe"] = kserve.addresses
+                for protocol, address in kserve.addresses.items():
+                    if not np.allclose(infer_fn(protocol, address, "cls", x)(), expected, atol=1e-5):
+                        report.problems.append(f"KServe's answer over {protocol} differs from npurt serve's")
             else:
                 report.notes.append("KServe: no --kserve-python (or $NPURT_KSERVE_PYTHON): its rows and targets are "
                                     "left out")
-            stats = measure_latency(subjects, budget)
-            ref = stats[1].p50_ms if len(stats) > 1 else stats[0].p50_ms
-            for subject, st in zip(subjects, stats):
-                latency.add(f"PP-OCR cls, {subject.label}", st.p50_ms, st.p99_ms, st.p50_ms / ref)
+            oip_latency(report, latency, servers, x, quick)
             if kserve is not None:
-                report.targets.append(Target("p50 at 1 client, npurt serve / KServe", stats[0].p50_ms / ref, 0.8,
-                                             unit="x"))
-                seconds, blocks = (1.0, 2) if quick else (3.0, 4)
-                for clients in OIP_CLIENTS:
-                    ours, theirs = OipClients(service.http_address, clients), OipClients(kserve.address, clients)
-                    try:
-                        rates: dict[str, list[float]] = {"npurt": [], "kserve": []}
-                        for k in range(blocks):  # alternating, the order turned each block
-                            order = [("npurt", ours), ("kserve", theirs)]
-                            for label, group in order if k % 2 == 0 else order[::-1]:
-                                rates[label].append(group.rate(seconds))
-                    finally:
-                        ours.close()
-                        theirs.close()
-                    ratio = float(np.median([a / b for a, b in zip(rates["npurt"], rates["kserve"])]))
-                    throughput.add(str(clients), float(np.median(rates["npurt"])), float(np.median(rates["kserve"])),
-                                   ratio)
-                    if clients == 8:
-                        report.targets.append(Target("throughput at 8 clients, npurt serve / KServe", ratio, 1.2,
-                                                     at_most=False, unit="x"))
-            # the 1080p frame: an HTTP request over shared memory against the socket protocol's round trip
-            frame = np.random.default_rng(1).random(FRAME_SHAPE, dtype=np.float32)
-            key_in, key_out = f"/npurt_bench_in_{os.getpid()}", f"/npurt_bench_out_{os.getpid()}"
-            region_in = shm.create_shared_memory_region("bench_in", key_in, frame.nbytes)
-            region_out = shm.create_shared_memory_region("bench_out", key_out, frame.nbytes)
-            try:
-                shm.set_shared_memory_region(region_in, [frame])
-                client = httpclient.InferenceServerClient(service.http_address)
-                client.register_system_shared_memory("bench_in", key_in, frame.nbytes)
-                client.register_system_shared_memory("bench_out", key_out, frame.nbytes)
-                request_input = httpclient.InferInput("x", list(FRAME_SHAPE), "FP32")
-                request_input.set_shared_memory("bench_in", frame.nbytes)
-                request_output = httpclient.InferRequestedOutput("y")
-                request_output.set_shared_memory("bench_out", frame.nbytes)
-
-                def shm_infer() -> None:
-                    client.infer("frame", [request_input], outputs=[request_output])
-
-                with connect(service.socket_path) as socket_client, socket_client.open_runner("frame") as remote:
-                    feeds = {"x": frame}
-                    socket_subject = RunnerSubject(remote, feeds, label="socket protocol")
-                    shm_subject = CallSubject("HTTP, input and output in system shared memory", shm_infer)
-                    n_frame = 40 if quick else 300
-                    a, b = measure_latency([socket_subject, shm_subject],
-                                           Budget(niter=n_frame, time_s=None, warmup=10, blocks=6))
-                    got = shm.get_contents_as_numpy(region_out, np.float32, list(FRAME_SHAPE))
-                    if not np.array_equal(got, remote.run(feeds)["y"]):
-                        report.problems.append("the shared memory request's output differs from the socket's")
-                    latency.add("1x3x1080x1920 f32, socket protocol (registered tensors)", a.p50_ms, a.p99_ms, 1.0)
-                    latency.add("1x3x1080x1920 f32, HTTP with system shared memory", b.p50_ms, b.p99_ms,
-                                b.p50_ms / a.p50_ms)
-                    report.targets.append(Target("1080p frame: HTTP over shared memory / socket protocol round trip",
-                                                 b.p50_ms / a.p50_ms, 1.1, unit="x"))
-                client.unregister_system_shared_memory()
-            finally:
-                shm.destroy_shared_memory_region(region_in)
-                shm.destroy_shared_memory_region(region_out)
+                oip_throughput(report, throughput, servers, quick)
+            oip_shared_memory(report, latency, service, quick)
             deaths += service.process.poll() is not None
             if kserve is not None:
                 deaths += kserve.process.poll() is not None

@@ -53,6 +53,8 @@ def test_runtime_manifest_probes_and_ports_match_the_command():
     port = http.rpartition(":")[2]
     assert f"containerPort: {port}" in manifest and "path: /v2/health/ready" in manifest
     assert re.search(rf"port: {port}\n", manifest)
+    # the token from a Kubernetes Secret: the server refuses a bind beyond loopback without it
+    assert re.search(r"- name: NPURT_SERVE_TOKEN\b.*\n\s+valueFrom:\n\s+secretKeyRef:", manifest)
 
 
 def served_args(tmp: Path, extra: list[str] | None = None) -> tuple[dict[str, Path], list[str]]:
@@ -66,6 +68,10 @@ def served_args(tmp: Path, extra: list[str] | None = None) -> tuple[dict[str, Pa
     k = 0
     while k < len(args):
         flag, value = args[k], args[k + 1] if k + 1 < len(args) else ""
+        if value.startswith("--") or not value:  # a switch (--insecure)
+            out.append(flag)
+            k += 1
+            continue
         if flag == "--model":
             name, _, path = value.partition("=")
             assert path == CONTAINER_MODEL
@@ -166,9 +172,9 @@ def test_model_metadata_is_the_runners_cpu_view(service, local):
                                                               "shape": list(CLS_SHAPE)}]
     g = grpc.get_model_metadata("cls")
     assert [(t.name, t.datatype, list(t.shape)) for t in g.outputs] == [(CLS_OUT, "FP32", [1, 2])]
-    with pytest.raises(InferenceServerException, match="unknown model"):
-        http.get_model_metadata("nope")
-    with pytest.raises(InferenceServerException, match="no version"):
+    with pytest.raises(InferenceServerException, match="^.*Request for unknown model: 'nope' is not found"):
+        http.get_model_metadata("nope")  # Triton's words: its clients match them
+    with pytest.raises(InferenceServerException, match="version 7 is not found"):
         http.get_model_metadata("cls", "7")
 
 

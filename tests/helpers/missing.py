@@ -17,10 +17,11 @@ IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def missing(reason: str) -> None:
-    """Skip (a developer's machine) or fail (CI) for a package, model or tool that CI installs."""
+    """Skip (a developer's machine) or fail (CI) for a package, model or tool that CI installs. At a module's top
+    level too (``require_module`` there): the whole module is skipped, or fails."""
     if IN_CI:
         pytest.fail(f"{reason} (CI installs it: missing there, it is a failure, not a skip)")
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require_module(name: str, reason: str) -> ModuleType:

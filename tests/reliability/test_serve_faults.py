@@ -29,6 +29,7 @@ from npurt import NpuError, StatusCode, TensorDirection
 from npurt.serve import protocol as p
 from npurt.serve.process import ServiceProcess
 from npurt.tensor import allocate_tensor
+from tests.helpers.missing import require_module
 from tests.helpers.models import model_or_skip
 from tests.helpers.ocr import SHAPES, frame
 
@@ -432,18 +433,20 @@ def test_fcntl_seals_of_runner_memory():
 # Raw HTTP (http.client and plain sockets) sends what Triton's clients never would; every answer must be a 4xx with
 # the protocol's {"error": ...} body, and the server must answer the next request as before.
 def oip_available() -> None:
-    pytest.importorskip("aiohttp", reason="needs the 'serve' extra")
-    pytest.importorskip("grpc", reason="needs the 'serve' extra")
+    """The serve extra and Triton's clients (the test extra): CI installs them, so there a missing one fails."""
+    for name in ("aiohttp", "grpc", "tritonclient.http", "tritonclient.grpc"):
+        require_module(name, "needs the 'serve' and 'test' extras")
 
 
-def slow_model(path: Path) -> Path:
-    """A model that takes a while (~0.1-0.5 s on one core): 40 MatMuls of 256x1024 by 1024x1024, one weight."""
+def slow_model(path: Path, layers: int = 40) -> Path:
+    """A model that takes a while (~0.1-0.5 s on one core with 40 layers): MatMuls of 256x1024 by 1024x1024, one
+    weight."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array((np.eye(1024, dtype=np.float32) * 0.999), "w")
-    nodes = [helper.make_node("MatMul", ["x" if k == 0 else f"h{k}", "w"], [f"h{k + 1}" if k < 39 else "y"])
-             for k in range(40)]
+    nodes = [helper.make_node("MatMul", ["x" if k == 0 else f"h{k}", "w"], [f"h{k + 1}" if k < layers - 1 else "y"])
+             for k in range(layers)]
     graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 1024])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 1024])], [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9), str(path))
@@ -458,13 +461,20 @@ def oip_service(tmp_path_factory):
                               tmp / "serve.sock",
                               ["--backend", "openvino", "--device", "CPU", "--threads", "1", "--shape",
                                "cls:x=" + ",".join(map(str, SHAPE)), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
-                               "--max-body-mb", "2", "--max-tensors", "4", "--max-elements", "300000",
-                               "--max-header-kb", "4"]) as svc:
+                               "--max-body-mb", "2", "--max-json-mb", "1", "--max-tensors", "4",
+                               "--max-elements", "300000", "--max-header-kb", "4"]) as svc:
         yield svc
 
 
 def http_request(address: str, method: str, path: str, body: bytes = b"", headers: dict | None = None
                  ) -> tuple[int, dict]:
+    status, _, doc = http_exchange(address, method, path, body, headers)
+    return status, doc
+
+
+def http_exchange(address: str, method: str, path: str, body: bytes = b"", headers: dict | None = None
+                  ) -> tuple[int, str, dict]:
+    """Status, Content-Type and JSON body of one request."""
     import http.client
 
     host, _, port = address.rpartition(":")
@@ -477,7 +487,7 @@ def http_request(address: str, method: str, path: str, body: bytes = b"", header
             doc = json.loads(data)
         except ValueError:
             doc = {"raw": data.decode(errors="replace")}
-        return response.status, doc
+        return response.status, response.getheader("Content-Type", ""), doc
     finally:
         conn.close()
 
@@ -522,6 +532,8 @@ def test_oip_bad_requests_get_4xx_with_an_error_body(oip_service):
                                                                 "data": [1.0, 2.0]}]}).encode(), {}),
         "JSON data not numbers": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
                                                           "data": ["a"]}]}).encode(), {}),
+        "JSON booleans for FP32": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(SHAPE),
+                                                           "data": [True] * 27648}]}).encode(), {}),
         "unknown region": (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(SHAPE),
                                                    "parameters": {"shared_memory_region": "nope",
                                                                   "shared_memory_byte_size": 110592}}]}).encode(), {}),
@@ -530,8 +542,9 @@ def test_oip_bad_requests_get_4xx_with_an_error_body(oip_service):
                                        "outputs": [{"name": "nope"}]}).encode() + good[-110592:], {}),
     }
     for what, (body, hdrs) in cases.items():
-        status, doc = http_request(svc.http_address, "POST", "/v2/models/cls/infer", body, hdrs)
+        status, content_type, doc = http_exchange(svc.http_address, "POST", "/v2/models/cls/infer", body, hdrs)
         assert 400 <= status < 500 and isinstance(doc.get("error"), str) and doc["error"], (what, status, doc)
+        assert content_type == "application/json", (what, content_type)  # exactly: KServe's client needs it
     status, doc = http_request(svc.http_address, "POST", "/v2/models/nope/infer", good, headers)
     assert status == 404 and "unknown model" in doc["error"]
     status, doc = http_request(svc.http_address, "GET", "/v2/nothing/here")
@@ -549,6 +562,11 @@ def test_oip_limits(oip_service):
                                   for k in range(5)]}).encode()
     status, doc = http_request(svc.http_address, "POST", "/v2/models/cls/infer", five)
     assert status == 413 and "--max-tensors" in doc["error"]
+    big_json = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 250000],
+                                       "data": [1.0] * 250000}]}).encode()
+    assert (1 << 20) < len(big_json) < (2 << 20)
+    status, doc = http_request(svc.http_address, "POST", "/v2/models/slow/infer", big_json)
+    assert status == 413 and "--max-json-mb" in doc["error"], doc
     status, doc = http_request(svc.http_address, "POST", "/v2/models/slow/infer",
                                json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [512, 1024],
                                                        "parameters": {"binary_data_size": 2 << 20}}]}).encode())
@@ -651,7 +669,7 @@ def test_oip_unregister_waits_for_the_job_that_uses_the_region(oip_service):
 
 
 def test_oip_grpc_bad_requests(oip_service):
-    grpcclient = pytest.importorskip("tritonclient.grpc")
+    import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
     client = grpcclient.InferenceServerClient(oip_service.grpc_address)
@@ -663,8 +681,27 @@ def test_oip_grpc_bad_requests(oip_service):
         with pytest.raises(InferenceServerException) as e:
             client.infer(model, [i])
         assert e.value.status() in ("StatusCode.INVALID_ARGUMENT", "StatusCode.NOT_FOUND"), e.value
-    with pytest.raises(InferenceServerException, match="UNIMPLEMENTED|not implemented|Unimplemented"):
-        client.get_model_repository_index()
+    assert_alive(oip_service)
+
+
+def test_oip_unimplemented_rpcs_log_one_line_per_method_without_a_traceback(oip_service):
+    """Any client may call Triton's RPCs that npurt does not serve: UNIMPLEMENTED, and one log line per method and
+    minute, not a traceback per call (a client could flood the log)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(oip_service.grpc_address)
+    for _ in range(5):
+        with pytest.raises(InferenceServerException, match="not implemented by npurt serve") as e:
+            client.get_model_repository_index()
+        assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+        with pytest.raises(InferenceServerException, match="not implemented"):
+            client.get_trace_settings()
+    time.sleep(0.2)
+    log = oip_service.output()
+    assert log.count("gRPC RepositoryIndex: not implemented") == 1, log[-3000:]
+    assert log.count("gRPC TraceSetting: not implemented") == 1, log[-3000:]
+    assert "Traceback" not in log and "NotImplementedError" not in log, log[-3000:]
     assert_alive(oip_service)
 
 
@@ -745,20 +782,190 @@ def test_oip_safety_rules():
     from npurt.serve.oip.server import OipConfig, check_config
 
     assert check_config(OipConfig(http=("127.0.0.1", 0))) == []
-    warnings = check_config(OipConfig(http=("0.0.0.0", 8080)))
+    with pytest.raises(ValueError, match="without a token.*--no-auth"):
+        check_config(OipConfig(http=("0.0.0.0", 8080)))
+    warnings = check_config(OipConfig(http=("0.0.0.0", 8080), no_auth=True))
     assert warnings and "WITHOUT AUTHENTICATION" in warnings[0]
+    with pytest.raises(ValueError, match="contradict"):
+        check_config(OipConfig(http=("127.0.0.1", 0), no_auth=True, token="t"))
     with pytest.raises(ValueError, match="in\\s+the clear"):
         check_config(OipConfig(grpc=("10.0.0.1", 8081), token="t"))
     assert check_config(OipConfig(grpc=("10.0.0.1", 8081), token="t", insecure=True)) == []
     assert check_config(OipConfig(http=("::1", 0), token="t")) == []
     with pytest.raises(ValueError, match="go together"):
         check_config(OipConfig(http=("127.0.0.1", 0), tls_cert=Path("/nope")))
+    # system shared memory: auto is on only where every listener binds loopback
+    assert OipConfig(http=("127.0.0.1", 0), grpc=("::1", 0)).shm_enabled
+    assert not OipConfig(http=("127.0.0.1", 0), grpc=("0.0.0.0", 0), token="t").shm_enabled
+    assert OipConfig(http=("0.0.0.0", 0), token="t", shm="on").shm_enabled
+    assert not OipConfig(http=("127.0.0.1", 0), shm="off").shm_enabled
 
 
 def test_oip_cli_refuses_and_warns(tmp_path):
-    """The command line: a token over plain text beyond loopback is refused (exit 2) before anything is loaded."""
+    """The command line, before anything is loaded: a token over plain text beyond loopback is refused (exit 2), so
+    is a bind beyond loopback without a token (the container's command, without the Secret's token)."""
     oip_available()
-    proc = subprocess.run([sys.executable, "-m", "npurt", "serve", "--model", f"cls={model_or_skip('ocr_cls')}",
-                           "--socket", str(tmp_path / "s.sock"), "--http", "0.0.0.0:0", "--token", "t"],
-                          capture_output=True, text=True, timeout=60)
+    base = [sys.executable, "-m", "npurt", "serve", "--model", f"cls={model_or_skip('ocr_cls')}", "--socket",
+            str(tmp_path / "s.sock")]
+    env = {k: v for k, v in os.environ.items() if k != "NPURT_SERVE_TOKEN"}
+    proc = subprocess.run([*base, "--http", "0.0.0.0:0", "--token", "t"], capture_output=True, text=True, timeout=60,
+                          env=env)
     assert proc.returncode == 2 and "in the clear" in proc.stderr.replace("\n", " ")
+    proc = subprocess.run([*base, "--grpc", "0.0.0.0:0"], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "without a token" in proc.stderr and "--no-auth" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "npurt", "serve", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    text = " ".join(proc.stdout.split())
+    assert "--backend NAME openvino, vaiml, qnn, onnxruntime or auto" in text, text  # every backend
+    assert "--max-in-flight N requests admitted at once" in text and "(default: 64)" in text
+
+
+def test_oip_token_on_every_route_but_health_and_metrics(tmp_path):
+    """With a token: every route and RPC but the health probes and /metrics answers 401 / UNAUTHENTICATED without
+    it, one by one; with it (the scheme in any case, RFC 7235) each answers as without a token."""
+    oip_available()
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    token = "tok-" + "x" * 20
+    name = f"npurt_tok_{os.getpid()}"
+    with open(f"/dev/shm/{name}", "wb") as f:
+        f.truncate(4096)
+    try:
+        with ServiceProcess.start({"cls": model_or_skip("ocr_cls")}, tmp_path / "serve.sock",
+                                  [*BASE_ARGS, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--token", token]
+                                  ) as svc:
+            body, headers = cls_request()
+            register = json.dumps({"key": f"/{name}", "byte_size": 4096}).encode()
+            routes = [("POST", "/v2/models/cls/infer", body, headers),
+                      ("POST", "/v2/systemsharedmemory/region/r/register", register, {}),
+                      ("GET", "/v2/systemsharedmemory/status", b"", {}),
+                      ("GET", "/v2/systemsharedmemory/region/r/status", b"", {}),
+                      ("POST", "/v2/systemsharedmemory/region/r/unregister", b"", {}),
+                      ("POST", "/v2/systemsharedmemory/unregister", b"", {}),
+                      ("GET", "/v2/cudasharedmemory/status", b"", {}),
+                      ("POST", "/v2/cudasharedmemory/unregister", b"", {}),
+                      ("GET", "/v2/models/cls/stats", b"", {}), ("GET", "/v2/models/stats", b"", {}),
+                      ("GET", "/v2/models/cls/config", b"", {}), ("GET", "/v2/models/cls", b"", {}),
+                      ("GET", "/v2/models/cls/ready", b"", {}), ("GET", "/v2", b"", {})]
+            for scheme in ("Bearer", "bearer", "BEARER"):
+                for method, path, data, extra in routes:
+                    status, doc = http_request(svc.http_address, method, path, data, extra)
+                    assert status == 401 and "bearer token" in doc["error"], (method, path, status, doc)
+                    status, doc = http_request(svc.http_address, method, path, data,
+                                               {**extra, "Authorization": f"{scheme} {token}"})
+                    assert status == 200, (scheme, method, path, status, doc)
+                status, _ = http_request(svc.http_address, "GET", "/v2/models/cls", b"",
+                                         {"Authorization": f"{scheme} {token}x"})
+                assert status == 401
+            for path in ("/v2/health/live", "/v2/health/ready", "/metrics"):
+                assert http_request(svc.http_address, "GET", path)[0] == 200, path
+
+            client = grpcclient.InferenceServerClient(svc.grpc_address)
+            f = frame(SHAPE, 2)
+            x = grpcclient.InferInput("x", list(SHAPE), "FP32")
+            x.set_data_from_numpy(f)
+            calls = {
+                "infer": lambda h: client.infer("cls", [x], headers=h),
+                "register": lambda h: client.register_system_shared_memory("g", f"/{name}", 4096, headers=h),
+                "status": lambda h: client.get_system_shared_memory_status(headers=h),
+                "unregister": lambda h: client.unregister_system_shared_memory("g", headers=h),
+                "cuda status": lambda h: client.get_cuda_shared_memory_status(headers=h),
+                "cuda unregister": lambda h: client.unregister_cuda_shared_memory(headers=h),
+                "stats": lambda h: client.get_inference_statistics("cls", headers=h),
+                "config": lambda h: client.get_model_config("cls", headers=h),
+                "metadata": lambda h: client.get_model_metadata("cls", headers=h),
+            }
+            for what, call in calls.items():
+                with pytest.raises(InferenceServerException) as e:
+                    call(None)
+                assert e.value.status() == "StatusCode.UNAUTHENTICATED", (what, e.value)
+                call({"authorization": f"bearer {token}"})
+            assert client.is_server_live() and client.is_server_ready()
+            with pytest.raises(InferenceServerException, match="bearer token"):
+                client.is_model_ready("cls")  # not a probe: it needs the token
+            assert client.is_model_ready("cls", headers={"authorization": f"Bearer {token}"})
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+
+
+def test_oip_shm_off_in_flight_limit_and_a_free_event_loop(tmp_path):
+    """--shm off: every shared memory call refused (403 / PERMISSION_DENIED) saying how to turn it on.
+    --max-in-flight 1: a second request while one runs gets 503 / UNAVAILABLE. And while a model runs (about a
+    second), the event loop is free: health probes answer within 50 ms."""
+    oip_available()
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    with ServiceProcess.start({"slow": slow_model(tmp_path / "slow.onnx", layers=300)}, tmp_path / "serve.sock",
+                              ["--device", "CPU", "--threads", "1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+                               "--shm", "off", "--max-in-flight", "1"]) as svc:
+        name = f"npurt_off_{os.getpid()}"
+        with open(f"/dev/shm/{name}", "wb") as f:
+            f.truncate(4096)
+        try:
+            for method, path, data in (
+                    ("POST", "/v2/systemsharedmemory/region/r/register",
+                     json.dumps({"key": f"/{name}", "byte_size": 4096}).encode()),
+                    ("GET", "/v2/systemsharedmemory/status", b""), ("POST", "/v2/systemsharedmemory/unregister", b""),
+                    ("POST", "/v2/models/slow/infer", json.dumps({"inputs": [{
+                        "name": "x", "datatype": "FP32", "shape": [256, 1024], "parameters": {
+                            "shared_memory_region": "r", "shared_memory_byte_size": 1 << 20}}]}).encode())):
+                status, doc = http_request(svc.http_address, method, path, data)
+                assert status == 403 and "--shm on" in doc["error"], (path, status, doc)
+        finally:
+            os.unlink(f"/dev/shm/{name}")
+        client = grpcclient.InferenceServerClient(svc.grpc_address)
+        for call in (client.get_system_shared_memory_status, client.unregister_system_shared_memory,
+                     lambda: client.register_system_shared_memory("r", "/x", 16)):
+            with pytest.raises(InferenceServerException, match="--shm on") as e:
+                call()
+            assert e.value.status() == "StatusCode.PERMISSION_DENIED"
+
+        x = np.ones((256, 1024), np.float32)
+        header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [256, 1024],
+                                         "parameters": {"binary_data_size": x.nbytes}}],
+                             "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+        request = (header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header))})
+        answers: list[tuple[int, dict]] = []
+        started = time.monotonic()
+        slow = threading.Thread(target=lambda: answers.append(
+            http_request(svc.http_address, "POST", "/v2/models/slow/infer", *request)))
+        slow.start()
+        time.sleep(0.15)
+        probes = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            assert http_request(svc.http_address, "GET", "/v2/health/live")[0] == 200
+            probes.append(time.perf_counter() - t0)
+        status, doc = http_request(svc.http_address, "POST", "/v2/models/slow/infer", *request)
+        assert status == 503 and "--max-in-flight" in doc["error"], (status, doc)
+        g = grpcclient.InferInput("x", [256, 1024], "FP32")
+        g.set_data_from_numpy(x)
+        with pytest.raises(InferenceServerException, match="--max-in-flight") as e:
+            client.infer("slow", [g])
+        assert e.value.status() == "StatusCode.UNAVAILABLE"
+        assert slow.is_alive(), "the model ended before the probes did: the test measured nothing"
+        slow.join(timeout=120)
+        took = time.monotonic() - started
+        assert answers and answers[0][0] == 200, answers
+        print(f"\nhealth while a {took:.2f} s request ran: max {max(probes) * 1e3:.1f} ms, "
+              f"median {sorted(probes)[5] * 1e3:.1f} ms")
+        assert max(probes) < 0.05, probes
+
+
+def test_oip_shm_region_of_another_uid_is_refused(oip_service):
+    """A region's shm object must belong to the server's uid: a client names only memory it made for the server."""
+    if os.geteuid() != 0:
+        pytest.skip("making a file of another uid needs root")
+    name = f"npurt_uid_{os.getpid()}"
+    path = f"/dev/shm/{name}"
+    with open(path, "wb") as f:
+        f.truncate(4096)
+    os.chown(path, 65534, 65534)
+    try:
+        status, doc = http_request(oip_service.http_address, "POST", "/v2/systemsharedmemory/region/u/register",
+                                   json.dumps({"key": f"/{name}", "byte_size": 4096}).encode())
+        assert status == 403 and "belongs to uid 65534" in doc["error"], (status, doc)
+    finally:
+        os.unlink(path)

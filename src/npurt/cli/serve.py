@@ -29,24 +29,25 @@ from .common import (
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    from ..serve.protocol import default_socket_path
-    from ..serve.server import Limits
-
-    d = Limits()
     p = sub.add_parser("serve", parents=[common], help="serve models to other processes over a local socket",
                        description="Own the NPU and the compiled models in one long-running process; other processes "
                                    "run the models through it (npurt.connect(...).open_runner(NAME)), tensors "
-                                   "passed by fd.")
+                                   "passed by fd; with --http / --grpc, over KServe's Open Inference Protocol too.")
+    _add_models(p)
+    _add_socket_limits(p)
+    _add_oip(p)
+    p.add_argument("--ready-fd", type=int, metavar="FD", help="write READY=1 to this inherited fd once listening")
+    p.add_argument("--log-level", default="INFO", choices=("ERROR", "WARNING", "INFO", "DEBUG"),
+                   help="what the service logs on stderr (who connected, what ran)")
+    p.set_defaults(func=run)
+
+
+def _add_models(p: argparse.ArgumentParser) -> None:
+    """What is served, and how it is compiled and run."""
     p.add_argument("--model", action="append", required=True, metavar="NAME=PATH",
                    help="a model to serve under NAME (repeatable); --shape INPUT=... pins that input of every served "
                         "model that has one, --shape NAME:INPUT=... of one model")
-    p.add_argument("--socket", default=None, metavar="PATH",
-                   help=f"the socket to listen on (default: {default_socket_path()}; $NPURT_SERVICE or "
-                        "$XDG_RUNTIME_DIR/npurt/serve.sock), created with mode 0600")
-    p.add_argument("--group", metavar="GROUP", help="let GROUP's members connect too (socket mode 0660)")
-    p.add_argument("--allow-uid", action="append", type=int, metavar="UID",
-                   help="only these uids may connect (repeatable; checked with SO_PEERCRED)")
-    add_model_options(p, "openvino, vaiml or auto", "auto")
+    add_model_options(p, "openvino, vaiml, qnn, onnxruntime or auto", "auto")
     p.add_argument("--hint", choices=("LATENCY", "THROUGHPUT", "latency", "throughput"), default=None,
                    help="the engines' performance hint")
     p.add_argument("--threads", type=int, metavar="N", help="engine threads per run (option num_threads)")
@@ -54,6 +55,20 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, metavar="N",
                    help="runs at once per served model (default: the runner's max_concurrent_runs, at least the "
                         "number of cores)")
+
+
+def _add_socket_limits(p: argparse.ArgumentParser) -> None:
+    """The local socket: where, who may connect, and each client's limits."""
+    from ..serve.protocol import default_socket_path
+    from ..serve.server import Limits
+
+    d = Limits()
+    p.add_argument("--socket", default=None, metavar="PATH",
+                   help=f"the socket to listen on (default: {default_socket_path()}; $NPURT_SERVICE or "
+                        "$XDG_RUNTIME_DIR/npurt/serve.sock), created with mode 0600")
+    p.add_argument("--group", metavar="GROUP", help="let GROUP's members connect too (socket mode 0660)")
+    p.add_argument("--allow-uid", action="append", type=int, metavar="UID",
+                   help="only these uids may connect (repeatable; checked with SO_PEERCRED)")
     p.add_argument("--max-clients", type=int, default=d.max_clients, metavar="N")
     p.add_argument("--max-connections-per-uid", type=int, default=d.max_connections_per_uid, metavar="N")
     p.add_argument("--max-jobs-per-client", type=int, default=d.max_jobs_per_client, metavar="N",
@@ -69,30 +84,44 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="a client that leaves its answers unread this long is disconnected (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, metavar="S",
                    help="on SIGTERM/SIGINT, how long the jobs already accepted may take (default: %(default)s)")
+
+
+def _add_oip(p: argparse.ArgumentParser) -> None:
+    """The Open Inference Protocol: listeners, who may use them, and each request's limits."""
     oip = p.add_argument_group("Open Inference Protocol (KServe v2; needs the 'serve' extra)")
     oip.add_argument("--http", metavar="HOST:PORT", help="serve HTTP/REST there (e.g. 127.0.0.1:8000; port 0: any "
                                                          "free port, printed on the READY line)")
     oip.add_argument("--grpc", metavar="HOST:PORT", help="serve gRPC there (e.g. 127.0.0.1:8001)")
-    oip.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (health probes excepted); "
+    oip.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (health probes and /metrics excepted); "
                                      f"${TOKEN_ENV} or --token-file keep it off the command line")
     oip.add_argument("--token-file", metavar="PATH", help="read the token from this file")
+    oip.add_argument("--no-auth", action="store_true",
+                     help="listen beyond loopback without a token (refused otherwise): anyone who reaches the server "
+                          "may run the models")
     oip.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS and gRPC over TLS with this certificate chain")
     oip.add_argument("--tls-key", metavar="PEM", help="... and this private key")
     oip.add_argument("--insecure", action="store_true",
                      help="allow a token over plain text beyond loopback (TLS ends before this server: an ingress, "
                           "a service mesh)")
-    oip.add_argument("--max-body-mb", type=int, default=64, metavar="MB",
+    oip.add_argument("--shm", choices=("auto", "on", "off"), default="auto",
+                     help="Triton's system shared memory, for clients on this host only (default: auto, on where "
+                          "every listener binds loopback; off: 403 / PERMISSION_DENIED)")
+    from ..serve.oip.codec import OipLimits  # numpy only: --help needs no 'serve' extra
+
+    d = OipLimits()
+    oip.add_argument("--max-in-flight", type=int, default=d.max_in_flight, metavar="N",
+                     help="requests admitted at once, both protocols; more: 503 / UNAVAILABLE (default: %(default)s)")
+    oip.add_argument("--max-body-mb", type=int, default=d.max_body_bytes >> 20, metavar="MB",
                      help="largest HTTP body / gRPC message (default: %(default)s)")
-    oip.add_argument("--max-header-kb", type=int, default=16, metavar="KB",
+    oip.add_argument("--max-json-mb", type=int, default=d.max_json_bytes >> 20, metavar="MB",
+                     help="largest JSON part of an HTTP infer request, parsed off the event loop (default: "
+                          "%(default)s)")
+    oip.add_argument("--max-header-kb", type=int, default=d.max_header_bytes >> 10, metavar="KB",
                      help="largest HTTP request line or header field, and gRPC metadata (default: %(default)s)")
-    oip.add_argument("--max-tensors", type=int, default=64, metavar="N",
+    oip.add_argument("--max-tensors", type=int, default=d.max_tensors, metavar="N",
                      help="inputs plus requested outputs per request (default: %(default)s)")
-    oip.add_argument("--max-elements", type=int, default=1 << 26, metavar="N",
+    oip.add_argument("--max-elements", type=int, default=d.max_elements, metavar="N",
                      help="elements of all inputs of one request (default: %(default)s)")
-    p.add_argument("--ready-fd", type=int, metavar="FD", help="write READY=1 to this inherited fd once listening")
-    p.add_argument("--log-level", default="INFO", choices=("ERROR", "WARNING", "INFO", "DEBUG"),
-                   help="what the service logs on stderr (who connected, what ran)")
-    p.set_defaults(func=run)
 
 
 TOKEN_ENV = "NPURT_SERVE_TOKEN"
@@ -102,7 +131,7 @@ def oip_config(args: argparse.Namespace) -> Any:
     """The Open Inference Protocol's settings from the flags (None without --http / --grpc), checked for safety;
     the warnings are printed loudly."""
     if not args.http and not args.grpc:
-        for flag in ("token", "token_file", "tls_cert", "tls_key"):
+        for flag in ("token", "token_file", "tls_cert", "tls_key", "no_auth"):
             if getattr(args, flag):
                 raise CliError(f"--{flag.replace('_', '-')} is for the Open Inference Protocol: give --http or --grpc",
                                EXIT_USAGE)
@@ -120,7 +149,8 @@ def oip_config(args: argparse.Namespace) -> Any:
             raise CliError(f"--token-file {args.token_file}: {e.strerror}", EXIT_USAGE) from None
     token = token or os.environ.get(TOKEN_ENV) or None
     for value, flag in ((args.max_body_mb, "--max-body-mb"), (args.max_header_kb, "--max-header-kb"),
-                        (args.max_tensors, "--max-tensors"), (args.max_elements, "--max-elements")):
+                        (args.max_tensors, "--max-tensors"), (args.max_elements, "--max-elements"),
+                        (args.max_json_mb, "--max-json-mb"), (args.max_in_flight, "--max-in-flight")):
         if value < 1:
             raise CliError(f"{flag} {value}: must be 1 or more", EXIT_USAGE)
     try:
@@ -128,9 +158,11 @@ def oip_config(args: argparse.Namespace) -> Any:
                            grpc=parse_address(args.grpc, "--grpc") if args.grpc else None, token=token,
                            tls_cert=Path(args.tls_cert) if args.tls_cert else None,
                            tls_key=Path(args.tls_key) if args.tls_key else None, insecure=args.insecure,
+                           no_auth=args.no_auth, shm=args.shm,
                            limits=OipLimits(max_header_bytes=args.max_header_kb << 10,
-                                            max_body_bytes=args.max_body_mb << 20, max_tensors=args.max_tensors,
-                                            max_elements=args.max_elements))
+                                            max_body_bytes=args.max_body_mb << 20,
+                                            max_json_bytes=args.max_json_mb << 20, max_tensors=args.max_tensors,
+                                            max_elements=args.max_elements, max_in_flight=args.max_in_flight))
         warnings = check_config(config)
     except ValueError as e:
         raise CliError(one_line(e), EXIT_USAGE) from None

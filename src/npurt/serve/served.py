@@ -134,12 +134,13 @@ class Binding:
 class Job:
     """One run: of registered tensors (``binding``), or of arrays (``arrays``: ``Runner.run``'s feeds)."""
 
-    __slots__ = ("owner", "req", "binding", "stream", "arrays", "queued_at")
+    __slots__ = ("owner", "req", "binding", "stream", "arrays", "queued_at", "started_at", "ended_at")
 
     def __init__(self, owner: JobOwner, req: int, binding: Binding | None, stream: Stream | None,
                  arrays: dict[str, np.ndarray] | None = None) -> None:
         self.owner, self.req, self.binding, self.stream, self.arrays = owner, req, binding, stream, arrays
         self.queued_at = time.monotonic()
+        self.started_at = self.ended_at = 0.0  # its run's start and end (0: not run)
 
 
 class ServedModel:
@@ -245,7 +246,7 @@ class ServedModel:
 
     def run(self, job: Job) -> None:
         """Run one job and answer it (a worker, or a client's thread, never dies of a job)."""
-        started = time.monotonic()
+        started = job.started_at = time.monotonic()
         ok = False
         try:
             ok = self._run(job)
@@ -256,8 +257,9 @@ class ServedModel:
             else:
                 job.owner.reply_done(job.req, StatusCode.FAILURE, "the service failed to run the job", None)
         finally:
+            job.ended_at = time.monotonic()
             if self.observer is not None:
-                self.observer.job_ran(self.name, started - job.queued_at, time.monotonic() - started, ok)
+                self.observer.job_ran(self.name, started - job.queued_at, job.ended_at - started, ok)
             job.owner.job_ended()
 
     def _run(self, job: Job) -> bool:

@@ -75,8 +75,8 @@ class Service:
             from .oip.metrics import ServeMetrics
             from .oip.shm import SharedMemoryRegions
 
-            regions = self.regions = SharedMemoryRegions()
-            self.metrics = ServeMetrics(self._runner_stats, lambda: len(regions.status()))
+            regions = self.regions = SharedMemoryRegions(enabled=self.oip_config.shm_enabled)
+            self.metrics = ServeMetrics(self._runner_stats, lambda: regions.count)
 
     def _runner_stats(self) -> dict[str, dict[str, int]]:
         return {s.name: s.runner.stats for s in list(self._served.values())}

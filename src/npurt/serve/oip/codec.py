@@ -8,6 +8,7 @@ allows (no copy); a tensor that lies in system shared memory is a ``ShmRef``, re
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -48,12 +49,14 @@ def bad(message: str) -> OipError:
 
 @dataclass(frozen=True)
 class OipLimits:
-    """What one request may carry."""
+    """What one request may carry, and how many may be in flight."""
 
     max_header_bytes: int = 16 << 10  # HTTP request line and headers (each line), gRPC metadata
     max_body_bytes: int = 64 << 20  # an HTTP body, a gRPC message (a 1080p float32 frame is 24.9 MB)
+    max_json_bytes: int = 16 << 20  # the JSON of an HTTP request (binary tensors after it count in the body only)
     max_tensors: int = 64  # inputs plus requested outputs
     max_elements: int = 1 << 26  # elements of all inputs together
+    max_in_flight: int = 64  # requests admitted at once, both protocols (64 bodies of 64 MiB: 4 GiB at most)
 
 
 @dataclass(frozen=True)
@@ -172,28 +175,54 @@ def _count_elements(total: int, shape: tuple[int, ...], limits: OipLimits) -> in
     return total
 
 
-def check_counts(request: InferRequest, limits: OipLimits) -> None:
-    """The request's tensor count and elements within the limits (OipError 400 / 413)."""
-    n = len(request.inputs) + len(request.outputs or ())
-    if n > limits.max_tensors:
-        raise OipError(413, f"the request names {n} tensors; this server takes at most {limits.max_tensors} "
-                            "(--max-tensors)")
-    elements = sum(math.prod(t.shape) for t in request.inputs)
-    if elements > limits.max_elements:
-        raise OipError(413, f"the request's inputs hold {elements} elements; this server takes at most "
-                            f"{limits.max_elements} per request (--max-elements)")
+def _flat(data: Any, what: str) -> list[Any]:
+    """JSON data, nested lists flattened (row-major)."""
+    if not isinstance(data, list):
+        raise bad(f"{what}: data is not a list")
+    flat: list[Any] = data
+    for _ in range(MAX_RANK):
+        if not any(isinstance(v, list) for v in flat):
+            return flat
+        if not all(isinstance(v, list) for v in flat):
+            raise bad(f"{what}: data mixes lists and values at one level")
+        flat = list(itertools.chain.from_iterable(flat))
+    raise bad(f"{what}: data nested deeper than {MAX_RANK} levels")
+
+
+def _check_values(values: Sequence[Any], data_type: DataType, what: str) -> np.ndarray:
+    """Values of the declared datatype as an array of it: booleans for BOOL, integers within the type's range for
+    INT* / UINT*, numbers for FP* (OipError 400 otherwise: nothing is truncated, wrapped or coerced)."""
+    kinds = set(map(type, values))
+    name = datatype_name(data_type)
+    dtype = data_type.numpy
+    if data_type is DataType.BOOLEAN:
+        allowed: set[type] = {bool}
+        takes = "true / false"
+    elif np.issubdtype(dtype, np.integer):
+        allowed, takes = {int}, "integers"
+    else:
+        allowed, takes = {int, float}, "numbers"
+    if not kinds <= allowed:
+        wrong = sorted(k.__name__ for k in kinds - allowed)
+        raise bad(f"{what}: {name} data holds {', '.join(wrong)} values; it takes {takes}")
+    if allowed == {int} and values:
+        info = np.iinfo(dtype)
+        low, high = min(values), max(values)
+        if low < info.min or high > info.max:
+            raise bad(f"{what}: {name} data holds {low if low < info.min else high}, outside {info.min}..{info.max}")
+    try:
+        return np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise bad(f"{what}: data is not a list of {name} values: {str(e)[:120]}") from None
 
 
 def _array_from_json(data: Any, data_type: DataType, shape: tuple[int, ...], what: str) -> np.ndarray:
     if data_type is DataType.BF16:
         raise bad(f"{what}: BF16 data cannot be written in JSON; send it as binary data")
-    try:
-        array = np.asarray(data, dtype=data_type.numpy)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise bad(f"{what}: data is not a list of {datatype_name(data_type)} values: {str(e)[:120]}") from None
-    if array.dtype == object or array.size != math.prod(shape):
-        raise bad(f"{what}: data holds {array.size} values, shape {list(shape)} needs {math.prod(shape)}")
-    return array.reshape(shape)
+    values = _flat(data, what)
+    if len(values) != math.prod(shape):
+        raise bad(f"{what}: data holds {len(values)} values, shape {list(shape)} needs {math.prod(shape)}")
+    return _check_values(values, data_type, what).reshape(shape)
 
 
 def array_over(buffer: memoryview | bytes, offset: int, data_type: DataType, shape: tuple[int, ...]) -> np.ndarray:
@@ -208,7 +237,27 @@ def array_over(buffer: memoryview | bytes, offset: int, data_type: DataType, sha
 # ---------------------------------------------------------------------------------------------- HTTP
 def parse_http(body: bytes, header_length: str | None, limits: OipLimits) -> InferRequest:
     """An HTTP infer request: its JSON (the whole body, or the first ``header_length`` bytes of it, Triton's binary
-    tensor extension) and the binary tensors after it, in input order."""
+    tensor extension) and the binary tensors after it, in input order. Runs off the event loop: parsing JSON of
+    megabytes takes milliseconds."""
+    doc, json_size = _http_json(body, header_length, limits)
+    request, inputs, outputs = _http_head(doc, limits)
+    view = memoryview(body)
+    offset = json_size
+    elements = 0
+    for k, item in enumerate(inputs):
+        tensor, parameters = _http_input(k, item)
+        elements = _count_elements(elements, tensor.shape, limits)  # before its data is decoded
+        offset = _http_data(tensor, item, parameters, view, offset)
+        request.inputs.append(tensor)
+    if offset != len(body):
+        raise bad(f"the body has {len(body) - offset} bytes after the tensors its header declares")
+    if outputs is not None:
+        request.outputs = [_http_output(k, item) for k, item in enumerate(outputs)]
+    return request
+
+
+def _http_json(body: bytes, header_length: str | None, limits: OipLimits) -> tuple[dict[str, Any], int]:
+    """The request's JSON document and its length in the body (within ``max_json_bytes``)."""
     if header_length is not None:
         try:
             json_size = int(header_length)
@@ -218,12 +267,20 @@ def parse_http(body: bytes, header_length: str | None, limits: OipLimits) -> Inf
             raise bad(f"Inference-Header-Content-Length {json_size} for a body of {len(body)} bytes")
     else:
         json_size = len(body)
+    if json_size > limits.max_json_bytes:
+        raise OipError(413, f"the request's JSON is {json_size} bytes; this server parses at most "
+                            f"{limits.max_json_bytes} (--max-json-mb); send large tensors as binary data")
     try:
         doc = json.loads(body[:json_size])
     except (ValueError, RecursionError) as e:
         raise bad(f"the request is not JSON: {str(e)[:160]}") from None
     if not isinstance(doc, dict):
         raise bad(f"the request is a JSON {type(doc).__name__}, not an object")
+    return doc, json_size
+
+
+def _http_head(doc: dict[str, Any], limits: OipLimits) -> tuple[InferRequest, list[Any], list[Any] | None]:
+    """The request's id and parameters, and its lists of inputs and outputs (their count within the limit)."""
     request = InferRequest()
     rid = doc.get("id", "")
     if not isinstance(rid, str):
@@ -240,60 +297,66 @@ def parse_http(body: bytes, header_length: str | None, limits: OipLimits) -> Inf
     outputs = doc.get("outputs")
     if outputs is not None and not isinstance(outputs, list):
         raise bad("'outputs' is not a list")
-    if len(inputs) + len(outputs or ()) > limits.max_tensors:
-        raise OipError(413, f"the request names {len(inputs) + len(outputs or ())} tensors; this server takes at "
-                            f"most {limits.max_tensors} (--max-tensors)")
-    view = memoryview(body)
-    offset = json_size
-    elements = 0
-    for k, item in enumerate(inputs):
-        what = f"input {k}"
-        if not isinstance(item, dict):
-            raise bad(f"{what} is not an object")
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            raise bad(f"{what}: 'name' is missing or not a string")
-        what = f"input {name!r}"
-        data_type = _data_type(item.get("datatype"), what)
-        shape = _shape(item.get("shape"), what)
-        elements = _count_elements(elements, shape, limits)
-        tensor = InputTensor(name, data_type, shape)
-        p = _parameters(item.get("parameters"), what)
-        tensor.shm = _shm_ref(p, what)
-        size = p.get("binary_data_size")
-        if tensor.shm is not None:
-            if size is not None or "data" in item:
-                raise bad(f"{what}: data given both in shared memory and in the request")
-        elif size is not None:
-            size = _int(size, f"{what}: binary_data_size")
-            if size != tensor.nbytes:
-                raise bad(f"{what}: binary_data_size {size}, shape {list(shape)} of {datatype_name(data_type)} "
-                          f"needs {tensor.nbytes} bytes")
-            if offset + size > len(body):
-                raise bad(f"{what}: the binary data is truncated: {size} bytes declared, {len(body) - offset} left "
-                          "in the body")
-            tensor.array = array_over(view, offset, data_type, shape)
-            offset += size
-        elif "data" in item:
-            tensor.array = _array_from_json(item["data"], data_type, shape, what)
-        else:
-            raise bad(f"{what}: no data (neither 'data', binary_data_size nor shared memory)")
-        request.inputs.append(tensor)
-    if offset != len(body):
-        raise bad(f"the body has {len(body) - offset} bytes after the tensors its header declares")
-    if outputs is not None:
-        request.outputs = []
-        for k, item in enumerate(outputs):
-            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                raise bad(f"output {k}: not an object with a 'name'")
-            what = f"output {item['name']!r}"
-            p = _parameters(item.get("parameters"), what)
-            binary = p.get("binary_data")
-            if binary is not None and not isinstance(binary, bool):
-                raise bad(f"{what}: binary_data is not a boolean")
-            request.outputs.append(RequestedOutput(item["name"], binary, _shm_ref(p, what)))
-    check_counts(request, limits)
-    return request
+    _count_tensors(len(inputs) + len(outputs or ()), limits)
+    return request, inputs, outputs
+
+
+def _count_tensors(n: int, limits: OipLimits) -> None:
+    if n > limits.max_tensors:
+        raise OipError(413, f"the request names {n} tensors; this server takes at most {limits.max_tensors} "
+                            "(--max-tensors)")
+
+
+def _http_input(k: int, item: Any) -> tuple[InputTensor, dict[str, Any]]:
+    """Input ``k`` of the JSON: its name, datatype, shape and shared memory reference; its parameters."""
+    what = f"input {k}"
+    if not isinstance(item, dict):
+        raise bad(f"{what} is not an object")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad(f"{what}: 'name' is missing or not a string")
+    what = f"input {name!r}"
+    tensor = InputTensor(name, _data_type(item.get("datatype"), what), _shape(item.get("shape"), what))
+    parameters = _parameters(item.get("parameters"), what)
+    tensor.shm = _shm_ref(parameters, what)
+    return tensor, parameters
+
+
+def _http_data(tensor: InputTensor, item: dict[str, Any], parameters: dict[str, Any], body: memoryview,
+               offset: int) -> int:
+    """The input's data: from the JSON, the binary part at ``offset`` or shared memory (then none here); the offset
+    of the next binary part."""
+    what = f"input {tensor.name!r}"
+    size = parameters.get("binary_data_size")
+    if tensor.shm is not None:
+        if size is not None or "data" in item:
+            raise bad(f"{what}: data given both in shared memory and in the request")
+    elif size is not None:
+        size = _int(size, f"{what}: binary_data_size")
+        if size != tensor.nbytes:
+            raise bad(f"{what}: binary_data_size {size}, shape {list(tensor.shape)} of "
+                      f"{datatype_name(tensor.data_type)} needs {tensor.nbytes} bytes")
+        if offset + size > len(body):
+            raise bad(f"{what}: the binary data is truncated: {size} bytes declared, {len(body) - offset} left "
+                      "in the body")
+        tensor.array = array_over(body, offset, tensor.data_type, tensor.shape)
+        offset += size
+    elif "data" in item:
+        tensor.array = _array_from_json(item["data"], tensor.data_type, tensor.shape, what)
+    else:
+        raise bad(f"{what}: no data (neither 'data', binary_data_size nor shared memory)")
+    return offset
+
+
+def _http_output(k: int, item: Any) -> RequestedOutput:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise bad(f"output {k}: not an object with a 'name'")
+    what = f"output {item['name']!r}"
+    p = _parameters(item.get("parameters"), what)
+    binary = p.get("binary_data")
+    if binary is not None and not isinstance(binary, bool):
+        raise bad(f"{what}: binary_data is not a boolean")
+    return RequestedOutput(item["name"], binary, _shm_ref(p, what))
 
 
 def http_response(model: str, version: str, request_id: str, outputs: Sequence[OutputTensor]
@@ -345,15 +408,12 @@ def grpc_parameters(parameters: Any) -> dict[str, Any]:
     return out
 
 
-def parse_grpc(message: Any, limits: OipLimits) -> InferRequest:
-    """An ``inference.ModelInferRequest``: typed ``contents`` or ``raw_input_contents`` (one per input that carries
-    data, in order) or shared memory."""
+def parse_grpc(message: Any, limits: OipLimits, model: str = "") -> InferRequest:
+    """An ``inference.ModelInferRequest``: typed ``contents`` or ``raw_input_contents`` (one per input, in order,
+    where the request uses them: then no input has ``contents``, as Triton rules) or shared memory."""
     request = InferRequest(id=message.id)
-    params = grpc_parameters(message.parameters)
     request.binary_output = True  # gRPC has only raw outputs
-    if len(message.inputs) + len(message.outputs) > limits.max_tensors:
-        raise OipError(413, f"the request names {len(message.inputs) + len(message.outputs)} tensors; this server "
-                            f"takes at most {limits.max_tensors} (--max-tensors)")
+    _count_tensors(len(message.inputs) + len(message.outputs), limits)
     if not message.inputs:
         raise bad("the request has no inputs")
     raw = message.raw_input_contents
@@ -367,17 +427,19 @@ def parse_grpc(message: Any, limits: OipLimits) -> InferRequest:
         shape = _shape(list(item.shape), what)
         elements = _count_elements(elements, shape, limits)
         tensor = InputTensor(item.name, data_type, shape)
-        p = grpc_parameters(item.parameters)
-        tensor.shm = _shm_ref(p, what)
-        contents_field = _CONTENTS_FIELD.get(data_type)
-        has_contents = item.HasField("contents") and contents_field is not None and len(
-            getattr(item.contents, contents_field)) > 0
+        tensor.shm = _shm_ref(grpc_parameters(item.parameters), what)
+        contents = _grpc_contents(item, data_type)
+        if contents is not None and len(raw):
+            raise bad(f"contents field must not be specified when using raw_input_contents for {item.name!r} for "
+                      f"model {model!r}")
         if tensor.shm is not None:
-            if has_contents:
+            if contents is not None:
                 raise bad(f"{what}: data given both in shared memory and in the request")
-        elif has_contents:
-            assert contents_field is not None
-            tensor.array = _array_from_json(list(getattr(item.contents, contents_field)), data_type, shape, what)
+        elif contents is not None:
+            if len(contents) != math.prod(shape):
+                raise bad(f"{what}: contents hold {len(contents)} values, shape {list(shape)} needs "
+                          f"{math.prod(shape)}")
+            tensor.array = _check_values(contents, data_type, what).reshape(shape)
         elif next_raw < len(raw):
             blob = raw[next_raw]
             next_raw += 1
@@ -391,13 +453,19 @@ def parse_grpc(message: Any, limits: OipLimits) -> InferRequest:
     if next_raw != len(raw):
         raise bad(f"{len(raw) - next_raw} raw_input_contents beyond the inputs that take them")
     if message.outputs:
-        request.outputs = []
-        for item in message.outputs:
-            p = grpc_parameters(item.parameters)
-            request.outputs.append(RequestedOutput(item.name, True, _shm_ref(p, f"output {item.name!r}")))
-    del params
-    check_counts(request, limits)
+        request.outputs = [RequestedOutput(item.name, True, _shm_ref(grpc_parameters(item.parameters),
+                                                                     f"output {item.name!r}"))
+                           for item in message.outputs]
     return request
+
+
+def _grpc_contents(item: Any, data_type: DataType) -> list[Any] | None:
+    """The input's typed contents for its datatype (None: none given)."""
+    field_name = _CONTENTS_FIELD.get(data_type)
+    if field_name is None or not item.HasField("contents"):
+        return None
+    values = getattr(item.contents, field_name)
+    return list(values) if len(values) else None
 
 
 def fill_grpc_response(response: Any, model: str, version: str, request_id: str,
@@ -424,5 +492,5 @@ def fill_grpc_response(response: Any, model: str, version: str, request_id: str,
 
 
 __all__ = ["DATATYPE_OF", "DATA_TYPE_OF", "InferRequest", "InputTensor", "OipError", "OipLimits", "OutputTensor",
-           "RequestedOutput", "ShmRef", "array_over", "check_counts", "datatype_name", "fill_grpc_response",
+           "RequestedOutput", "ShmRef", "array_over", "datatype_name", "fill_grpc_response",
            "grpc_parameters", "http_response", "parse_grpc", "parse_http", "tensor_metadata"]

@@ -1,7 +1,9 @@
 """The Open Inference Protocol over gRPC (grpcio): KServe's ``inference.GRPCInferenceService`` with Triton's
-SystemSharedMemory RPCs, from the protocol's published .proto as Triton's client ships it generated
-(``tritonclient.grpc.service_pb2``). Triton's other RPCs (CUDA shared memory, the model repository, statistics,
-trace and log settings, streaming) answer UNIMPLEMENTED, as the generated servicer does.
+statistics, model configuration and system shared memory RPCs, from the protocol's published .proto as Triton's
+client ships it generated (``tritonclient.grpc.service_pb2``). The CUDA shared memory RPCs answer as a server without
+GPUs does (nothing registered; registering fails). Triton's other RPCs (the model repository, trace and log
+settings, streaming) answer UNIMPLEMENTED, with one log line per method at most once a minute (no traceback: a
+client cannot flood the log).
 
 Handlers run on grpcio's thread pool; an infer runs on the handler's thread where its model has a free slot (no
 hand-off), else through the model's queue. Message and metadata sizes are grpcio's limits, set from the server's.
@@ -9,23 +11,43 @@ hand-off), else through the model's queue. Message and metadata sizes are grpcio
 
 from __future__ import annotations
 
-import hmac
 import logging
 from concurrent import futures
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # type: ignore[import-untyped]
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc  # type: ignore[import-untyped]
 
-from .codec import OipError, fill_grpc_response, parse_grpc
-from .inference import InferenceFront
+from .codec import InferRequest, OipError, OutputTensor, fill_grpc_response, parse_grpc
+from .inference import InferenceFront, bearer_ok
+from .logs import RateLimited
+from .shm import cuda_register_refused, cuda_status, cuda_unregister
 
 log = logging.getLogger("npurt.serve")
 
 _CODE_OF = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-            404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION,
-            413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
+            403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+            409: grpc.StatusCode.FAILED_PRECONDITION, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+            503: grpc.StatusCode.UNAVAILABLE}
 OPEN_RPCS = frozenset({"ServerLive", "ServerReady"})  # health, for probes
+
+
+class _Unimplemented:
+    """Answers an RPC npurt does not serve: UNIMPLEMENTED, logged once per method and period."""
+
+    def __init__(self) -> None:
+        self.limiter = RateLimited()
+
+    def __call__(self, method: str, context: Any) -> Any:
+        count = self.limiter.due(method)
+        if count:
+            log.info("gRPC %s: not implemented by npurt serve (UNIMPLEMENTED; %d call(s) since the last line)",
+                     method, count)
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by npurt serve")
+
+
+def _tensor_metadata(t: dict[str, Any]) -> Any:
+    return service_pb2.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
 
 
 class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -36,7 +58,7 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
         if self.token is None or rpc in OPEN_RPCS:
             return
         given = dict(context.invocation_metadata()).get("authorization", "")
-        if not hmac.compare_digest(str(given).encode(), f"Bearer {self.token}".encode()):
+        if not bearer_ok(str(given), self.token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization metadata)")
 
     @staticmethod
@@ -70,11 +92,43 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
             doc = self.front.model(request.name, request.version).metadata
         except OipError as e:
             return self._fail(context, e)
-        tensor = service_pb2.ModelMetadataResponse.TensorMetadata
         return service_pb2.ModelMetadataResponse(
             name=doc["name"], versions=doc["versions"], platform=doc["platform"],
-            inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in doc["inputs"]],
-            outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in doc["outputs"]])
+            inputs=[_tensor_metadata(t) for t in doc["inputs"]], outputs=[_tensor_metadata(t) for t in doc["outputs"]])
+
+    def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._check(context, "ModelConfig")
+        try:
+            doc = self.front.model(request.name, request.version).config
+        except OipError as e:
+            return self._fail(context, e)
+
+        def ports(kind: Any, items: list[dict[str, Any]]) -> list[Any]:
+            return [kind(name=t["name"], data_type=model_config_pb2.DataType.Value(t["data_type"]), dims=t["dims"])
+                    for t in items]
+
+        config = model_config_pb2.ModelConfig(name=doc["name"], platform=doc["platform"], backend=doc["backend"],
+                                              max_batch_size=doc["max_batch_size"],
+                                              input=ports(model_config_pb2.ModelInput, doc["input"]),
+                                              output=ports(model_config_pb2.ModelOutput, doc["output"]))
+        return service_pb2.ModelConfigResponse(config=config)
+
+    def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._check(context, "ModelStatistics")
+        try:
+            doc = self.front.statistics(request.name, request.version)
+        except OipError as e:
+            return self._fail(context, e)
+        response = service_pb2.ModelStatisticsResponse()
+        for model in doc["model_stats"]:
+            entry = response.model_stats.add()
+            entry.name, entry.version = model["name"], model["version"]
+            entry.last_inference = model["last_inference"]
+            entry.inference_count, entry.execution_count = model["inference_count"], model["execution_count"]
+            for phase, figures in model["inference_stats"].items():
+                duration = getattr(entry.inference_stats, phase)
+                duration.count, duration.ns = figures["count"], figures["ns"]
+        return response
 
     # -- inference --------------------------------------------------------------------------------------------
     def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -84,11 +138,16 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
         try:
             with front.admit():
                 entry = front.model(request.model_name, request.model_version)
-                parsed = parse_grpc(request, front.limits)
-                call, job = front.call(entry, parsed, front.client_id(context.peer()))
-                outputs = front.run_blocking(call, job)
-                response = service_pb2.ModelInferResponse()
-                fill_grpc_response(response, entry.name, "1", parsed.id, outputs)
+
+                def decode() -> InferRequest:
+                    return parse_grpc(request, front.limits, entry.name)
+
+                def encode(parsed: InferRequest, outputs: list[OutputTensor]) -> Any:
+                    response = service_pb2.ModelInferResponse()
+                    fill_grpc_response(response, entry.name, "1", parsed.id, outputs)
+                    return response
+
+                response = front.infer(entry, decode, encode, context.peer())
                 ok = True
                 return response
         except OipError as e:
@@ -127,6 +186,43 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
             return self._fail(context, e)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
+    # -- CUDA shared memory: none here ------------------------------------------------------------------------
+    def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._check(context, "CudaSharedMemoryStatus")
+        try:
+            cuda_status(request.name or None)
+        except OipError as e:
+            return self._fail(context, e)
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._check(context, "CudaSharedMemoryRegister")
+        return self._fail(context, cuda_register_refused(request.name))
+
+    def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._check(context, "CudaSharedMemoryUnregister")
+        cuda_unregister(request.name or None)
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+
+def _add_unimplemented() -> None:
+    """Every RPC of the service that _Servicer does not define answers through ``_Unimplemented`` (the generated
+    base class's would log a traceback per call)."""
+    answer = _Unimplemented()
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in service.methods:
+        if method.name in _Servicer.__dict__:
+            continue
+
+        def handler(self: _Servicer, request: Any, context: Any, _name: str = method.name) -> Any:
+            self._check(context, _name)
+            return answer(_name, context)
+
+        setattr(_Servicer, method.name, handler)
+
+
+_add_unimplemented()
+
 
 class GrpcFrontEnd:
     """The gRPC server."""
@@ -140,7 +236,10 @@ class GrpcFrontEnd:
 
     def start(self) -> str:
         limits = self.front.limits
+        # RPCs received but not yet handled wait in grpcio's queue: bounded (past it, RESOURCE_EXHAUSTED); those
+        # handled are admitted up to --max-in-flight (past it, UNAVAILABLE)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="npurt-grpc"),
+                             maximum_concurrent_rpcs=limits.max_in_flight + self.workers,
                              options=[("grpc.max_receive_message_length", limits.max_body_bytes),
                                       ("grpc.max_send_message_length", -1),
                                       ("grpc.max_metadata_size", limits.max_header_bytes),

@@ -2,41 +2,52 @@
 header fields and body), in a thread of its own with its own event loop (uvloop where installed).
 
 Routes: ``/v2/health/live``, ``/v2/health/ready``, ``GET /v2``, ``GET /v2/models/{m}[/versions/{v}]``,
-``.../ready``, ``POST .../infer`` (JSON, and Triton's binary tensor extension), Triton's system shared memory
-extension under ``/v2/systemsharedmemory``, and ``/metrics``. Every error is a 4xx / 5xx with ``{"error": ...}``;
-no request, however malformed, ends the server. With a token, every route but the two health probes needs
-``Authorization: Bearer <token>``.
+``.../ready``, ``.../config``, ``.../stats`` (and ``/v2/models/stats``), ``POST .../infer`` (JSON, and Triton's
+binary tensor extension), Triton's system shared memory extension under ``/v2/systemsharedmemory``, its CUDA shared
+memory routes answered as a server without GPUs answers them, and ``/metrics``. Every error is a 4xx / 5xx with
+``{"error": ...}`` and ``Content-Type: application/json``; no request, however malformed, ends the server. With a
+token, every route but the health probes and ``/metrics`` needs ``Authorization: Bearer <token>`` (the scheme in any
+case).
+
+An infer request's body is read on the event loop; its decoding (JSON included), its run and its answer's encoding
+happen on a thread of a pool (one per request admitted, ``--max-in-flight``), so that a slow model or a large JSON
+body never stalls the loop: health probes answer meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
 
-from .codec import OipError, http_response, parse_http
-from .inference import InferenceFront
+from .codec import InferRequest, OipError, OutputTensor, http_response, parse_http
+from .inference import InferenceFront, bearer_ok
+from .logs import ClientErrors
 from .metrics import CONTENT_TYPE
+from .shm import cuda_register_refused, cuda_status, cuda_unregister
 
 log = logging.getLogger("npurt.serve")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPEN_ROUTES = frozenset({"/v2/health/live", "/v2/health/ready"})  # for probes (kubelet's carry no token)
+# probes (kubelet's carry no token) and Prometheus' scrapes (which carry none either)
+OPEN_ROUTES = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics"})
+JSON = {"Content-Type": "application/json"}  # exactly: KServe's client reads an error's text only for this
+MAX_CONTROL_BODY = 64 << 10  # a shared memory registration's JSON
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message[:8000]}, status=status)
+    return web.Response(status=status, body=json.dumps({"error": message[:8000]}).encode(), headers=JSON)
 
 
 def _ok(doc: Any) -> web.Response:
-    return web.Response(body=json.dumps(doc, separators=(",", ":")).encode(), content_type="application/json")
+    return web.Response(body=json.dumps(doc, separators=(",", ":")).encode(), headers=JSON)
 
 
 class HttpFrontEnd:
@@ -51,6 +62,7 @@ class HttpFrontEnd:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._failed: BaseException | None = None
+        self._pool = ThreadPoolExecutor(front.limits.max_in_flight, thread_name_prefix="npurt-http")
 
     # -- the app ----------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -62,17 +74,21 @@ class HttpFrontEnd:
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
         r.add_get("/v2", self.server_metadata)
-        r.add_get("/v2/models/{model}", self.model_metadata)
-        r.add_get("/v2/models/{model}/versions/{version}", self.model_metadata)
-        r.add_get("/v2/models/{model}/ready", self.model_ready)
-        r.add_get("/v2/models/{model}/versions/{version}/ready", self.model_ready)
-        r.add_post("/v2/models/{model}/infer", self.infer)
-        r.add_post("/v2/models/{model}/versions/{version}/infer", self.infer)
-        r.add_get("/v2/systemsharedmemory/status", self.shm_status)
-        r.add_get("/v2/systemsharedmemory/region/{region}/status", self.shm_status)
-        r.add_post("/v2/systemsharedmemory/region/{region}/register", self.shm_register)
-        r.add_post("/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister)
-        r.add_post("/v2/systemsharedmemory/unregister", self.shm_unregister)
+        r.add_get("/v2/models/stats", self.statistics)
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_get(base, self.model_metadata)
+            r.add_get(base + "/ready", self.model_ready)
+            r.add_get(base + "/config", self.model_config)
+            r.add_get(base + "/stats", self.statistics)
+            r.add_post(base + "/infer", self.infer)
+        for kind, status, register, unregister in (
+                ("system", self.shm_status, self.shm_register, self.shm_unregister),
+                ("cuda", self.cuda_status, self.cuda_register, self.cuda_unregister)):
+            r.add_get(f"/v2/{kind}sharedmemory/status", status)
+            r.add_get(f"/v2/{kind}sharedmemory/region/{{region}}/status", status)
+            r.add_post(f"/v2/{kind}sharedmemory/region/{{region}}/register", register)
+            r.add_post(f"/v2/{kind}sharedmemory/region/{{region}}/unregister", unregister)
+            r.add_post(f"/v2/{kind}sharedmemory/unregister", unregister)
         r.add_get("/metrics", self.metrics)
         return app
 
@@ -80,8 +96,7 @@ class HttpFrontEnd:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Authentication, and every failure as the protocol's ``{"error": ...}``."""
         if self.token is not None and request.path not in OPEN_ROUTES:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            if not bearer_ok(request.headers.get("Authorization", ""), self.token):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer ...)")
         try:
             return await handler(request)
@@ -121,6 +136,12 @@ class HttpFrontEnd:
             return _error(503, "the server is shutting down")
         return _ok({"name": request.match_info["model"], "ready": True})
 
+    async def model_config(self, request: web.Request) -> web.Response:
+        return _ok(self.front.model(request.match_info["model"], request.match_info.get("version", "")).config)
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        return _ok(self.front.statistics(request.match_info.get("model", ""), request.match_info.get("version", "")))
+
     async def metrics(self, request: web.Request) -> web.Response:
         metrics = self.front.metrics
         if metrics is None:
@@ -135,30 +156,45 @@ class HttpFrontEnd:
         try:
             with front.admit():
                 entry = front.model(name, request.match_info.get("version", ""))
-                length = request.content_length
-                if length is not None and length > front.limits.max_body_bytes:
-                    raise OipError(413, f"a body of {length} bytes; this server's limit is "
-                                        f"{front.limits.max_body_bytes} (--max-body-mb)")
-                try:
-                    body = await request.read()
-                except web.HTTPRequestEntityTooLarge:
-                    raise
-                except Exception as e:  # noqa: BLE001 - the client went away or sent less than it said
-                    raise OipError(400, f"the request body could not be read: {type(e).__name__}: {e}") from None
-                parsed = parse_http(body, request.headers.get("Inference-Header-Content-Length"), front.limits)
-                peer = request.remote or ""
-                call, job = front.call(entry, parsed, front.client_id(peer))
-                outputs = await front.run_async(call, job, alone=front.in_flight == 1)
-                parts, header_length = http_response(entry.name, "1", parsed.id, outputs)
+                body = await self._body(request)
+                header = request.headers.get("Inference-Header-Content-Length")
+                limits = front.limits
+
+                def decode() -> InferRequest:
+                    return parse_http(body, header, limits)
+
+                def encode(parsed: InferRequest, outputs: list[OutputTensor]
+                           ) -> tuple[list[bytes | memoryview], int | None]:
+                    return http_response(entry.name, "1", parsed.id, outputs)
+
+                work = asyncio.get_running_loop().run_in_executor(self._pool, front.infer, entry, decode, encode,
+                                                                  request.remote or "")
+                # a request cancelled meanwhile still lets its job end before its regions are reused
+                parts, header_length = await asyncio.shield(work)
                 ok = True
         finally:
             if front.metrics is not None:
                 front.metrics.request(front.model_label(name), "http", ok)
         if header_length is None:
-            return web.Response(body=parts[0], content_type="application/json")
-        body_out = b"".join(parts)
-        return web.Response(body=body_out, content_type="application/octet-stream",
+            return web.Response(body=parts[0], headers=JSON)
+        return web.Response(body=b"".join(parts), content_type="application/octet-stream",
                             headers={"Inference-Header-Content-Length": str(header_length)})
+
+    async def _body(self, request: web.Request, limit: int | None = None) -> bytes:
+        limit = self.front.limits.max_body_bytes if limit is None else limit
+        length = request.content_length
+        if length is not None and length > limit:
+            raise OipError(413, f"a body of {length} bytes; this server's limit is {limit}"
+                                f"{' (--max-body-mb)' if limit == self.front.limits.max_body_bytes else ''}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise
+        except Exception as e:  # noqa: BLE001 - the client went away or sent less than it said
+            raise OipError(400, f"the request body could not be read: {type(e).__name__}: {e}") from None
+        if len(body) > limit:
+            raise OipError(413, f"a body of {len(body)} bytes; this server's limit here is {limit}")
+        return body
 
     # -- system shared memory ---------------------------------------------------------------------------------
     async def shm_status(self, request: web.Request) -> web.Response:
@@ -166,26 +202,40 @@ class HttpFrontEnd:
 
     async def shm_register(self, request: web.Request) -> web.Response:
         name = request.match_info["region"]
+        regions = self.front.regions
+        regions.check_enabled()
         try:
-            doc = json.loads(await request.read() or b"{}")
+            doc = json.loads(await self._body(request, MAX_CONTROL_BODY) or b"{}")
         except ValueError as e:
             raise OipError(400, f"the register request is not JSON: {str(e)[:160]}") from None
         if not isinstance(doc, dict) or "key" not in doc or "byte_size" not in doc:
             raise OipError(400, "a register request is {\"key\": ..., \"offset\": ..., \"byte_size\": ...}")
-        regions = self.front.regions
         await asyncio.get_running_loop().run_in_executor(
-            None, regions.register, name, doc["key"], doc.get("offset", 0), doc["byte_size"])
+            self._pool, regions.register, name, doc["key"], doc.get("offset", 0), doc["byte_size"])
         return _ok({})
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
         # it may wait for the jobs that use the region: not on the loop, which answers them
-        await asyncio.get_running_loop().run_in_executor(None, self.front.regions.unregister,
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.front.regions.unregister,
                                                          request.match_info.get("region"))
         return _ok({})
+
+    # -- CUDA shared memory: none here ------------------------------------------------------------------------
+    async def cuda_status(self, request: web.Request) -> web.Response:
+        return _ok(cuda_status(request.match_info.get("region")))
+
+    async def cuda_register(self, request: web.Request) -> web.Response:
+        raise cuda_register_refused(request.match_info["region"])
+
+    async def cuda_unregister(self, request: web.Request) -> web.Response:
+        return _ok(cuda_unregister(request.match_info.get("region")))
 
     # -- running ----------------------------------------------------------------------------------------------
     def start(self) -> str:
         """Listen; the address ("host:port") once bound (raises what binding raised)."""
+        server_log = logging.getLogger("aiohttp.server")
+        if not any(isinstance(f, ClientErrors) for f in server_log.filters):
+            server_log.addFilter(ClientErrors())
         self._thread = threading.Thread(target=self._serve, name="npurt-serve-http", daemon=True)
         self._thread.start()
         self._started.wait()
@@ -236,6 +286,7 @@ class HttpFrontEnd:
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._pool.shutdown(wait=False)
 
 
 __all__ = ["HttpFrontEnd"]

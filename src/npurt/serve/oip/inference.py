@@ -1,6 +1,8 @@
 """What the HTTP and gRPC front ends share: the served models as the Open Inference Protocol sees them, inference
 requests turned into jobs of those served models (the same jobs, queue and workers as the local socket's), system
-shared memory, health and the drain on shutdown.
+shared memory, health, admission (``--max-in-flight``), each model's statistics and configuration, and the drain on
+shutdown. ``InferenceFront.infer`` is one admitted request from its decoding to its answer's encoding, on a thread
+that may block (never an event loop's).
 
 An ``InferCall`` is one request's job and its ``JobOwner``: the served model runs it and answers through it. Inputs
 reach the runner as arrays over the request's bytes or over a shared memory mapping (no copy where their alignment
@@ -11,15 +13,15 @@ over the region, so that the engine writes there; otherwise with ``Runner.run``.
 
 from __future__ import annotations
 
-import asyncio
+import hmac
 import itertools
 import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,13 +29,24 @@ from ... import __version__
 from ...tensor import NpuTensor
 from ...types import NpuTensorInfo, StatusCode, TensorDirection, TensorType
 from ..served import Binding, Job, ServedModel
-from .codec import InferRequest, InputTensor, OipError, OipLimits, OutputTensor, RequestedOutput, tensor_metadata
+from .codec import (
+    InferRequest,
+    InputTensor,
+    OipError,
+    OipLimits,
+    OutputTensor,
+    RequestedOutput,
+    datatype_name,
+    tensor_metadata,
+)
 from .metrics import ServeMetrics
 from .shm import Region, SharedMemoryRegions
+from .statistics import ModelStatistics, Timeline
 
 SERVER_NAME = "npurt"
-EXTENSIONS = ["binary_tensor_data", "system_shared_memory"]
+EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "statistics", "model_configuration"]
 MODEL_VERSION = "1"  # one version of each served model
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,13 +57,38 @@ class ModelEntry:
     served: ServedModel
     inputs: list[NpuTensorInfo]
     outputs: list[NpuTensorInfo]
+    statistics: ModelStatistics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.statistics = ModelStatistics(self.name, MODEL_VERSION)
+
+    @property
+    def platform(self) -> str:
+        return f"npurt_{self.served.runner.runner_type.lower()}"
 
     @property
     def metadata(self) -> dict[str, Any]:
-        return {"name": self.name, "versions": [MODEL_VERSION],
-                "platform": f"npurt_{self.served.runner.runner_type.lower()}",
+        return {"name": self.name, "versions": [MODEL_VERSION], "platform": self.platform,
                 "inputs": [tensor_metadata(i) for i in self.inputs],
                 "outputs": [tensor_metadata(o) for o in self.outputs]}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The model configuration (Triton's ``ModelConfig`` as its HTTP API writes it), derived from the model:
+        no batching by the server (``max_batch_size`` 0: ``dims`` are the whole shape, -1 where it is open)."""
+        def port(info: NpuTensorInfo) -> dict[str, Any]:
+            return {"name": info.name, "data_type": f"TYPE_{datatype_name(info.data_type)}",
+                    "dims": [int(d) for d in info.shape]}
+
+        return {"name": self.name, "platform": self.platform, "backend": SERVER_NAME, "max_batch_size": 0,
+                "input": [port(i) for i in self.inputs], "output": [port(o) for o in self.outputs]}
+
+
+def bearer_ok(given: str, token: str) -> bool:
+    """``Bearer <token>`` (HTTP's Authorization header, gRPC's authorization metadata), the scheme in any case
+    (RFC 7235), the token compared in constant time."""
+    scheme, _, value = given.strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
 
 
 def _status_http(status: StatusCode) -> int:
@@ -158,12 +196,20 @@ class InferenceFront:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def model(self, name: str, version: str = "") -> ModelEntry:
+        """A served model by name (and version: "" or 1); OipError 404 in Triton's words, which clients match."""
         entry = self.models.get(name)
         if entry is None:
-            raise OipError(404, f"unknown model {name[:120]!r}; this server serves {sorted(self.models)}")
+            raise OipError(404, f"Request for unknown model: '{name[:120]}' is not found; this server serves "
+                                f"{sorted(self.models)}")
         if version not in ("", MODEL_VERSION):
-            raise OipError(404, f"model {name!r} has no version {version[:40]!r}; its version is {MODEL_VERSION}")
+            raise OipError(404, f"Request for unknown model: '{name}' version {version[:40]} is not found; its "
+                                f"version is {MODEL_VERSION}")
         return entry
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics of one model ("": of every served model)."""
+        entries = [self.model(name, version)] if name else list(self.models.values())
+        return {"model_stats": [e.statistics.doc() for e in entries]}
 
     def model_label(self, name: str) -> str:
         """The model's name for the metrics: only served models' names (a client cannot add label values)."""
@@ -172,10 +218,14 @@ class InferenceFront:
     # -- requests ---------------------------------------------------------------------------------------------
     @contextmanager
     def admit(self) -> Iterator[None]:
-        """One request in flight (OipError 503 while draining: SIGTERM lets the ones in flight finish)."""
+        """One request in flight (OipError 503 while draining: SIGTERM lets the ones in flight finish; 503 past
+        ``max_in_flight``)."""
         with self._idle:
             if self.draining:
                 raise OipError(503, "the server is shutting down: it takes no new requests")
+            if self._in_flight >= self.limits.max_in_flight:
+                raise OipError(503, f"{self._in_flight} requests are in flight, this server's limit "
+                                    "(--max-in-flight): retry later")
             self._in_flight += 1
         try:
             yield
@@ -209,6 +259,27 @@ class InferenceFront:
             number = self._clients[peer] = next(self._next_client)
         return number
 
+    def infer(self, entry: ModelEntry, decode: Callable[[], InferRequest],
+              encode: Callable[[InferRequest, list[OutputTensor]], T], peer: str) -> T:
+        """One admitted request, on a thread that may block (never the event loop's): decoded, run as a job of the
+        model, its answer encoded; its figures go to the model's statistics."""
+        timeline = Timeline(received=time.monotonic())
+        ok = False
+        try:
+            request = decode()
+            call, job = self.call(entry, request, self.client_id(peer))
+            timeline.queued = job.queued_at
+            try:
+                outputs = self.run_blocking(call, job)
+            finally:
+                timeline.started, timeline.ran = job.started_at, job.ended_at
+            timeline.encoding = time.monotonic()
+            answer = encode(request, outputs)
+            ok = True
+            return answer
+        finally:
+            entry.statistics.record(timeline, ok)
+
     def call(self, entry: ModelEntry, request: InferRequest, sid: int) -> tuple[InferCall, Job]:
         """The request checked against the model and made a job (OipError for what is wrong). Its regions are held
         until the job ends."""
@@ -221,10 +292,27 @@ class InferenceFront:
             raise
 
     def _job(self, call: InferCall) -> Job:
-        entry, request, served = call.entry, call.request, call.entry.served
-        if served.stateful:
+        """The request's job: its inputs checked and staged, its outputs planned; where outputs go to shared
+        memory, a binding over the regions."""
+        entry, request = call.entry, call.request
+        if entry.served.stateful:
             raise OipError(400, f"model {entry.name!r} keeps state between runs (a stream): it is served over the "
                                 "local socket only")
+        given = self._given(entry, request)
+        feeds = {info.name: self._feed(call, info, given[info.name]) for info in entry.inputs}
+        call.planned = [OutputTensor(o.name, info.data_type, info.shape, shm=o.shm,
+                                     binary=request.binary_output if o.binary is None else o.binary)
+                        for o, info in self._requested(entry, request)]
+        for out in call.planned:
+            if out.shm is not None:
+                self._hold(call, out.shm.region, f"output {out.name!r}")
+        if not any(out.shm is not None for out in call.planned):
+            return Job(call, 0, None, None, feeds)
+        return self._shm_job(call, given, feeds)
+
+    @staticmethod
+    def _given(entry: ModelEntry, request: InferRequest) -> dict[str, InputTensor]:
+        """The request's inputs by name: exactly the model's."""
         given = {t.name: t for t in request.inputs}
         if len(given) != len(request.inputs):
             raise OipError(400, "an input is given twice")
@@ -233,42 +321,38 @@ class InferenceFront:
             unknown = sorted(set(given) - set(names))
             missing = [n for n in names if n not in given]
             raise OipError(400, f"model {entry.name!r} takes inputs {names}: unknown {unknown}, missing {missing}")
-        feeds: dict[str, np.ndarray] = {}
-        for info in entry.inputs:
-            tensor = given[info.name]
-            what = f"input {info.name!r}"
-            if tensor.data_type is not info.data_type:
-                raise OipError(400, f"{what}: datatype {tensor.data_type.name}, the model takes "
-                                    f"{tensor_metadata(info)['datatype']}")
-            if len(tensor.shape) != len(info.shape) or any(
-                    d >= 0 and d != g for d, g in zip(info.shape, tensor.shape)):
-                raise OipError(400, f"{what}: shape {list(tensor.shape)}, the model takes {list(info.shape)} "
-                                    "(-1: any size)")
-            if tensor.shm is not None:
-                if tensor.shm.byte_size != tensor.nbytes:
-                    raise OipError(400, f"{what}: shared_memory_byte_size {tensor.shm.byte_size}, shape "
-                                        f"{list(tensor.shape)} needs {tensor.nbytes} bytes")
-                region = self._hold(call, tensor.shm.region, what)
-                view = region.view(tensor.shm, what)
-                array = np.frombuffer(view, info.data_type.numpy, math.prod(tensor.shape)).reshape(tensor.shape)
-                if not array.flags.aligned:
-                    array = array.copy()
-                    if self.metrics is not None:
-                        self.metrics.copied(entry.name, array.nbytes)
-                feeds[info.name] = array
-            else:
-                assert tensor.array is not None
-                feeds[info.name] = tensor.array
-        outputs = self._requested(entry, request)
-        call.planned = [OutputTensor(o.name, info.data_type, info.shape, shm=o.shm,
-                                     binary=request.binary_output if o.binary is None else o.binary)
-                        for o, info in outputs]
-        for out in call.planned:
-            if out.shm is not None:
-                self._hold(call, out.shm.region, f"output {out.name!r}")
-        if not any(out.shm is not None for out in call.planned):
-            return Job(call, 0, None, None, feeds)
-        # outputs into shared memory: execute on tensors over the regions where the engine's shapes are known
+        return given
+
+    def _feed(self, call: InferCall, info: NpuTensorInfo, tensor: InputTensor) -> np.ndarray:
+        """One input checked against the model's port, as the array the engine reads (over shared memory where it
+        lies there)."""
+        what = f"input {info.name!r}"
+        if tensor.data_type is not info.data_type:
+            raise OipError(400, f"{what}: datatype {datatype_name(tensor.data_type)}, the model takes "
+                                f"{datatype_name(info.data_type)}")
+        if len(tensor.shape) != len(info.shape) or any(d >= 0 and d != g for d, g in zip(info.shape, tensor.shape)):
+            raise OipError(400, f"{what}: shape {list(tensor.shape)}, the model takes {list(info.shape)} "
+                                "(-1: any size)")
+        if tensor.shm is None:
+            assert tensor.array is not None
+            return tensor.array
+        if tensor.shm.byte_size != tensor.nbytes:
+            raise OipError(400, f"{what}: shared_memory_byte_size {tensor.shm.byte_size}, shape "
+                                f"{list(tensor.shape)} needs {tensor.nbytes} bytes")
+        region = self._hold(call, tensor.shm.region, what)
+        view = region.view(tensor.shm, what)
+        array = np.frombuffer(view, info.data_type.numpy, math.prod(tensor.shape)).reshape(tensor.shape)
+        if not array.flags.aligned:
+            array = array.copy()
+            if self.metrics is not None:
+                self.metrics.copied(call.entry.name, array.nbytes)
+        return array
+
+    def _shm_job(self, call: InferCall, given: Mapping[str, InputTensor], feeds: dict[str, np.ndarray]) -> Job:
+        """Outputs into shared memory: a job that executes on tensors over the regions where the engine's output
+        shapes are known for these inputs (the binding reused where the request's tensors lie where an earlier
+        one's did), else one that runs on the arrays and copies the outputs into their regions."""
+        entry = call.entry
         key = self._binding_key(call, given)
         if key is not None:
             with self._bindings_lock:
@@ -276,7 +360,7 @@ class InferenceFront:
             if cached is not None:
                 return self._reuse(call, key, cached)
         try:
-            engine = served.runner.engine_for([feeds[i.name].shape for i in entry.inputs], compile=True)
+            engine = entry.served.runner.engine_for([feeds[i.name].shape for i in entry.inputs], compile=True)
         except ValueError as e:
             raise OipError(400, str(e)) from None
         infos = {port.cpu.name: port.cpu for port in engine.outputs}
@@ -298,7 +382,7 @@ class InferenceFront:
             held = list(call.regions)
             call.put_back = lambda: self._put_back(key, made, held)
         nbytes = sum(t.info.size_in_bytes for t in (*inputs, *all_outputs))
-        return Job(call, 0, Binding(served, 0, inputs, all_outputs, nbytes), None)
+        return Job(call, 0, Binding(entry.served, 0, inputs, all_outputs, nbytes), None)
 
     # -- bindings over shared memory, reused ------------------------------------------------------------------
     @staticmethod
@@ -380,8 +464,8 @@ class InferenceFront:
 
     # -- running ----------------------------------------------------------------------------------------------
     def run_blocking(self, call: InferCall, job: Job) -> list[OutputTensor]:
-        """Run a job and wait for it, on a thread that may block (gRPC's): on this thread where the model has a free
-        slot and nobody queues, else through the queue."""
+        """Run a job and wait for it, on a thread that may block (never the event loop's): on this thread where the
+        model has a free slot and nobody queues, else through the queue."""
         served = call.entry.served
         if served.try_slot():
             served.run_inline(job)
@@ -394,30 +478,6 @@ class InferenceFront:
             ended.wait()
         return call.result()
 
-    async def run_async(self, call: InferCall, job: Job, alone: bool) -> list[OutputTensor]:
-        """Run a job from the event loop. ``alone``: no other request is in flight, so the loop may run it itself
-        (no thread hand-off each way: the latency of one client); else the model's workers run it."""
-        served = call.entry.served
-        if alone and served.try_slot():
-            served.run_inline(job)
-            return call.result()
-        loop = asyncio.get_running_loop()
-        ended = loop.create_future()
-
-        def wake() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        def done() -> None:
-            loop.call_soon_threadsafe(wake)
-
-        call.done = done
-        if not served.submit(call.sid, job):
-            call.job_ended()  # never queued: its regions are free again
-            raise OipError(503, "the server is shutting down: it takes no new requests")
-        await asyncio.shield(ended)  # a cancelled request still lets its job end before the regions are reused
-        return call.result()
-
     @property
     def in_flight(self) -> int:
         return self._in_flight
@@ -426,4 +486,4 @@ class InferenceFront:
         return {name: entry.served.runner.stats for name, entry in self.models.items()}
 
 
-__all__ = ["EXTENSIONS", "InferCall", "InferenceFront", "ModelEntry", "SERVER_NAME"]
+__all__ = ["EXTENSIONS", "InferCall", "InferenceFront", "ModelEntry", "SERVER_NAME", "bearer_ok"]

@@ -1,9 +1,12 @@
 """The Open Inference Protocol side of ``npurt serve``: its settings (``OipConfig``), the safety rules they must pass
 (``check_config``), and the HTTP and gRPC servers over the served models (``OipServer``).
 
-Safety by default: loopback unless told otherwise; a bind beyond loopback without a token is warned about loudly; a
-token over plain HTTP / gRPC beyond loopback is refused unless ``insecure`` says the transport is protected
-elsewhere (a service mesh, TLS terminated at the ingress), because it would cross the network in clear text.
+Safety by default: loopback unless told otherwise; a bind beyond loopback without a token is refused unless
+``no_auth`` says so (then warned about loudly); a token over plain HTTP / gRPC beyond loopback is refused unless
+``insecure`` says the transport is protected elsewhere (a service mesh, TLS terminated at the ingress), because it
+would cross the network in clear text. System shared memory (``shm``: auto, on, off) is on under ``auto`` only where
+every listener binds loopback: a client beyond this host cannot share its memory, and behind a proxy every request
+comes from loopback, so no peer address can tell.
 """
 
 from __future__ import annotations
@@ -37,12 +40,20 @@ class OipConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     insecure: bool = False
+    no_auth: bool = False  # a bind beyond loopback without a token, on purpose
+    shm: str = "auto"  # system shared memory: "auto" (on where every listener binds loopback), "on", "off"
     limits: OipLimits = field(default_factory=OipLimits)
     grpc_workers: int = 16
 
     @property
     def enabled(self) -> bool:
         return self.http is not None or self.grpc is not None
+
+    @property
+    def shm_enabled(self) -> bool:
+        if self.shm == "auto":
+            return all(a is None or is_loopback(a[0]) for a in (self.http, self.grpc))
+        return self.shm == "on"
 
 
 def parse_address(value: str, flag: str) -> tuple[str, int]:
@@ -72,15 +83,22 @@ def check_config(config: OipConfig) -> list[str]:
             raise ValueError(f"TLS file not found: {path}")
     if config.token is not None and not config.token.strip():
         raise ValueError("the token is empty")
+    if config.no_auth and config.token is not None:
+        raise ValueError("--no-auth and a token contradict each other")
+    if config.shm not in ("auto", "on", "off"):
+        raise ValueError(f"--shm {config.shm!r}: auto, on or off")
     warnings = []
     for flag, address in (("--http", config.http), ("--grpc", config.grpc)):
         if address is None or is_loopback(address[0]):
             continue
         where = f"{flag} {address[0]}:{address[1]}"
         if config.token is None:
-            warnings.append(f"{where} listens beyond loopback WITHOUT AUTHENTICATION: anyone who can reach it can run "
-                            "the models and map shared memory; pass --token (or NPURT_SERVE_TOKEN), or bind "
-                            "127.0.0.1")
+            if not config.no_auth:
+                raise ValueError(f"{where} listens beyond loopback without a token: pass --token (or "
+                                 "$NPURT_SERVE_TOKEN, --token-file), bind 127.0.0.1, or say --no-auth where anyone "
+                                 "who reaches it may run the models")
+            warnings.append(f"{where} listens beyond loopback WITHOUT AUTHENTICATION (--no-auth): anyone who can "
+                            "reach it can run the models")
         elif config.tls_cert is None and not config.insecure:
             raise ValueError(f"{where}: a bearer token over plain text beyond loopback would cross the network in "
                              "the clear; give --tls-cert/--tls-key, or --insecure where TLS ends before this server "

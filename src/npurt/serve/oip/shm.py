@@ -1,8 +1,12 @@
 """Triton's system shared memory extension: regions of POSIX shared memory (``/dev/shm``) that clients register by
 name, and tensors read from and written into them in place.
 
+- Only where every client runs on this host: ``enabled`` comes from ``npurt serve --shm auto|on|off`` (auto: on only
+  where every listener binds loopback). Off, every use is refused (403) saying how to turn it on. Behind a proxy or
+  sidecar every request comes from 127.0.0.1, so a peer address proves nothing: the switch is the operator's.
 - A key must name a POSIX shm object: ``/name``, one component, no ``..``; it is opened under /dev/shm without
-  following links and must be a regular file at least ``offset + byte_size`` long. A region is mapped once, at
+  following links and must be a regular file of the server's own uid (a client names only memory it made for the
+  server, not any object the server's user can open), at least ``offset + byte_size`` long. A region is mapped once, at
   registration.
 - Every access is bounds-checked (``offset + byte_size`` within the region), and the object's size is checked again
   on every use: a client that shrinks it after registering gets an error, not a server killed by SIGBUS (the check
@@ -74,15 +78,29 @@ class Region:
 class SharedMemoryRegions:
     """The registered regions of one server (both protocols share them, as Triton's do)."""
 
-    def __init__(self, max_regions: int = 256, unregister_timeout_s: float = 10.0) -> None:
+    def __init__(self, max_regions: int = 256, unregister_timeout_s: float = 10.0, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.max_regions = max_regions
         self.unregister_timeout_s = unregister_timeout_s
         self._regions: dict[str, Region] = {}
         self._cond = threading.Condition()
         self.on_release: list[Callable[[Region], None]] = []  # told before a region is unmapped (caches over it)
 
+    def check_enabled(self) -> None:
+        """OipError 403 where the extension is off."""
+        if not self.enabled:
+            raise OipError(403, "system shared memory is off on this server (--shm off, or --shm auto with a listener "
+                                "beyond loopback): it works only for clients on the server's host; start the server "
+                                "with --shm on where every client that reaches it runs on that host")
+
+    @property
+    def count(self) -> int:
+        with self._cond:
+            return len(self._regions)
+
     # -- registration ----------------------------------------------------------------------------------------
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.check_enabled()
         if not isinstance(name, str) or not _NAME.match(name):
             raise OipError(400, f"region name {str(name)[:80]!r}: 1-128 letters, digits, '_', '.', ':' or '-'")
         if not isinstance(key, str) or not _KEY.match(key) or key in ("/.", "/.."):
@@ -107,6 +125,9 @@ class SharedMemoryRegions:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OipError(400, f"region {name!r}: {key!r} is not a shared memory object")
+            if st.st_uid != os.geteuid():
+                raise OipError(403, f"region {name!r}: shared memory object {key!r} belongs to uid {st.st_uid}, not "
+                                    f"to this server's ({os.geteuid()}): run the client as the server's user")
             if st.st_size < offset + byte_size:
                 raise OipError(400, f"region {name!r}: {byte_size} bytes at offset {offset} run past the "
                                     f"{st.st_size} bytes of {key!r}")
@@ -129,6 +150,7 @@ class SharedMemoryRegions:
     def unregister(self, name: str | None = None) -> None:
         """Unregister one region (None: every region). A region in use is waited for, then refused (OipError 409)
         if its jobs have not ended; it is never unmapped under a job."""
+        self.check_enabled()
         with self._cond:
             if name is not None and name not in self._regions:
                 raise OipError(400, f"no shared memory region {name!r} is registered")
@@ -162,6 +184,7 @@ class SharedMemoryRegions:
             pass  # an array over it is still alive somewhere: the mapping goes with the last of them
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        self.check_enabled()
         with self._cond:
             if name is not None:
                 region = self._regions.get(name)
@@ -173,6 +196,7 @@ class SharedMemoryRegions:
     # -- use ---------------------------------------------------------------------------------------------------
     def acquire(self, name: str, what: str) -> Region:
         """Hold a region for a request (release it with ``release``); OipError 400 for an unknown one."""
+        self.check_enabled()
         with self._cond:
             region = self._regions.get(name)
             if region is None or region.closing:
@@ -202,4 +226,23 @@ class SharedMemoryRegions:
             self._release(region)
 
 
-__all__ = ["Region", "SharedMemoryRegions"]
+# ---------------------------------------------------------------------------------------------- CUDA shared memory
+# Triton's CUDA shared memory extension, answered as Triton answers it on a machine without GPUs: nothing is ever
+# registered, so status lists nothing and unregistering succeeds (Triton's clients call it first, to start clean);
+# registering fails, saying why. Not listed among the server's extensions.
+def cuda_status(name: str | None = None) -> list[dict[str, Any]]:
+    if name is not None:
+        raise OipError(400, f"Unable to find cuda shared memory region: '{name[:128]}'")
+    return []
+
+
+def cuda_unregister(name: str | None = None) -> dict[str, Any]:
+    return {}
+
+
+def cuda_register_refused(name: str) -> OipError:
+    return OipError(400, f"failed to register CUDA shared memory region '{name[:128]}': this server has no CUDA "
+                         "devices (npurt serves NPUs and CPUs); use system shared memory")
+
+
+__all__ = ["Region", "SharedMemoryRegions", "cuda_register_refused", "cuda_status", "cuda_unregister"]
