@@ -250,20 +250,24 @@ _NOT_FOLDING = ["ConstantSharing", "CommonSubexpressionElimination", "EliminateI
 
 
 def output_shapes(skeleton: Skeleton, pinned: Mapping[str, tuple[int, Sequence[int]]]
-                  ) -> list[tuple[int | None, ...] | None]:
-    """Each graph output's dims for the inputs in ``pinned`` ({name: (element type, shape)}) at those shapes: None
-    for a dim only the data decides, None for an output whose rank is not known. Read from an ONNX Runtime session
-    over the weightless graph that is never run."""
+                  ) -> list[tuple[int | None, ...]] | None:
+    """Each graph output's dims for the inputs in ``pinned`` ({name: (element type, shape)}) at those shapes (None
+    for a dim only the data decides), as ONNX Runtime tells them from a session over the weightless graph that is
+    never run; None where it cannot make that session. ONNX Runtime shows an output whose shape it does not know as
+    rank 0, like a scalar: the caller holds the ranks against the model's own."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     # constant folding (the basic level) resolves Shape -> Reshape chains that type inference alone leaves open
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(skeleton.probe_model(pinned), so, providers=["CPUExecutionProvider"],
-                                   disabled_optimizers=_NOT_FOLDING)
-    return [tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape) if arg.shape is not None
-            else None for arg in session.get_outputs()]
+    try:
+        session = ort.InferenceSession(skeleton.probe_model(pinned), so, providers=["CPUExecutionProvider"],
+                                       disabled_optimizers=_NOT_FOLDING)
+    except Exception:  # noqa: BLE001 - a graph the CPU provider cannot take (the EP's session will say why)
+        return None
+    return [tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape or ()) for arg in
+            session.get_outputs()]
 
 
 def _value_name(buf: memoryview, start: int, end: int) -> str:

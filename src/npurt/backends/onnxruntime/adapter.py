@@ -56,12 +56,11 @@ def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
     return tuple(d if isinstance(d, int) and d >= 0 else k for d, k in zip(arg.shape, spec.shape))
 
 
-def _decided(spec: PortSpec, shape: tuple[int | None, ...] | None) -> tuple[int | None, ...]:
-    """An output's dims as the graph decides them; the spec's known dims stand where it leaves one open."""
-    if shape is None:
-        return spec.shape
+def _decided(spec: PortSpec, shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    """An output's dims as the graph decides them; the spec's known dims stand where it leaves one open, and the
+    spec's own where the ranks differ (ONNX Runtime shows a shape it does not know as rank 0)."""
     if len(shape) != len(spec.shape):
-        return shape
+        return spec.shape
     return tuple(d if d is not None else k for d, k in zip(shape, spec.shape))
 
 
@@ -238,6 +237,8 @@ class OrtBackend(Backend):
             skeleton = self._skeleton
         types = {spec.name: DATA_TYPES_ONNX[spec.data_type] for spec in self._in_specs}
         found = onnx_graph.output_shapes(skeleton, {name: (types[name], shape) for name, shape in pinned.items()})
+        if found is None:
+            return [spec.shape for spec in specs]
         return [_decided(spec, shape) for spec, shape in zip(specs, found)]
 
     def _read_model(self) -> Any:
