@@ -3,6 +3,7 @@
 from . import share
 from .factory import RunnerFactory
 from .formats import convert
+from .generate.generator import Generator
 from .infer_queue import InferQueue, QueueSlot
 from .runner import Runner
 from .serve import connect
@@ -29,8 +30,8 @@ from .types import (
 __version__ = "0.1.0"  # the only place the version is written: pyproject.toml reads it from here
 
 __all__ = [
-    "DataType", "DeviceInfo", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NodePlacement", "NpuError",
-    "NpuFallbackWarning", "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters", "QueueSlot",
-    "RoundingMode", "Runner", "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection", "TensorType", "connect",
-    "convert", "share", "__version__",
+    "DataType", "DeviceInfo", "Generator", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NodePlacement",
+    "NpuError", "NpuFallbackWarning", "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters",
+    "QueueSlot", "RoundingMode", "Runner", "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection",
+    "TensorType", "connect", "convert", "share", "__version__",
 ]

@@ -27,8 +27,10 @@ OPTION_KEYS = (
     "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
     "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
     "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs", "service",
-    "execution_provider", "ep_policy", "frames",
+    "execution_provider", "ep_policy", "frames", "decoder",
 )
+DECODER_KEYS = ("max_length", "prefill_chunk")
+DEFAULT_PREFILL_CHUNK = 16
 FRAME_FORMATS = ("BGR", "RGB", "GRAY", "NV12")
 FRAME_COLORS = ("RGB", "BGR")
 FRAME_RESIZES = ("linear", "nearest")
@@ -58,6 +60,15 @@ class FrameSpec:
     mean: tuple[float, ...] = ()  # in pixel units (0..255), in the model's channel order; () is 0
     std: tuple[float, ...] = ()  # likewise; () is 1
     frame_size: tuple[int, int] | None = None  # [h, w] where the device compiles static shapes (the NPU)
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """A decoder's static shapes (option ``decoder``; see ``npurt.generate``): the KV cache's rows and the prompt's
+    chunk."""
+
+    max_length: int
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,7 @@ class RunnerOptions:
     execution_provider: tuple[tuple[str, Mapping[str, str]], ...] = ()
     ep_policy: str | None = None
     frames: Mapping[str, FrameSpec] = field(default_factory=dict)  # input -> how it takes camera / decoder frames
+    decoder: DecoderSpec | None = None  # a decoder-only model run in its static form (npurt.generate)
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""
@@ -203,6 +215,8 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
             kw[key] = _choice(key, value, EP_POLICIES, upper=True)
         elif key == "frames":
             kw[key] = _parse_frames(value)
+        elif key == "decoder":
+            kw[key] = _parse_decoder(value)
         elif key == "memory_strict":
             if not isinstance(value, bool):
                 raise ValueError(f"option 'memory_strict': {value!r} is not a bool")
@@ -216,7 +230,27 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
     if kw.get("execution_provider") and kw.get("ep_policy"):
         raise ValueError("options 'execution_provider' and 'ep_policy' exclude each other: name the EPs, or let "
                          "ONNX Runtime's device policy choose")
+    if kw.get("decoder") is not None:
+        clashing = [k for k in ("frames", "state_pairs", "shapes") if kw.get(k)] + (
+            ["batch_size"] if kw.get("batch_size", 1) != 1 else [])
+        if clashing:
+            raise ValueError(f"option 'decoder' excludes option {clashing[0]!r}: a decoder's shapes and state are "
+                             "derived from the model (batch 1, ids in, logits out)")
     return RunnerOptions(tensor_types=tensor_types, **kw)
+
+
+def _parse_decoder(value: Any) -> DecoderSpec:
+    """``decoder``: {"max_length": rows of the KV cache, "prefill_chunk": tokens per prompt run (default 16)}."""
+    if not isinstance(value, Mapping) or "max_length" not in value:
+        raise ValueError(f"option 'decoder': a dict with 'max_length' (and optionally 'prefill_chunk'), got {value!r}")
+    unknown = sorted(set(value) - set(DECODER_KEYS))
+    if unknown:
+        raise ValueError(f"option 'decoder': unknown keys {unknown}; valid: {', '.join(DECODER_KEYS)}")
+    max_length = _positive_int("decoder max_length", value["max_length"])
+    chunk = _positive_int("decoder prefill_chunk", value.get("prefill_chunk", min(DEFAULT_PREFILL_CHUNK, max_length)))
+    if chunk > max_length:
+        raise ValueError(f"option 'decoder': prefill_chunk {chunk} is more than max_length {max_length}")
+    return DecoderSpec(max_length, chunk)
 
 
 def _parse_frames(value: Any) -> dict[str, FrameSpec]:

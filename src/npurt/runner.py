@@ -28,6 +28,8 @@ import numpy as np
 from .arrays import ArrayRuns
 from .core import RunnerCore
 from .engine import Backend, Engine
+from .generate import model as generate_model
+from .generate.model import DecoderFacts
 from .jobs import JobScheduler
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
@@ -67,9 +69,15 @@ class Runner:
         self.model_path = Path(model_path)
         if backend.model_is_a_file and not self.model_path.exists():
             raise ValueError(f"model file not found: {self.model_path}")
+        self.decoder: DecoderFacts | None = None  # option decoder: the static form's facts (npurt.Generator)
+        engine_model = self.model_path
+        if self.options.decoder is not None:  # the engine opens the decoder's static form, derived once
+            prepared = generate_model.prepare(self.model_path, backend.name, self.options)
+            generate_model.remove_with(self, prepared.path, self.options)
+            engine_model, self.options, self.decoder = prepared.path, prepared.options, prepared.facts
         self.log = RunnerLog(self.options.log_level)
         stats = RunnerStats()
-        self._backend = backend(self.model_path, self.options)
+        self._backend = backend(engine_model, self.options)
         self._backend.count_copy = stats.copy
         variants: ShapeVariants | None = None
         try:
@@ -91,7 +99,8 @@ class Runner:
             raise
         core = RunnerCore(list(opened.inputs), list(opened.outputs), variants,
                           Planner(variants, self.options.batch_size), Staging(self.options.memory_provider, stats),
-                          jobs, StreamTable(pairs, self._allocate_state), stats, self.log, self.model_path.name)
+                          jobs, StreamTable(pairs, self._allocate_state, in_place=self.decoder is not None),
+                          stats, self.log, self.model_path.name)
         jobs.before_callback = core.set_last_error
         self._device_info = dataclasses.replace(
             self._backend.refine_device_info(opened.device_info),

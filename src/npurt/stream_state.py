@@ -102,8 +102,12 @@ class _Turn:
 class StreamTable:
     """The streams of one runner: stream 0 is the default one (runs given no stream), the others are opened."""
 
-    def __init__(self, pairs: Mapping[str, str], allocate: Callable[[NpuTensorInfo], NpuTensor]) -> None:
+    def __init__(self, pairs: Mapping[str, str], allocate: Callable[[NpuTensorInfo], NpuTensor],
+                 in_place: bool = False) -> None:
         self.pairs = dict(pairs)  # carried input -> the output it is fed from
+        # in place: a run writes the next state into the buffer it reads (a decoder's KV cache, whose graph writes
+        # only the new rows, npurt.generate); else two buffers take turns
+        self.in_place = in_place
         self._allocate = allocate
         self._lock = threading.Lock()
         self._streams: dict[int, StreamState] = {0: StreamState(0)}
@@ -149,6 +153,8 @@ class StreamTable:
         elif current is None or current[0].info.shape != in_info.shape:
             current = state.current[name] = self.buffer(in_info, out_info)
             current[0].numpy()[...] = 0
+        if self.in_place:
+            return current
         spare = state.spare.get(name)
         if spare is None or spare[0].info.shape != in_info.shape:
             spare = state.spare[name] = self.buffer(in_info, out_info)
@@ -159,9 +165,10 @@ class StreamTable:
         t = self._allocate(in_info)
         return t, sub_tensor(t, out_info.replace(shape=in_info.shape), 0)
 
-    @staticmethod
-    def advance(state: StreamState, name: str) -> None:
+    def advance(self, state: StreamState, name: str) -> None:
         """After an execute() that succeeded: the state it wrote is the one the next run reads."""
+        if self.in_place:
+            return
         current = state.current[name]
         assert not isinstance(current, np.ndarray)
         state.current[name], state.spare[name] = state.spare[name], current

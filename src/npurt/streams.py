@@ -159,7 +159,7 @@ class StreamRuns:
         status, message = self.core.execute_plan(plan, [ins], [outs], state)
         if status is StatusCode.SUCCESS:
             for name in self.table.pairs:
-                StreamTable.advance(state, name)
+                self.table.advance(state, name)
         return status, message
 
     def _full_lists(self, state: StreamState, inputs: Any, outputs: Any, check_only: bool = False

@@ -1,0 +1,1 @@
+"""Generative decoders: the static-shape form an NPU compiles, derived from the ordinary export (``static_form``)."""

@@ -1,0 +1,224 @@
+"""A decoder's model for a runner (option ``decoder``): the static form derived once, in the form each engine keeps its
+cache in, and the facts a Generator needs.
+
+- ONNX Runtime (every EP): the static form as an ONNX file; each ``past_key_values.{i}.*`` is carried state of a
+  stream whose ``present`` is written into the same buffer (a pair in place, ``stream_state``), so the cache stays
+  where it is between steps, one per stream (Generator). Where the device compiles static shapes (the NPU) the
+  prefill chunk and the one-token step are two pinned signatures of that one graph.
+- OpenVINO: the static form made stateful (``apply_make_stateful_transformation``: the cache lives in the compiled
+  model's variables, per infer request, so per stream), saved as IR at f32 (no weight compression); one compiled
+  model with the sequence dim open serves the prefill and the steps over one state.
+
+The cache and the logits keep the model's own (CPU) view whatever the options say: an NPU's HW view (NHWC FP16,
+HCWNC4 BF16) would mangle a cache, and a Generator reads logits as floats.
+
+Facts come from ``genai_config.json`` beside the model where there is one (ONNX Runtime GenAI's), else from the
+graph: eos / bos / pad ids, the context length (``max_length`` may not exceed it), the vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..options import DecoderSpec, RunnerOptions
+from ..types import NpuError, NpuUnsupportedError, TensorDirection, TensorType
+from . import static_form
+
+GENAI_CONFIG = "genai_config.json"
+MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
+
+
+@dataclass(frozen=True)
+class DecoderFacts:
+    """What a Generator needs of a decoder runner, and what ``npurt info`` shows."""
+
+    max_length: int
+    prefill_chunk: int
+    vocab_size: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    context_length: int | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int
+    pinned: bool  # the prefill chunk and the step are two static shapes (else the sequence dim is open)
+    cache: str  # where the cache lives: "stream buffers, written in place" or "OpenVINO state"
+    config: str | None  # the genai_config.json read, where there was one
+    contrib_ops: tuple[str, ...] = field(default=())  # com.microsoft operators the model uses
+
+    def describe(self) -> dict[str, Any]:
+        return {"max_length": self.max_length, "prefill_chunk": self.prefill_chunk, "vocab_size": self.vocab_size,
+                "layers": self.layers, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                "context_length": self.context_length, "eos_token_ids": list(self.eos_token_ids),
+                "bos_token_id": self.bos_token_id, "shapes": "prefill chunk and step pinned" if self.pinned
+                else "sequence dim open (one compiled model)", "cache": self.cache, "genai_config": self.config,
+                "contrib_ops": list(self.contrib_ops)}
+
+
+@dataclass(frozen=True)
+class PreparedDecoder:
+    path: Path  # the model file the backend opens
+    options: RunnerOptions  # the runner's options with what the decoder derives (state pairs, shapes, views)
+    facts: DecoderFacts
+
+
+def read_genai_config(model_path: Path) -> dict[str, Any]:
+    path = model_path.parent / GENAI_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable genai_config.json ({e})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model", {}), dict):
+        raise ValueError(f"{path}: its 'model' entry is not an object")
+    return config
+
+
+def _config_names(config: dict[str, Any]) -> None:
+    """genai_config may rename the ports; npurt takes the model builder's and optimum's own names only."""
+    decoder = config.get("model", {}).get("decoder", {})
+    expected = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
+                "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
+                "logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    for section in ("inputs", "outputs"):
+        for key, name in (decoder.get(section) or {}).items():
+            if key in expected and name != expected[key]:
+                raise NpuUnsupportedError(f"genai_config.json names {section[:-1]} {key!r} {name!r}; npurt's decoder "
+                                          f"takes the exporters' own name {expected[key]!r}")
+
+
+def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> PreparedDecoder:
+    """The decoder's static form for ``backend_name``, written once (into ``cache_dir`` where there is one, else a
+    folder that goes with the runner) and the options the runner then runs with."""
+    import onnx
+
+    spec = options.decoder
+    assert spec is not None
+    if model_path.suffix.lower() != ".onnx":
+        raise ValueError(f"option 'decoder' takes an ONNX export (input_ids, attention_mask, past_key_values.*); "
+                         f"{model_path.name} is not one")
+    config = read_genai_config(model_path)
+    _config_names(config)
+    model_facts = config.get("model", {})
+    context = model_facts.get("context_length")
+    if isinstance(context, int) and spec.max_length > context:
+        raise ValueError(f"option 'decoder': max_length {spec.max_length} is beyond the model's context length "
+                         f"{context} (genai_config.json)")
+    try:
+        model = onnx.load(str(model_path))
+    except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
+        raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
+    try:
+        form = static_form.derive(model, spec.max_length)
+    except ValueError as e:
+        raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
+    del model
+    contrib = tuple(sorted({n.op_type for n in form.model.graph.node if n.domain == "com.microsoft"}))
+    if form.vocab is None:
+        raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
+    openvino = backend_name == "OPENVINO"
+    if openvino and contrib:
+        raise NpuUnsupportedError(f"{model_path.name} uses ONNX Runtime's contrib operators {', '.join(contrib)} "
+                                  "(com.microsoft), which OpenVINO does not run: use an ONNX Runtime backend, or an "
+                                  "export in standard operators")
+    if openvino and options.device == "NPU":
+        raise NpuUnsupportedError(
+            "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
+            "(OpenVINO GenAI's NPUW), which npurt does not drive yet (untested here: no Intel NPU); use device='CPU' "
+            "or 'GPU', or an ONNX Runtime backend")
+    folder = _folder(model_path, spec, backend_name, options)
+    pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
+    if openvino:
+        path = _openvino_stateful(form, folder)
+        derived = replace(options, tensor_types={**options.tensor_types,
+                                                 (TensorDirection.OUTPUT, static_form.LOGITS): TensorType.CPU})
+        cache = "OpenVINO state (the compiled model's variables, one set per stream)"
+    else:
+        path = _onnx_file(form, folder)
+        views = {**options.tensor_types, (TensorDirection.OUTPUT, static_form.LOGITS): TensorType.CPU}
+        for pair in form.pairs:
+            views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
+            views[(TensorDirection.OUTPUT, pair.present)] = TensorType.CPU
+        shape_sets: tuple[dict[str, tuple[int, ...]], ...] = ()
+        if pinned:
+            shape_sets = tuple({static_form.INPUT_IDS: (1, s), static_form.POSITION: (1,)}
+                               for s in dict.fromkeys((spec.prefill_chunk, 1)))
+        derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in form.pairs},
+                          shape_sets=shape_sets, shapes=shape_sets[0] if shape_sets else {})
+        cache = "stream buffers, written in place (past and present bound to one buffer)"
+    eos = model_facts.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (eos,) if isinstance(eos, int) else ()
+    first = form.pairs[0]
+    facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=form.vocab,
+                         layers=len(form.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
+                         context_length=context if isinstance(context, int) else None, eos_token_ids=eos_ids,
+                         bos_token_id=model_facts.get("bos_token_id"),
+                         pad_token_id=int(model_facts.get("pad_token_id") or 0), pinned=pinned and not openvino,
+                         cache=cache, config=str(model_path.parent / GENAI_CONFIG) if config else None,
+                         contrib_ops=contrib)
+    return PreparedDecoder(path, derived, facts)
+
+
+def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions) -> Path:
+    """Where the derived model goes: a folder of npurt's cache (kept, keyed by the model and the decoder's
+    settings), else a temporary one removed with the process's last reference to the runner."""
+    if options.cache_dir is not None:
+        stat = model_path.stat()
+        key = hashlib.sha256(json.dumps([str(model_path.resolve()), stat.st_size, stat.st_mtime_ns,
+                                         spec.max_length, backend_name == "OPENVINO", _VERSION]).encode())
+        folder = options.cache_dir / "decoders" / key.hexdigest()[:32]
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    return Path(tempfile.mkdtemp(prefix="npurt-decoder-"))
+
+
+_VERSION = 1  # of the derivation: a change to static_form makes new cache entries
+
+
+def remove_with(owner: object, path: Path, options: RunnerOptions) -> None:
+    """Remove a temporary derived model's folder once ``owner`` (the runner) is gone or closed."""
+    if options.cache_dir is None:
+        weakref.finalize(owner, shutil.rmtree, path.parent, True)
+
+
+def _onnx_file(form: static_form.StaticForm, folder: Path) -> Path:
+    import onnx
+
+    path = folder / "decoder_static.onnx"
+    if not path.exists():
+        partial = folder / "decoder_static.onnx.partial"
+        if form.model.ByteSize() > MAX_PROTOBUF:
+            onnx.save_model(form.model, str(partial), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="decoder_static.onnx.data")
+        else:
+            partial.write_bytes(form.model.SerializeToString())
+        partial.replace(path)
+    return path
+
+
+def _openvino_stateful(form: static_form.StaticForm, folder: Path) -> Path:
+    """The static form as OpenVINO IR with the cache as the model's variables (past -> present)."""
+    import openvino as ov
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    path = folder / "decoder_stateful.xml"
+    if path.exists():
+        return path
+    onnx_path = _onnx_file(form, folder)
+    model = ov.Core().read_model(str(onnx_path))
+    apply_make_stateful_transformation(model, {p.past: p.present for p in form.pairs})
+    partial = folder / "decoder_stateful.partial.xml"
+    ov.save_model(model, str(partial), compress_to_fp16=False)
+    partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
+    partial.replace(path)
+    onnx_path.unlink(missing_ok=True)
+    return path

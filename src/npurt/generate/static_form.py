@@ -1,0 +1,182 @@
+"""The static-shape form of a decoder that an NPU compiles, derived from the ordinary export.
+
+An export (ONNX Runtime GenAI's model builder, optimum) takes ``input_ids`` [B, S], ``attention_mask`` [B, T],
+``position_ids`` [B, S] (optional) and ``past_key_values.{i}.key/value`` [B, kv_heads, T - S, head_dim], and returns
+``logits`` [B, S, vocab] and ``present.{i}.key/value`` [B, kv_heads, T, head_dim]: a cache that grows every step, a
+shape an NPU cannot compile. The derived form keeps the export's graph untouched inside and wraps it:
+
+- the cache is ``past_key_values.{i}.*`` of ``max_length`` rows, always (rows past the position are unused);
+- one input ``position`` [1] (int64) replaces the mask and the position ids: the graph computes
+  ``attention_mask`` = [row < position for each cache row] + [1] * S (the export sees a past of max_length rows of
+  which only the first ``position`` count, then the S new tokens, causally among themselves) and
+  ``position_ids`` = position + [0 .. S-1];
+- each ``present.{i}.*`` is the cache with the S new rows (the export's last S present rows) written at rows
+  position .. position + S - 1 (ScatterElements on axis 2): bound to the same buffer as its past, a step writes its
+  rows in place and moves nothing else.
+
+So a step moves the ids and a position in and the logits out. S is left open (one graph, prefill chunks and
+one-token steps) or pinned by the caller per compiled shape. The caller keeps position + S <= max_length (the last
+prefill chunk is placed to end at the prompt's end rather than padded past it). Masked cache rows add exact zeros to
+the export's softmax, so the logits are the export's own up to the order of summation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..onnx_build import GraphBuilder
+from ..onnx_edit import graph_inputs, set_shape
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+POSITION = "position"
+LOGITS = "logits"
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+FULL_SUFFIX = "__npurt_full"
+PREFIX = "__npurt_decoder"
+
+
+@dataclass(frozen=True)
+class CachePair:
+    """One cache tensor: its past input and present output, [1, kv_heads, max_length, head_dim]."""
+
+    past: str
+    present: str
+    shape: tuple[int, int, int, int]
+    elem_type: int
+
+
+@dataclass(frozen=True)
+class StaticForm:
+    model: onnx.ModelProto
+    max_length: int
+    vocab: int | None
+    pairs: tuple[CachePair, ...]
+    has_position_ids: bool
+
+
+def decoder_layout(model: onnx.ModelProto) -> tuple[list[CachePair], bool]:
+    """The export's KV pairs (past_key_values.{i}.key/value -> present.{i}.key/value), checked; raises ValueError
+    naming what does not fit the layout (no past / present, names that do not pair, a missing input)."""
+    inputs = {v.name: v for v in graph_inputs(model.graph)}
+    outputs = {v.name for v in model.graph.output}
+    for name in (INPUT_IDS, ATTENTION_MASK):
+        if name not in inputs:
+            raise ValueError(f"not a decoder in ONNX Runtime GenAI's layout: it has no input {name!r} "
+                             f"(inputs: {sorted(inputs)})")
+    if LOGITS not in outputs:
+        raise ValueError(f"not a decoder in ONNX Runtime GenAI's layout: it has no output 'logits' "
+                         f"(outputs: {sorted(outputs)})")
+    pairs = []
+    for name, value in inputs.items():
+        match = _PAST.match(name)
+        if match is None:
+            continue
+        present = f"present.{match.group(1)}.{match.group(2)}"
+        if present not in outputs:
+            raise ValueError(f"past input {name!r} has no present output {present!r} to pair with")
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != 4 or not (dims[1].HasField("dim_value") and dims[3].HasField("dim_value")):
+            raise ValueError(f"past input {name!r} is not [batch, kv_heads, past, head_dim] with kv_heads and "
+                             "head_dim fixed")
+        pairs.append(CachePair(name, present, (1, dims[1].dim_value, 0, dims[3].dim_value),
+                               value.type.tensor_type.elem_type))
+    if not pairs:
+        raise ValueError("not a decoder with a KV cache: no past_key_values.{i}.key / .value inputs")
+    orphans = sorted(o for o in outputs if o.startswith("present.") and o not in {p.present for p in pairs})
+    if orphans:
+        raise ValueError(f"present output {orphans[0]!r} has no past_key_values input to pair with")
+    known = {INPUT_IDS, ATTENTION_MASK, POSITION_IDS} | {p.past for p in pairs}
+    extra = sorted(set(inputs) - known)
+    if extra:
+        raise ValueError(f"decoder input {extra[0]!r} is not one npurt can feed (known: input_ids, attention_mask, "
+                         "position_ids, past_key_values.{i}.key/value)")
+    return sorted(pairs, key=lambda p: _order(p.past)), POSITION_IDS in inputs
+
+
+def _order(name: str) -> tuple[int, str]:
+    match = _PAST.match(name)
+    assert match is not None
+    return int(match.group(1)), match.group(2)
+
+
+def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None) -> StaticForm:
+    """The static form of ``model`` (see the module) with a cache of ``max_length`` rows; ``sequence`` pins S
+    (None leaves it open). ``model`` is not changed."""
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, not {max_length}")
+    pairs, has_position_ids = decoder_layout(model)
+    form = onnx.ModelProto()
+    form.CopyFrom(model)
+    graph = form.graph
+    b = GraphBuilder(graph, PREFIX)
+    pairs = [CachePair(p.past, p.present, (1, p.shape[1], max_length, p.shape[3]), p.elem_type) for p in pairs]
+
+    # the export's own inputs that the position replaces become tensors computed in front of it
+    kept = [v for v in graph.input if v.name not in (ATTENTION_MASK, POSITION_IDS)]
+    del graph.input[:]
+    graph.input.extend(kept)
+    ids = next(v for v in graph.input if v.name == INPUT_IDS)
+    set_shape(ids, (1, sequence))
+    if sequence is None:
+        ids.type.tensor_type.shape.dim[1].dim_param = "sequence_length"
+    graph.input.append(helper.make_tensor_value_info(POSITION, TensorProto.INT64, [1]))
+    for pair in pairs:
+        set_shape(next(v for v in graph.input if v.name == pair.past), pair.shape)
+
+    s = b.node("Gather", [b.node("Shape", [INPUT_IDS]), b.const([1])])  # [1]: S
+    steps = b.node("Range", [b.const(np.array(0, np.int64)), b.node("Squeeze", [s]), b.const(np.array(1, np.int64))])
+    rows = b.node("Add", [POSITION, steps])  # [S]: the rows (positions) of the new tokens
+    if has_position_ids:
+        b.node("Unsqueeze", [rows, b.const([0])], POSITION_IDS)
+    valid = b.node("Cast", [b.node("Less", [b.const(np.arange(max_length, dtype=np.int64)), POSITION])],
+                   to=TensorProto.INT64)
+    ones = b.node("ConstantOfShape", [s], value=helper.make_tensor("one", TensorProto.INT64, [1], [1]))
+    b.node("Unsqueeze", [b.node("Concat", [valid, ones], axis=0), b.const([0])], ATTENTION_MASK)
+
+    # each present: the cache with the export's last S rows written at the new tokens' rows
+    head = list(b.nodes)
+    b.nodes.clear()
+    ends = b.const([np.iinfo(np.int64).max])  # Slice clamps it: to the end
+    start = b.const([max_length])
+    axis = b.const([2])
+    index_shape = b.const([1, 1, -1, 1])
+    for pair in pairs:
+        full = pair.present + FULL_SUFFIX
+        _rename_output(graph, pair.present, full)
+        new = b.node("Slice", [full, start, ends, axis])
+        where = b.node("Expand", [b.node("Reshape", [rows, index_shape]), b.node("Shape", [new])])
+        b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
+    tail = list(b.nodes)
+    nodes = [*head, *graph.node, *tail]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for value in graph.output:
+        pair_of = next((p for p in pairs if p.present == value.name), None)
+        if pair_of is not None:
+            set_shape(value, pair_of.shape)
+    vocab = _vocab(graph)
+    return StaticForm(form, max_length, vocab, tuple(pairs), has_position_ids)
+
+
+def _rename_output(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """The node that computes graph output ``old`` writes ``new`` instead (and its readers read it)."""
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == old:
+                node.output[i] = new
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+
+
+def _vocab(graph: onnx.GraphProto) -> int | None:
+    logits = next(v for v in graph.output if v.name == LOGITS)
+    dims = logits.type.tensor_type.shape.dim
+    return int(dims[-1].dim_value) if dims and dims[-1].HasField("dim_value") else None
