@@ -12,11 +12,15 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from npurt import NpuTensorInfo, RunnerFactory, TensorDirection, TensorType
-from npurt.frames import NV12_OFFSETS, NV12_TO_RGB
+from npurt.frames import NV12_OFFSETS, NV12_TO_RGB, frame_input
+from npurt.onnx_frames import prepend
+from npurt.options import FrameSpec
+from npurt.ports import PortSpec
 from npurt.types import DataType, MemoryLayout, NpuUnsupportedError
 from tests.helpers.models import model_or_skip
 from tests.helpers.qnn import require_qnn
@@ -249,3 +253,27 @@ def test_qnn_compiles_the_preprocessing_onto_the_npu():
     with RunnerFactory.create_runner("QNN", cls, {**quiet, "shapes": {"x": [1, 3, 48, 192]}}) as plain:
         want = next(iter(plain.run({"x": x}).values()))
     assert got.argmax() == want.argmax() and np.abs(got - want).max() <= 2e-2
+
+
+@pytest.mark.parametrize("resize", ["linear", "nearest"])
+@pytest.mark.parametrize("fmt", ["BGR", "GRAY", "NV12"])
+def test_the_npu_path_resizes_in_float_after_the_colour(identity, resize, fmt):
+    """The graph an NPU compiler gets (``uint8_resize=False``: the frame to float first, the colour steps, then the
+    Resize in float NCHW), run on ONNX Runtime's CPU provider against OpenCV's float resize of the converted frame:
+    down and up, odd sizes. A float resize has no rounding of its own: the two agree to float32's."""
+    interp = cv2.INTER_LINEAR if resize == "linear" else cv2.INTER_NEAREST
+    spec = FrameSpec(fmt, model_color="RGB", model_size=MODEL_HW, resize=resize, mean=tuple(MEAN), std=tuple(STD))
+    frame = frame_input(PortSpec("x", DataType.FLOAT32, (None, 3, None, None)), spec)
+    graph = prepend(onnx.load(identity), [frame], uint8_resize=False)
+    assert "Resize" in [n.op_type for n in graph.graph.node]
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(13)
+    for h, w in ((76, 102), (32, 40), (480, 640)):
+        bgr = cv2.GaussianBlur(rng.integers(0, 256, (h, w, 3), np.uint8), (5, 5), 2)
+        feeds, rgb = frame_feeds(fmt, bgr)
+        (out,) = session.run(None, feeds)
+        want = cv2.resize(rgb, (MODEL_HW[1], MODEL_HW[0]), interpolation=interp)
+        want = ((want - np.array(MEAN, np.float32)) / np.array(STD, np.float32)).transpose(2, 0, 1)[None]
+        assert out.shape == want.shape == (1, 3, *MODEL_HW)
+        err = float((np.abs(out - want) * np.array(STD, np.float32)[:, None, None]).max())
+        assert err <= 1e-3, (fmt, resize, (h, w), err)
