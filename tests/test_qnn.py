@@ -164,6 +164,36 @@ def test_a_qdq_model_runs_whole_on_the_htp_with_quantized_hw_views(images, tmp_p
     assert raw_cpu_nodes, "raw ONNX Runtime + QNN ran the whole QDQ model on the HTP: the boundary claim is stale"
 
 
+def test_an_a16w8_model_takes_uint16_hw_views_bit_for_bit(images, tmp_path):
+    """uint16 QDQ boundaries (A16W8: uint16 activations, uint8 weights) on the HTP: the HW tensors are the uint16
+    codes with their QuantParameters, every node on the HTP, and the results are raw ONNX Runtime + QNN EP's bit for
+    bit (its boundary Q/DQ on the CPU provider quantize as npurt's kernels do): through execute() with the HW views
+    and convert(), through run(), and with CPU views."""
+    model = qdq_model(tmp_path, "uint16")
+    raw = raw_qnn_session(str(model), QNN_OPTIONS)
+    x = images[:4]
+    want = [raw.run(None, {"image": x[k:k + 1]})[0] for k in range(len(x))]
+    with npu_runner(model) as r:
+        assert all(p.device == "QNNExecutionProvider" for p in r.placement), r.placement
+        (xi,) = r.get_tensors_info(TensorDirection.INPUT)
+        (yi,) = r.get_tensors_info(TensorDirection.OUTPUT)
+        assert xi.data_type.name == "UINT16" and yi.data_type.name == "UINT16"
+        qx, qy = r.get_quant_parameters("image"), r.get_quant_parameters("scores")
+        cpu_x = r.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)[0]
+        cpu_y = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        xt, yt = r.allocate_npu_tensor(xi), r.allocate_npu_tensor(yi)
+        for k in range(len(x)):
+            convert(NpuTensor(cpu_x, x[k:k + 1]), xt, quant=qx)
+            assert r.execute([[xt]], [[yt]]) is StatusCode.SUCCESS, r.last_error
+            got = np.empty_like(want[k])
+            convert(yt, NpuTensor(cpu_y, got), quant=qy)
+            np.testing.assert_array_equal(got, want[k])
+            np.testing.assert_array_equal(r.run({"image": x[k:k + 1]})["scores"], want[k])
+        assert yt.numpy().max() > 255  # the codes use the 16 bits
+    with npu_runner(model, input_tensor_type="CPU", output_tensor_type="CPU") as r:
+        np.testing.assert_array_equal(r.run({"image": x[:1]})["scores"], want[0])
+
+
 def erf_model(tmp_path):
     """Relu -> Erf -> Add: the QNN EP has no Erf."""
     from onnx import TensorProto, helper
