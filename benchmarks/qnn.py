@@ -37,6 +37,7 @@ from npurt import RunnerFactory, TensorDirection, TensorType
 from npurt.backends.onnxruntime import plugins
 from npurt.bench import Budget, CallSubject, Report, Table, Target, measure_latency
 from npurt.models import DEFAULT_MODEL, zoo
+from npurt.onnx_edit import static_model
 
 QNN_OPTIONS = {"backend_type": "htp", "enable_htp_fp16_precision": "1", "soc_model": "60"}
 THREADS = 1
@@ -45,25 +46,6 @@ MODELS = {  # name -> (path, input, static shape, latency iterations)
     "cls": (lambda: zoo.path("ocr_cls"), "x", (1, 3, 48, 192), 24),
 }
 RUN_LIMIT, CACHED_LOAD_LIMIT = 1.02, 0.2
-
-
-def static_model(path: Path, name: str, shape: tuple[int, ...], target: Path) -> Path:
-    """The model with its input (and batch-open outputs) at static shapes, as a user of the HTP writes it."""
-    import onnx
-
-    model = onnx.load(str(path))
-    for value in model.graph.input:
-        if value.name == name:
-            for dim, size in zip(value.type.tensor_type.shape.dim, shape):
-                dim.Clear()
-                dim.dim_value = size
-    for value in model.graph.output:
-        dims = value.type.tensor_type.shape.dim
-        if dims and not dims[0].HasField("dim_value"):
-            dims[0].Clear()
-            dims[0].dim_value = shape[0]
-    onnx.save(model, target)
-    return target
 
 
 def raw_session(model: str | bytes, extra: dict[str, str] | None = None) -> ort.InferenceSession:
@@ -85,7 +67,7 @@ def npurt_options(name: str, shape: tuple[int, ...], **more: Any) -> dict[str, A
 def overhead(label: str, path: Path, name: str, shape: tuple[int, ...], iterations: int, table: Table,
              report: Report, work: Path) -> None:
     x = np.random.default_rng(0).random(shape, np.float32)
-    raw = raw_session(str(static_model(path, name, shape, work / f"{label}_static.onnx")))
+    raw = raw_session(str(static_model(path, {name: shape}, work / f"{label}_static.onnx")))
     out_name = raw.get_outputs()[0].name
     raw_out = np.zeros(raw.get_outputs()[0].shape, np.float32)
     binding = raw.io_binding()
@@ -120,7 +102,7 @@ def overhead(label: str, path: Path, name: str, shape: tuple[int, ...], iteratio
 
 def loads(label: str, path: Path, name: str, shape: tuple[int, ...], runs: int, table: Table, report: Report,
           work: Path) -> None:
-    static = static_model(path, name, shape, work / f"{label}_load.onnx")
+    static = static_model(path, {name: shape}, work / f"{label}_load.onnx")
     times: dict[str, list[float]] = {"npurt compile": [], "npurt cached": [], "raw compile": [], "raw cached": []}
     for k in range(runs):
         cache = work / f"{label}_cache{k}"

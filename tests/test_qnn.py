@@ -20,8 +20,9 @@ import pytest
 from npurt import NpuError, NpuTensor, RunnerFactory, RunnerType, StatusCode, TensorDirection, TensorType, convert
 from npurt.factory import auto_order
 from npurt.models import DEFAULT_MODEL, default_samples
+from npurt.onnx_edit import static_model
 from tests.helpers.models import model_or_skip
-from tests.helpers.qnn import QNN_OPTIONS, qdq_model, raw_qnn_session, require_qnn, static_model
+from tests.helpers.qnn import QNN_OPTIONS, qdq_model, raw_qnn_session, require_qnn
 
 pytestmark = pytest.mark.usefixtures("qnn_available")
 SHAPES = {"image": [1, 1, 8, 8]}
@@ -96,7 +97,7 @@ def test_cpu_views_equal_raw_onnx_runtime_with_qnn_bit_for_bit(images, tmp_path)
     """Ports in the model's own views: npurt's results are raw ONNX Runtime + QNN EP's (same options, same
     static shapes), bit for bit, through execute() with runner-allocated tensors and through run()."""
     x = images[:1]
-    raw = raw_qnn_session(static_model(DEFAULT_MODEL, SHAPES, tmp_path / "static.onnx"), QNN_OPTIONS)
+    raw = raw_qnn_session(str(static_model(DEFAULT_MODEL, SHAPES, tmp_path / "static.onnx")), QNN_OPTIONS)
     (expected,) = raw.run(None, {"image": x})
     with npu_runner(input_tensor_type="CPU", output_tensor_type="CPU") as r:
         np.testing.assert_array_equal(r.run({"image": x})["scores"], expected)
@@ -248,7 +249,8 @@ sys.path.insert(0, ROOT)
 import numpy as np, onnxruntime as ort
 from npurt import RunnerFactory
 from npurt.models import DEFAULT_MODEL, default_samples
-from tests.helpers.qnn import raw_qnn_session, static_model
+from npurt.onnx_edit import static_model
+from tests.helpers.qnn import raw_qnn_session
 x = default_samples()[0][:8]
 options = {"device": "NPU", "shapes": {"image": [1, 1, 8, 8]}, "log_level": "ERROR", "inference_precision": "f32",
            "input_tensor_type": "CPU", "output_tensor_type": "CPU"}

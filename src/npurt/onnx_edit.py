@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from . import formats, qdq
-from .ports import Port, PortSpec
+from .onnx_build import GraphBuilder, Step
+from .ports import Port
 from .types import DataType, NpuUnsupportedError, TensorType
 
 MIN_OPSET_FOR_EDITS = 13  # Cast to/from bfloat16 needs opset 13
@@ -39,25 +40,6 @@ ONNX_TO_DTYPE: dict[int, DataType] = {
     TensorProto.DOUBLE: DataType.FLOAT64,
 }
 DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
-
-
-def value_spec(value: onnx.ValueInfoProto, what: str) -> PortSpec:
-    tt = value.type.tensor_type
-    if not value.type.HasField("tensor_type"):
-        raise NpuUnsupportedError(f"{what} {value.name!r} is not a tensor ({value.type.WhichOneof('value')})")
-    dtype = ONNX_TO_DTYPE.get(tt.elem_type)
-    if dtype is None:
-        raise NpuUnsupportedError(f"{what} {value.name!r} has ONNX element type "
-                                  f"{TensorProto.DataType.Name(tt.elem_type)}, which npurt does not support")
-    if not tt.HasField("shape"):
-        raise NpuUnsupportedError(f"{what} {value.name!r} has no shape (unknown rank) in the model")
-    shape: list[int | None] = []
-    names: list[str | None] = []
-    for d in tt.shape.dim:
-        static = d.HasField("dim_value") and d.dim_value >= 0  # a 0 is a real (zero-size) dim
-        shape.append(int(d.dim_value) if static else None)
-        names.append(d.dim_param if d.HasField("dim_param") and d.dim_param else None)
-    return PortSpec(value.name, dtype, tuple(shape), dim_names=tuple(names))
 
 
 def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
@@ -113,85 +95,74 @@ class GraphEditor:
         self.head: list[onnx.NodeProto] = []  # conversions of inputs: run first
         self.tail: list[onnx.NodeProto] = []  # conversions of outputs: run last
 
-    def _const(self, port: str, values: list[int]) -> str:
-        name = f"{port}__npurt_const{len(self.graph.initializer)}"
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
-        return name
-
-    def _chain(self, port: str, src: str, dst: str, steps: list[tuple[str, dict[str, Any], list[str]]]
-               ) -> list[onnx.NodeProto]:
-        nodes = []
-        cur = src
-        for k, (op, attrs, extra) in enumerate(steps):
-            out = dst if k == len(steps) - 1 else f"{port}__npurt_{k}_{op.lower()}"
-            nodes.append(helper.make_node(op, [cur, *extra], [out], name=f"{port}__npurt_{op}_{k}", **attrs))
-            cur = out
-        return nodes
-
-    def _permute(self, name: str, shape: tuple[int, ...], perm: tuple[int, ...], result: tuple[int, ...]
-                 ) -> list[tuple[str, dict[str, Any], list[str]]]:
+    @staticmethod
+    def _permute(b: GraphBuilder, shape: tuple[int, ...], perm: tuple[int, ...], result: tuple[int, ...]
+                 ) -> list[Step]:
         """Steps that permute a tensor of ``shape`` by ``perm`` and leave it shaped ``result``.
 
         ONNX Runtime's Transpose is slow on 5-D tensors (10x slower than the equivalent 2-D transpose on a
         640x640 HCWNC4 frame, measured here), so size-1 axes are dropped and axes that stay together merged.
         """
         reduced, rperm = _reduce_transpose(shape, perm)
-        steps: list[tuple[str, dict[str, Any], list[str]]] = []
+        steps: list[Step] = []
         if rperm != tuple(range(len(rperm))):
             if tuple(reduced) != tuple(shape):
-                steps.append(("Reshape", {}, [self._const(name, list(reduced))]))
+                steps.append(("Reshape", {}, [b.const(list(reduced))]))
             steps.append(("Transpose", {"perm": list(rperm)}, []))
-        steps.append(("Reshape", {}, [self._const(name, list(result))]))
+        steps.append(("Reshape", {}, [b.const(list(result))]))
         return steps
 
-    def _steps_to_cpu(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
+    def _steps_to_cpu(self, port: Port, b: GraphBuilder) -> list[Step]:
         """Nodes that turn the HW tensor into the model's (CPU) tensor: move data in the HW type, cast last."""
         hw, cpu, name = port.hw, port.cpu, port.name
         view = formats.ViewMap.of(cpu, hw)
-        steps: list[tuple[str, dict[str, Any], list[str]]] = []
+        steps: list[Step] = []
         inverse = tuple(int(i) for i in np.argsort(view.layout.perm))
         if view.layout.group:
             n, c, h, w = cpu.shape
             split = view.layout.split(cpu.shape)
-            steps += self._permute(name, hw.shape, inverse, (n, split[1] * split[2], h, w))
+            steps += self._permute(b, hw.shape, inverse, (n, split[1] * split[2], h, w))
             if split[1] * split[2] != c:
-                steps.append(("Slice", {}, [self._const(name, [0]), self._const(name, [c]), self._const(name, [1])]))
+                steps.append(("Slice", {}, [b.const([0]), b.const([c]), b.const([1])]))
         elif not view.layout.is_identity:
-            steps += self._permute(name, hw.shape, inverse, cpu.shape)
+            steps += self._permute(b, hw.shape, inverse, cpu.shape)
         if view.hw_type != view.cpu_type:
             steps.append(("Cast", {"to": onnx_type(cpu.data_type, name)}, []))
         return steps
 
-    def _steps_to_hw(self, port: Port) -> list[tuple[str, dict[str, Any], list[str]]]:
+    def _steps_to_hw(self, port: Port, b: GraphBuilder) -> list[Step]:
         """Nodes that turn the model's (CPU) tensor into the HW tensor: pad, cast, then move data in the HW type."""
         hw, cpu, name = port.hw, port.cpu, port.name
         view = formats.ViewMap.of(cpu, hw)
-        steps: list[tuple[str, dict[str, Any], list[str]]] = []
-        moves: list[tuple[str, dict[str, Any], list[str]]] = []
+        steps: list[Step] = []
+        moves: list[Step] = []
         if view.layout.group:
             split = view.layout.split(cpu.shape)
             padding = split[1] * split[2] - cpu.shape[1]
             if padding:
-                steps.append(("Pad", {}, [self._const(name, [0, 0, 0, 0, 0, padding, 0, 0])]))
-            moves = self._permute(name, split, view.layout.perm, hw.shape)
+                steps.append(("Pad", {}, [b.const([0, 0, 0, 0, 0, padding, 0, 0])]))
+            moves = self._permute(b, split, view.layout.perm, hw.shape)
         elif not view.layout.is_identity:
-            moves = self._permute(name, cpu.shape, view.layout.perm, hw.shape)
+            moves = self._permute(b, cpu.shape, view.layout.perm, hw.shape)
         if view.hw_type != view.cpu_type:
             steps.append(("Cast", {"to": onnx_type(hw.data_type, name)}, []))
         return steps + moves
 
     def input_to_hw(self, port: Port) -> None:
-        steps = self._steps_to_cpu(port)
+        b = GraphBuilder(self.graph, f"{port.name}__npurt_in")
+        steps = self._steps_to_cpu(port, b)
         if not steps:
             return
         internal = port.name + INTERNAL_SUFFIX
         rename_uses(self.graph, port.name, internal, outputs_too=False)
-        self.head += self._chain(port.name, port.name, internal, steps)
+        b.chain(port.name, internal, steps)
+        self.head += b.nodes
         value = next(v for v in self.graph.input if v.name == port.name)
         set_shape(value, port.hw.shape, onnx_type(port.hw.data_type, port.name))
 
     def output_to_hw(self, port: Port) -> None:
-        steps = self._steps_to_hw(port)
+        b = GraphBuilder(self.graph, f"{port.name}__npurt_out")
+        steps = self._steps_to_hw(port, b)
         if not steps:
             return
         if not any(port.name in node.output for node in self.graph.node):
@@ -199,7 +170,8 @@ class GraphEditor:
                                       "constant); its HW view cannot be baked into the model: use the CPU view")
         internal = port.name + INTERNAL_SUFFIX
         rename_uses(self.graph, port.name, internal, outputs_too=True)
-        self.tail += self._chain(port.name, internal, port.name, steps)
+        b.chain(internal, port.name, steps)
+        self.tail += b.nodes
         value = next(v for v in self.graph.output if v.name == port.name)
         set_shape(value, port.hw.shape, onnx_type(port.hw.data_type, port.name))
 
@@ -316,3 +288,18 @@ def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int 
         if value.name in shapes:
             set_shape(value, shapes[value.name])
     return fixed
+
+
+def static_model(source: str | Path, shapes: Mapping[str, Sequence[int]], target: str | Path) -> Path:
+    """The model at ``source`` saved to ``target`` with the inputs named in ``shapes`` at those static shapes, and
+    every output whose first (batch) dim is open at their batch: a model fixed by hand, as a user of an NPU's own
+    tools writes it (benchmarks and tests compare npurt with that)."""
+    model = with_input_shapes(onnx.load(str(source)), shapes)
+    batch = next(iter(shapes.values()))[0]
+    for value in model.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].Clear()
+            dims[0].dim_value = batch
+    onnx.save(model, str(target))
+    return Path(target)

@@ -15,13 +15,13 @@ where the model wants it; Transpose to NCHW; ``x * (1 / std) - mean / std``; a C
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from .frames import NV12_OFFSETS, NV12_TO_RGB, FrameInput, normalization, swaps_channels
+from .onnx_build import GraphBuilder
 from .onnx_edit import MIN_OPSET_FOR_EDITS, converted_to_opset13, opset, rename_uses
 from .types import DataType
 
@@ -47,37 +47,25 @@ def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput], uint8_resize: 
         for offset, port in enumerate(frame.ports):
             dims = [d if d is not None else (f"{port.name}_{axis}") for d, axis in zip(port.shape, "NHWC")]
             graph.input.insert(position + offset, helper.make_tensor_value_info(port.name, TensorProto.UINT8, dims))
-        head += _Builder(graph, frame, uint8_resize, cast_via_fp16).nodes(internal)
+        head += _Preprocessing(graph, frame, uint8_resize, cast_via_fp16).build(internal)
     nodes = [*head, *graph.node]
     del graph.node[:]
     graph.node.extend(nodes)
     return out
 
 
-class _Builder:
+class _Preprocessing(GraphBuilder):
     """The nodes of one frame input, named after it."""
 
     def __init__(self, graph: onnx.GraphProto, frame: FrameInput, uint8_resize: bool, cast_via_fp16: bool) -> None:
-        self.graph, self.frame = graph, frame
+        super().__init__(graph, frame.name + SUFFIX)
+        self.frame = frame
         self.uint8_resize, self.cast_via_fp16 = uint8_resize, cast_via_fp16
-        self.out: list[onnx.NodeProto] = []
-        self.count = 0
-
-    def const(self, values: np.ndarray) -> str:
-        name = f"{self.frame.name}{SUFFIX}_const{len(self.graph.initializer)}"
-        self.graph.initializer.append(numpy_helper.from_array(values, name))
-        return name
 
     def to_float(self, frame: str) -> str:
         if self.cast_via_fp16:
             frame = self.node("Cast", [frame], to=TensorProto.FLOAT16)
         return self.node("Cast", [frame], to=TensorProto.FLOAT)
-
-    def node(self, op: str, inputs: list[str], **attrs: Any) -> str:
-        self.count += 1
-        name = f"{self.frame.name}{SUFFIX}_{op}_{self.count}"
-        self.out.append(helper.make_node(op, inputs, [name], name=name, **attrs))
-        return name
 
     def resize_modes(self) -> dict[str, str]:
         if self.frame.spec.resize == "linear":  # OpenCV's INTER_LINEAR
@@ -96,7 +84,7 @@ class _Builder:
         sizes = self.node("Concat", [dims(0, 2), hw] if nchw else [dims(0, 1), hw, dims(3, 4)], axis=0)
         return self.node("Resize", [x, "", "", sizes], **self.resize_modes())
 
-    def nodes(self, result: str) -> list[onnx.NodeProto]:
+    def build(self, result: str) -> list[onnx.NodeProto]:
         frame, spec = self.frame, self.frame.spec
         resizing = spec.resize is not None and frame.model_hw is not None
         in_uint8 = resizing and self.uint8_resize  # resized before anything else, in uint8 NHWC (as OpenCV's)
@@ -131,5 +119,5 @@ class _Builder:
         if not np.all(bias == 0):
             x = self.node("Add", [x, self.const(bias.reshape(1, -1, 1, 1))])
         to = TensorProto.FLOAT16 if frame.model.data_type is DataType.FP16 else TensorProto.FLOAT
-        self.out.append(helper.make_node("Cast", [x], [result], name=f"{frame.name}{SUFFIX}_Cast_out", to=to))
-        return self.out
+        self.node("Cast", [x], result, to=to)
+        return self.nodes

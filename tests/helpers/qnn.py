@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 
 from npurt.models import default_samples
+from npurt.onnx_edit import static_model
 
 # npurt's defaults for the HTP (docs/devices.md): the same options on the raw side
 QNN_OPTIONS = {"backend_type": "htp", "enable_htp_fp16_precision": "1", "soc_model": "60"}
@@ -51,24 +51,6 @@ def raw_qnn_session(model: str | Path, options: dict[str, str]) -> ort.Inference
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     so.add_provider_for_devices([device], options)
     return ort.InferenceSession(str(model), so)
-
-
-def static_model(source: str | Path, shapes: dict[str, list[int]], target: Path) -> str:
-    """The model with its inputs and outputs at static shapes, as a user of the HTP fixes them (the NPU compiles
-    static shapes; a dynamic dim sends every node to the CPU provider)."""
-    model = onnx.load(str(source))
-    for value in model.graph.input:
-        if value.name in shapes:
-            for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
-                dim.Clear()
-                dim.dim_value = size
-    for value in model.graph.output:
-        dims = value.type.tensor_type.shape.dim
-        if dims and not dims[0].HasField("dim_value"):
-            dims[0].Clear()
-            dims[0].dim_value = 1
-    onnx.save(model, target)
-    return str(target)
 
 
 def qdq_model(tmp_path: Path, activations: str = "uint8") -> Path:

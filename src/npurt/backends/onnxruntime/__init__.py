@@ -1,14 +1,15 @@
-"""ONNX Runtime: one adapter (``backend``: sessions, IOBinding in ``engine``, shapes, npurt's cache, ``placement``)
-for every execution provider, with a small module per EP beside it: ``vitisai`` (RunnerType.VAIML, AMD NPUs),
-``qnn`` (RunnerType.QNN, Qualcomm NPUs), ``generic`` (RunnerType.ONNXRUNTIME: any EP, by name or device policy),
-and ``plugins`` (EP packages that register with ONNX Runtime)."""
+"""ONNX Runtime: one adapter (``adapter``: sessions, IOBinding in ``engine``, shapes, npurt's cache, ``placement``)
+for every execution provider, and a module per EP beside it holding the EP and its backend: ``vitisai``
+(RunnerType.VAIML, AMD NPUs), ``qnn`` (RunnerType.QNN, Qualcomm NPUs), ``generic`` (RunnerType.ONNXRUNTIME: any EP,
+by name or device policy). ``providers`` is what the adapter asks of an EP, ``plugins`` the EP packages that
+register with ONNX Runtime, ``discovery`` ONNX Runtime's side of `npurt devices`."""
 
-from .backend import OrtBackend
-from .backends import OnnxRuntimeBackend, QnnBackend, VaimlBackend
+from .adapter import OrtBackend
 from .engine import OrtEngine
-from .providers import CPU_EP, ExecutionProvider
-from .qnn import QNN_EP
-from .vitisai import VITISAI_EP
+from .generic import OnnxRuntimeBackend
+from .providers import CPU_EP, QNN_EP, VITISAI_EP, ExecutionProvider
+from .qnn import QnnBackend
+from .vitisai import VaimlBackend
 
 __all__ = ["CPU_EP", "QNN_EP", "VITISAI_EP", "ExecutionProvider", "OnnxRuntimeBackend", "OrtBackend", "OrtEngine",
            "QnnBackend", "VaimlBackend"]

@@ -8,8 +8,7 @@ from typing import Any
 import onnxruntime as ort
 
 from . import plugins
-from .qnn import QNN_EP, QnnProvider
-from .vitisai import VITISAI_EP
+from .providers import VITISAI_EP, emulated
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "NPU"}  # OrtHardwareDeviceType
 
@@ -20,9 +19,9 @@ def device_family(device: Any) -> str:
     return DEVICE_TYPES.get(int(device.device.type), "CPU")
 
 
-def emulated(device: Any) -> bool:
+def emulated_device(device: Any) -> bool:
     """Whether an EP device is an emulator of an NPU (Qualcomm's HTP emulator on x86-64)."""
-    return bool(device.ep_name == QNN_EP and QnnProvider().emulated)
+    return emulated(str(device.ep_name))
 
 
 def engine_report() -> dict[str, Any]:
@@ -30,7 +29,7 @@ def engine_report() -> dict[str, Any]:
     packages = plugins.register_all()
     providers = list(ort.get_available_providers())
     devices = [{"ep_name": d.ep_name, "ep_vendor": d.ep_vendor, "device_type": device_family(d),
-                "device_vendor": d.device.vendor, "emulated": emulated(d)} for d in plugins.ep_devices()]
+                "device_vendor": d.device.vendor, "emulated": emulated_device(d)} for d in plugins.ep_devices()]
     vitis = VITISAI_EP in providers
     return {"installed": True, "version": ort.__version__, "providers": providers, "ep_devices": devices,
             "plugin_packages": [p.to_dict() for p in packages], "vitis_ai": vitis,

@@ -25,14 +25,15 @@ from typing import Any
 import onnxruntime as ort
 
 from ...devices import Selection
+from ...engine import Discovery
 from ...options import RunnerOptions
 from ...types import NpuError, NpuFallbackWarning
 from . import plugins
-from .backend import DEVICE_FAMILIES
-from .discovery import device_family, emulated
-from .providers import CPU_EP, ExecutionProvider
-from .qnn import QNN_EP, QnnProvider
-from .vitisai import VITISAI_EP, VitisAIProvider
+from .adapter import DEVICE_FAMILIES, OrtBackend
+from .discovery import device_family, emulated_device, engine_report
+from .providers import CPU_EP, QNN_EP, VITISAI_EP, ExecutionProvider
+from .qnn import QnnProvider
+from .vitisai import VitisAIProvider
 
 # Device families of EPs that ONNX Runtime builds in (not listed in get_ep_devices on every build)
 BUILT_IN_DEVICES = {
@@ -127,10 +128,10 @@ def select_provider(options: RunnerOptions, provider_options: Mapping[str, Any]
     if options.ep_policy is not None:
         listed = plugins.ep_devices()
         for d in listed:
-            if emulated(d):
+            if emulated_device(d):
                 skipped.append((d.ep_name, f"{d.ep_name} is an emulator (ONNX Runtime lists it as a CPU device); "
                                            "a device policy never picks an emulated NPU"))
-        chosen = policy_choice(options.ep_policy, policy_order([d for d in listed if not emulated(d)]))
+        chosen = policy_choice(options.ep_policy, policy_order([d for d in listed if not emulated_device(d)]))
         provider = provider_for(chosen.ep_name, provider_options)
         return provider, Selection(requested, device_family(chosen), skipped=tuple(skipped))
     if not options.execution_provider and requested == "AUTO":
@@ -157,10 +158,10 @@ def _families_passed_over() -> list[tuple[str, str]]:
     listed = plugins.ep_devices()
     passed = []
     for family in ("NPU", "GPU"):
-        present = [d for d in listed if device_family(d) == family and not emulated(d)]
+        present = [d for d in listed if device_family(d) == family and not emulated_device(d)]
         if present:
             break
-        emulators = [d.ep_name for d in listed if emulated(d)] if family == "NPU" else []
+        emulators = [d.ep_name for d in listed if emulated_device(d)] if family == "NPU" else []
         passed.append((family, f"ONNX Runtime lists no {family} device (its EP devices: "
                                f"{', '.join(sorted({d.ep_name for d in listed})) or 'none'})"
                                + (f"; {', '.join(emulators)} is an emulator, never a present NPU" if emulators
@@ -173,7 +174,27 @@ def _by_device(requested: str) -> list[ExecutionProvider]:
     devices = policy_order(plugins.ep_devices())
     families = list(DEVICE_FAMILIES) if requested == "AUTO" else [requested]
     chosen = [provider_for(d.ep_name) for family in families for d in devices
-              if device_family(d) == family and not emulated(d)]
+              if device_family(d) == family and not emulated_device(d)]
     if requested == "NPU":  # an emulated NPU too, since it was asked for
-        chosen += [provider_for(d.ep_name) for d in devices if emulated(d)]
+        chosen += [provider_for(d.ep_name) for d in devices if emulated_device(d)]
     return chosen or [ExecutionProvider()]
+
+
+class OnnxRuntimeBackend(OrtBackend):
+    """RunnerType.ONNXRUNTIME: any EP ONNX Runtime offers, by name (``execution_provider``) or by its device
+    policy (``ep_policy``), or by option ``device``."""
+
+    name = "ONNXRUNTIME"
+    selects_execution_providers = True
+
+    @classmethod
+    def discover(cls) -> Discovery:
+        return Discovery("onnxruntime", engine_report())
+
+    @classmethod
+    def npu_present(cls) -> bool:
+        plugins.register_all()
+        return any(device_family(d) == "NPU" and not emulated_device(d) for d in plugins.ep_devices())
+
+    def select(self, provider_options: Mapping[str, Any]) -> tuple[ExecutionProvider, Selection]:
+        return select_provider(self.options, provider_options)

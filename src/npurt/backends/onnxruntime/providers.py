@@ -1,6 +1,6 @@
 """What the ONNX Runtime adapter needs to know of one execution provider: the interface its EP modules implement.
 
-The adapter (``backend.OrtBackend``) is the same for every EP: sessions, IOBinding, shapes, npurt's cache and
+The adapter (``adapter.OrtBackend``) is the same for every EP: sessions, IOBinding, shapes, npurt's cache and
 placement. An ``ExecutionProvider`` says only what differs: whether the EP can run here and why not, which of the
 user's ``engine_options`` are its provider options, how a session gets it, the HW views of its NPU, and what its
 compiled models depend on.
@@ -9,12 +9,21 @@ compiled models depend on.
 from __future__ import annotations
 
 import contextlib
+import platform
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import onnxruntime as ort
 
 CPU_EP = "CPUExecutionProvider"
+QNN_EP = "QNNExecutionProvider"
+VITISAI_EP = "VitisAIExecutionProvider"
+
+
+def emulated(ep_name: str) -> bool:
+    """Whether the NPU behind an EP is an emulator on this host: the QNN EP's HTP backend on x86-64 is Qualcomm's
+    emulator (there is no Hexagon DSP there)."""
+    return ep_name == QNN_EP and platform.machine().lower() in ("x86_64", "amd64")
 
 
 class ExecutionProvider:

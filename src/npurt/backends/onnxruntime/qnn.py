@@ -30,11 +30,13 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ...types import NpuError
+from ...engine import Discovery
+from ...types import NpuError, NpuUnsupportedError
 from . import plugins
-from .providers import ExecutionProvider
+from .adapter import OrtBackend
+from .discovery import engine_report
+from .providers import QNN_EP, ExecutionProvider, emulated
 
-QNN_EP = "QNNExecutionProvider"
 MODULE = "onnxruntime_qnn"
 EMULATOR = "Qualcomm HTP emulator: the NPU's compiler and numerics, not its speed"
 DEFAULT_SOC_MODEL = "60"  # the emulator's (Snapdragon 8 Gen 3's HTP); Snapdragon X Elite laptops are 60 too
@@ -69,7 +71,7 @@ _stdout_checked = False  # the first HTP session of the process has been made (w
 
 def is_emulator_host() -> bool:
     """Whether the QNN HTP backend here is the emulator: on x86-64 it is always (no Hexagon DSP there)."""
-    return platform.machine().lower() in ("x86_64", "amd64")
+    return emulated(QNN_EP)
 
 
 def hexagon_reachable() -> str:
@@ -211,3 +213,32 @@ def qualcomm_npu_report() -> dict[str, Any]:
         return {"name": name, "present": False, "emulated": True, "why_not": why_not, "needed": needed}
     needed = [] if not why_not else [why_not]
     return {"name": name, "present": not why_not, "emulated": False, "why_not": why_not, "needed": needed}
+
+
+class QnnBackend(OrtBackend):
+    """RunnerType.QNN: ONNX Runtime with the QNN EP's HTP (Qualcomm NPUs; the HTP emulator on x86-64), or its CPU
+    provider."""
+
+    name = "QNN"
+    target = "QNN"
+
+    @classmethod
+    def discover(cls) -> Discovery:
+        return Discovery("onnxruntime", engine_report(), qualcomm_npu_report())
+
+    @classmethod
+    def npu_present(cls) -> bool:
+        """A real Hexagon NPU (never the emulator)."""
+        if importlib.util.find_spec(MODULE) is None or is_emulator_host():
+            return False
+        return QnnProvider().unavailable_reason() == ""
+
+    def provider_option_keys(self) -> tuple[str, ...]:
+        return QNN_OPTION_KEYS
+
+    def make_provider(self, provider_options: Mapping[str, Any]) -> ExecutionProvider:
+        precision = self.options.inference_precision
+        if precision == "bf16":
+            raise NpuUnsupportedError("inference_precision='bf16': the HTP computes floats in FP16 (its precision "
+                                      "mode) or FP32; int8 / uint16 come from a QDQ model")
+        return QnnProvider(provider_options, fp16=precision != "f32")

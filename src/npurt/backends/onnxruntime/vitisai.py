@@ -10,14 +10,17 @@ adapter's placement check reports).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
-from .providers import ExecutionProvider
+from ...engine import Discovery
+from .adapter import OrtBackend
+from .discovery import engine_report
+from .providers import VITISAI_EP, ExecutionProvider
 
-VITISAI_EP = "VitisAIExecutionProvider"
 # engine_options keys that are Vitis AI provider options; every other key configures the session.
 VITISAI_OPTION_KEYS = ("config_file", "cache_dir", "cache_key", "target", "xclbin", "encryption_key")
 
@@ -82,3 +85,24 @@ def _driver(node: str) -> str | None:
         return os.path.basename(os.readlink(f"/sys/class/accel/{os.path.basename(node)}/device/driver"))
     except OSError:
         return None
+
+
+class VaimlBackend(OrtBackend):
+    """RunnerType.VAIML: ONNX Runtime with the Vitis AI EP (AMD NPUs), or its CPU provider."""
+
+    name = "VAIML"
+    target = "VAIML"
+
+    @classmethod
+    def discover(cls) -> Discovery:
+        return Discovery("onnxruntime", engine_report(), amd_npu_report())
+
+    @classmethod
+    def npu_present(cls) -> bool:
+        return VITISAI_EP in ort.get_available_providers()
+
+    def provider_option_keys(self) -> tuple[str, ...]:
+        return VITISAI_OPTION_KEYS
+
+    def make_provider(self, provider_options: Mapping[str, Any]) -> ExecutionProvider:
+        return VitisAIProvider(provider_options)

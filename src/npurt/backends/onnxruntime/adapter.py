@@ -7,10 +7,9 @@ every shape. Where an NPU's views apply (on the NPU, or with ``hw_view="npu"``) 
 per input-shape signature, as NPU compilers take them. Which EP each node went to is read from the session
 (``placement``), never assumed: an EP that is registered yet runs nothing is reported.
 
-Output shapes: with inputs pinned (option ``shapes``), every output dim the graph decides from them is static. ONNX
-Runtime tells them from a session over the graph with the input dims fixed (its constant folding resolves what
-ONNX's own shape inference leaves open); that session only reads the shapes and is never run. The session that runs
-on the CPU still loads the file as it is.
+Output shapes: with inputs pinned (option ``shapes``), every output dim the graph decides from them is static, read
+from the graph without its weights (``onnx_graph``: shape inference, and a weightless session where inference leaves
+a dim open). The one session that runs on the CPU loads the file as it is.
 """
 
 from __future__ import annotations
@@ -57,6 +56,15 @@ def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
     return tuple(d if isinstance(d, int) and d >= 0 else k for d, k in zip(arg.shape, spec.shape))
 
 
+def _decided(spec: PortSpec, shape: tuple[int | None, ...] | None) -> tuple[int | None, ...]:
+    """An output's dims as the graph decides them; the spec's known dims stand where it leaves one open."""
+    if shape is None:
+        return spec.shape
+    if len(shape) != len(spec.shape):
+        return shape
+    return tuple(d if d is not None else k for d, k in zip(shape, spec.shape))
+
+
 def cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -75,6 +83,8 @@ class OrtBackend(Backend):
         self._model: Any = None  # the ONNX graph, where the NPU's views or frames' preprocessing are built into it
         self._edited: bytes | None = None  # that graph serialized, where the device's own views run it as it is
         self._pinned_outputs: dict[Signature, list[tuple[int | None, ...]]] = {}
+        self._skeleton: Any = None  # the model's graph without its weights, read where pinned shapes ask for it
+        self.shape_probes: list[str] = []  # the sessions made only to read output shapes (none where inference tells)
         self._placement = Placement()
         self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
@@ -142,8 +152,9 @@ class OrtBackend(Backend):
             ins = frames.port_specs(plan)
             if any(None in s.shape for s in outs):  # the output dims decided by the model's size, resized to
                 sizes = frames.model_shapes(plan, [tuple(-1 if d is None else d for d in s.shape) for s in ins])
-                outs = [spec.with_shape(shape) for spec, shape in zip(outs, self._probe_shapes(
-                    model, outs, {item.name: shape for item, shape in zip(plan, sizes)}))]
+                self._model = model  # (the graph the model's sizes are decided over, before frames go in front)
+                decided = self._decided_shapes(outs, {item.name: shape for item, shape in zip(plan, sizes)})
+                outs = [spec.with_shape(shape) for spec, shape in zip(outs, decided)]
             via_fp16 = self.provider is not None and self.provider.casts_uint8_wrong
             self._model = onnx_frames.prepend(model, fed, uint8_resize=sel.attached != "NPU", cast_via_fp16=via_fp16)
         if self.npu_views:
@@ -202,27 +213,31 @@ class OrtBackend(Backend):
 
     def _pinned_shapes(self, inputs: list[Port]) -> list[tuple[int | None, ...]]:
         """The output dims a graph decides from pinned input shapes (those that depend on the data stay None):
-        read once per signature from a session over the graph with the inputs fixed, which is never run."""
+        read once per signature from the graph without its weights (``onnx_graph``), never from a second session
+        over the model."""
         signature = tuple(p.cpu.shape for p in inputs)
         shapes = self._pinned_outputs.get(signature)
         if shapes is None:
-            model = self._model if self._model is not None else self._read_model()
             pinned = {p.name: p.cpu.shape for p in inputs}
-            shapes = self._pinned_outputs[signature] = self._probe_shapes(model, self._out_specs, pinned)
+            shapes = self._pinned_outputs[signature] = self._decided_shapes(self._out_specs, pinned)
         return shapes
 
-    @staticmethod
-    def _probe_shapes(model: Any, specs: list[PortSpec], shapes: Mapping[str, Sequence[int | None]]
-                      ) -> list[tuple[int | None, ...]]:
-        from ... import onnx_edit
+    def _decided_shapes(self, specs: list[PortSpec], pinned: Mapping[str, Sequence[int | None]]
+                        ) -> list[tuple[int | None, ...]]:
+        """Output dims for pinned inputs, over the edited graph where there is one, else the file's skeleton."""
+        from ... import onnx_graph
 
-        fixed = onnx_edit.with_input_shapes(model, shapes)
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        # constant folding (the basic level) resolves Shape -> Reshape chains that type inference alone leaves open
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        session = ort.InferenceSession(fixed.SerializeToString(), so, providers=[CPU_EP])
-        return [_arg_shape(spec, arg) for spec, arg in zip(specs, session.get_outputs())]
+        if self._model is not None:
+            skeleton = onnx_graph.Skeleton(self._model, {}, self.model_path)
+        else:
+            if self._skeleton is None:
+                try:
+                    self._skeleton = onnx_graph.read_skeleton(self.model_path)
+                except ValueError as e:
+                    raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
+            skeleton = self._skeleton
+        found = onnx_graph.output_shapes(skeleton, pinned, self.shape_probes)
+        return [_decided(spec, shape) for spec, shape in zip(specs, found)]
 
     def _read_model(self) -> Any:
         import onnx

@@ -1,0 +1,98 @@
+"""npurt.onnx_graph: a model's graph read without its weights, and the output dims it decides from pinned inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npurt import onnx_graph
+
+
+def small_net(path, opset: int = 11, external: bool = False, data_dependent: bool = True):
+    """x [N, 64] -> MatMul by a 64x256 weight (an initializer), a Constant node's 256-float bias, then a Reshape to
+    [N, 16, 16] whose target comes from Shape -> Slice -> Concat (shape arithmetic), and NonZero (data-dependent)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    bias = rng.standard_normal(256).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([16, 16], np.int64), "tail")]
+    nodes = [helper.make_node("Constant", [], ["bias"], value=numpy_helper.from_array(bias)),
+             helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "bias"], ["y"]),
+             helper.make_node("Shape", ["y"], ["shape"]),
+             helper.make_node("Slice", ["shape", "zero", "one"], ["batch"]),
+             helper.make_node("Concat", ["batch", "tail"], ["target"], axis=0),
+             helper.make_node("Reshape", ["y", "target"], ["out"]),
+             helper.make_node("NonZero", ["x"], ["nz"])][:None if data_dependent else -1]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None),
+               helper.make_tensor_value_info("nz", TensorProto.INT64, None)][:None if data_dependent else 1]
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+    if external:
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
+                  size_threshold=1024)
+    else:
+        onnx.save(model, str(path))
+    return w, bias
+
+
+def test_skeleton_leaves_the_weights_out_and_says_where_they_lie(tmp_path):
+    path = tmp_path / "net.onnx"
+    w, bias = small_net(path)
+    skeleton = onnx_graph.read_skeleton(path)
+    assert set(skeleton.weights) == {"w", "bias"}  # the small int64 initializers stay: shape arithmetic reads them
+    assert {i.name for i in skeleton.model.graph.initializer} == {"zero", "one", "tail"}
+    assert "Constant" not in {n.op_type for n in skeleton.model.graph.node}
+    assert skeleton.model.ByteSize() <= path.stat().st_size - w.nbytes - bias.nbytes
+    data = path.read_bytes()
+    for name, array in (("w", w), ("bias", bias)):
+        weight = skeleton.weights[name]
+        assert weight.dims == array.shape and weight.elem_type == TensorProto.FLOAT and not weight.external
+        got = np.frombuffer(data[weight.offset:weight.offset + weight.length], np.float32).reshape(array.shape)
+        np.testing.assert_array_equal(got, array)
+    # what stays is the model's own structure: the weights declared as inputs, ONNX Runtime runs it with them fed
+    session = ort.InferenceSession(skeleton.weights_as_inputs().SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    got = session.run(["out"], {"x": x, "w": w, "bias": bias})[0]
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["out"], {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_external_data_is_recorded_not_read(tmp_path):
+    path = tmp_path / "net.onnx"
+    small_net(path, external=True)
+    skeleton = onnx_graph.read_skeleton(path)
+    assert skeleton.weights["w"].external and skeleton.weights["w"].offset == -1
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_output_shapes_from_pinned_inputs_without_a_session(tmp_path, opset):
+    """Shape arithmetic at an old opset (where ONNX's own data propagation stops at Slice) is folded: no session is
+    made to find the dims."""
+    path = tmp_path / "net.onnx"
+    small_net(path, opset, data_dependent=False)
+    probes: list[str] = []
+    assert onnx_graph.output_shapes(onnx_graph.read_skeleton(path), {"x": [3, 64]}, probes) == [(3, 16, 16)]
+    assert probes == []
+
+
+def test_a_data_dependent_dim_stays_open(tmp_path):
+    """Where inference leaves a dim open the engine is asked (a session over the weightless graph, never run), and
+    a dim only the data decides stays open."""
+    path = tmp_path / "net.onnx"
+    small_net(path)
+    probes: list[str] = []
+    assert onnx_graph.output_shapes(onnx_graph.read_skeleton(path), {"x": [3, 64]}, probes) == [(3, 16, 16),
+                                                                                                (2, None)]
+    assert probes == ["a shape probe session for net.onnx"]
+
+
+def test_skeleton_refuses_what_is_not_a_model(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError):
+        onnx_graph.read_skeleton(bad)
