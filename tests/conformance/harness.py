@@ -23,7 +23,7 @@ worker is in: a crash (segfault, abort) or a hang (per-case timeout) is pinned t
 stage, and the worker is replaced. CLI::
 
     python -m tests.conformance.harness --backend {vaiml,openvino,both,qnn} [--jobs N] [-k SUBSTRING]
-                                        [--limit N] [--write-verdicts] [--report]
+                                        [--offset N] [--limit N] [--write-verdicts] [--report]
 """
 
 from __future__ import annotations
@@ -939,21 +939,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="both: vaiml and openvino; qnn (opt-in): ONNX Runtime + QNN EP on the HTP emulator")
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     parser.add_argument("-k", dest="substring", default="", help="only cases whose name contains this")
-    parser.add_argument("--limit", type=int, default=0, help="only the first N cases (after -k)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N cases (after -k and --offset)")
+    parser.add_argument("--offset", type=int, default=0, help="skip the first N cases (after -k)")
     parser.add_argument("--timeout", type=float, default=CASE_TIMEOUT_S, help="seconds per case")
     parser.add_argument("--write-verdicts", action="store_true",
                         help="run the engines inline and write their verdicts and docs/conformance.md's table")
     parser.add_argument("--report", action="store_true", help="print counts and every difference")
     parser.add_argument("--json", type=Path, help="write every record here")
     args = parser.parse_args(argv)
-    if args.write_verdicts and (args.substring or args.limit):
-        parser.error("--write-verdicts needs every case (no -k, no --limit)")
+    if args.write_verdicts and (args.substring or args.limit or args.offset):
+        parser.error("--write-verdicts needs every case (no -k, --limit or --offset)")
     backends = BACKENDS if args.backend == "both" else (args.backend,)
     if args.write_verdicts and any(b in OPT_IN_BACKENDS for b in backends):
         parser.error("--write-verdicts: the QNN column compares with the raw EP inline, it has no verdict file")
     names = list(case_store.iter_cases(substring=args.substring))
-    if args.limit:
-        names = names[:args.limit]
+    names = names[args.offset:args.offset + args.limit] if args.limit else names[args.offset:]
     verdicts = {} if args.write_verdicts else {b: load_verdicts(b) for b in backends if b not in OPT_IN_BACKENDS}
     t0 = time.perf_counter()
 
