@@ -252,7 +252,7 @@ class Engines:
 
     def _run_qnn(self, case: case_store.Case) -> list[Any]:
         """ONNX Runtime + QNN EP (tests.helpers.qnn.raw_qnn_session: the EP's documented use), the model's open
-        input dims pinned to the case's feeds."""
+        input dims pinned to the case's feeds, without the Python API's retry on the CPU provider."""
         import onnx
 
         from npurt.onnx_edit import graph_inputs, with_input_shapes
@@ -269,6 +269,9 @@ class Engines:
                 pinned = Path(folder) / "model.onnx"
                 onnx.save(with_input_shapes(model, shapes), str(pinned))
                 session = raw_qnn_session(pinned, QNN_PROVIDER_OPTIONS)
+        # ONNX Runtime's Python API retries a run the EP fails on the CPU provider (saying so on stdout only): off,
+        # so that the raw verdict is the EP's (npurt raises NpuError there)
+        session.disable_fallback()
         feeds = {i.name: case.feeds[i.name] for i in session.get_inputs() if i.name in case.feeds}
         return list(session.run(None, feeds))
 

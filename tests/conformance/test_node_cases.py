@@ -51,8 +51,8 @@ def test_the_qnn_column_on_a_slice() -> None:
 
 
 # Differences the QNN column found in this slice, each an npurt bug to fix (then its line goes): the NPU's static
-# output shapes come from onnx_graph.output_shapes, which gives a rank-0 shape for these reductions of a small
-# input (shape inference alone gives [1, 1, 1] and [3, 1, 2]); run() reshapes, execute() into the reported shape
-# does not (issue 39 part 1).
+# output shapes come from onnx_graph.output_shapes, which reads an output that shape inference leaves unknown as
+# rank 0 (its probe session's NodeArg.shape is [] there); run() is right, execute() into the reported shape is not
+# (issue 39 part 1; 130 cases of the whole column, docs/devices.md).
 QNN_KNOWN = {"test_reduce_l2_default_axes_keepdims_random_expanded": "wrong values",
              "test_reduce_prod_keepdims_random": "execute failed"}
