@@ -1,5 +1,5 @@
 // Conversion kernels: layout (permutation, HCWNCk channel grouping with zero padding) fused with dtype
-// conversion (float32 / float16 / bfloat16 / quantized int8 / uint8) in one pass over memory.
+// conversion (float32 / float16 / bfloat16 / quantized int8 / uint8 / uint16) in one pass over memory.
 //
 // Python describes a conversion as an iteration space: extents, and for each axis the element stride in
 // the source and in the destination (formats.py derives them from the two NpuTensorInfo views). Here the
@@ -47,7 +47,7 @@ constexpr int MAX_AXES = 16;
 constexpr int64_t STREAM_MIN_BYTES = int64_t(8) << 20;
 
 // Element kinds the converters know (anything else of equal type is a raw copy by element size).
-enum class Kind { None, F32, F16, BF16, U8, I8 };
+enum class Kind { None, F32, F16, BF16, U8, I8, U16 };
 // The loop over the two innermost axes (convert_strided picks it, Engine::run_inner runs it).
 enum class Mode { Run, Groups, Transpose, Strided, Elementwise };
 
@@ -175,7 +175,7 @@ constexpr TypeDesc TYPES[] = {
     {ElementType::Int8, "INT8", 1, Kind::I8, "b"},
     {ElementType::UInt8, "UINT8", 1, Kind::U8, "B"},
     {ElementType::Int16, "INT16", 2, Kind::None, "h"},
-    {ElementType::UInt16, "UINT16", 2, Kind::None, "H"},
+    {ElementType::UInt16, "UINT16", 2, Kind::U16, "H"},
     {ElementType::BF16, "BF16", 2, Kind::BF16, "H"},
     {ElementType::FP16, "FP16", 2, Kind::F16, "e"},
     {ElementType::Int32, "INT32", 4, Kind::None, "iIl"},
@@ -498,8 +498,8 @@ and gets zeros there; otherwise the source is, and is not read there. Read-only.
 
 src, dst: contiguous buffer-protocol objects (raw bytes, or elements of the dtype), never copied.
 src_type, dst_type: ElementType members. Same type: an element copy. Otherwise both must be in
-CONVERTIBLE_TYPES: FLOAT32, FP16, BF16, INT8 or UINT8 (through float32; int8/uint8 are (de)quantized
-with scale and zero_point).
+CONVERTIBLE_TYPES: FLOAT32, FP16, BF16, INT8, UINT8 or UINT16 (through float32; int8/uint8/uint16 are
+(de)quantized with scale and zero_point).
 shape, src_strides, dst_strides: the iteration space and each axis' stride in elements, per side.
 rounding: the Rounding used when quantizing.
 pad: None, or a ChannelPadding.)doc");

@@ -151,13 +151,17 @@ def test_fp16_bf16_cross(isa: str) -> None:
 
 
 # ---------------------------------------------------------------- quantization
-@pytest.mark.parametrize("dtype", [D.INT8, D.UINT8])
+ZERO_POINTS = {D.INT8: -7, D.UINT8: 121, D.UINT16: 30_001}
+
+
+@pytest.mark.parametrize("dtype", [D.INT8, D.UINT8, D.UINT16])
 @pytest.mark.parametrize("mode", [RoundingMode.ROUND_TO_NEAREST_EVEN, RoundingMode.ROUND_TOWARD_ZERO])
 def test_quantize(isa: str, dtype: DataType, mode: RoundingMode) -> None:
-    quant = QuantParameters(0.05, -7 if dtype is D.INT8 else 121, mode)
+    quant = QuantParameters(0.05, ZERO_POINTS[dtype], mode)
     rng = np.random.default_rng(5)
     ties = (np.arange(-300, 300, dtype=np.float32) + np.float32(0.5)) * np.float32(0.05)  # x / scale on .5
-    x = np.concatenate([rng.uniform(-20, 20, 50_000).astype(np.float32), ties,
+    span = 20 if dtype is not D.UINT16 else 2000  # uint16 codes: 0..65535
+    x = np.concatenate([rng.uniform(-span, span, 50_000).astype(np.float32), ties,
                         np.array([0.0, -0.0, 1e9, -1e9, np.inf, -np.inf, 6.35, -6.4, 0.025, -0.025], np.float32)])
     got = flat(x, D.FLOAT32, dtype, quant)
     assert same_bits(got, _from_float32(x, dtype, quant))
@@ -167,10 +171,11 @@ def test_quantize(isa: str, dtype: DataType, mode: RoundingMode) -> None:
     assert flat(np.array([np.nan], np.float32), D.FLOAT32, dtype, quant)[0] == info.min
 
 
-@pytest.mark.parametrize("dtype", [D.INT8, D.UINT8])
+@pytest.mark.parametrize("dtype", [D.INT8, D.UINT8, D.UINT16])
 def test_dequantize_and_round_trip(isa: str, dtype: DataType) -> None:
     quant = QuantParameters(0.0173, 5)
-    codes = np.arange(256, dtype=np.uint8).view(dtype.numpy)
+    codes = (np.arange(65536, dtype=np.uint32).astype(np.uint16) if dtype is D.UINT16 else
+             np.arange(256, dtype=np.uint8).view(dtype.numpy))
     got = flat(codes, dtype, D.FLOAT32, quant)
     assert same_bits(got, _to_float32(codes, dtype, quant))
     assert same_bits(flat(got, D.FLOAT32, dtype, quant), codes)  # dequantize then quantize is exact
@@ -185,7 +190,7 @@ def test_nchw_nhwc_both_ways_every_dtype_pair(isa: str, c: int, w: int) -> None:
     rng = np.random.default_rng(c * 1000 + w)
     x = (rng.standard_normal((2, c, 3, w)) * 4).astype(np.float32)
     quant = QuantParameters(0.031, 9)
-    for dst_type in (D.FLOAT32, D.FP16, D.BF16, D.UINT8, D.INT8):
+    for dst_type in (D.FLOAT32, D.FP16, D.BF16, D.UINT8, D.INT8, D.UINT16):
         got = permute(x, D.FLOAT32, dst_type, (0, 2, 3, 1), quant)
         assert same_bits(got, _from_float32(x, dst_type, quant).transpose(0, 2, 3, 1)), dst_type
         back = permute(got, dst_type, D.FLOAT32, (0, 3, 1, 2), quant)
@@ -405,7 +410,7 @@ def test_native_enums_mirror_npurt() -> None:
         {t.name: t.value for t in DataType if t is not DataType.UNKNOWN}
     assert {name: m.value for name, m in _native.Rounding.__members__.items()} == \
         {m.name: m.value for m in RoundingMode if m is not RoundingMode.UNKNOWN}
-    assert _native.CONVERTIBLE_TYPES == frozenset({E.FLOAT32, E.FP16, E.BF16, E.INT8, E.UINT8})
+    assert _native.CONVERTIBLE_TYPES == frozenset({E.FLOAT32, E.FP16, E.BF16, E.INT8, E.UINT8, E.UINT16})
 
 
 def test_convert_refuses_an_unknown_rounding_mode() -> None:
@@ -443,7 +448,8 @@ def test_threads_share_the_kernels() -> None:
 @settings(max_examples=60, deadline=None)
 @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=5), data=st.data(),
        types=st.sampled_from([(D.FLOAT32, D.FP16), (D.FLOAT32, D.BF16), (D.FP16, D.FLOAT32), (D.FLOAT32, D.UINT8),
-                              (D.INT8, D.FLOAT32), (D.FP16, D.FP16), (D.UINT8, D.BF16)]))
+                              (D.INT8, D.FLOAT32), (D.FP16, D.FP16), (D.UINT8, D.BF16), (D.FLOAT32, D.UINT16),
+                              (D.UINT16, D.FLOAT32), (D.UINT16, D.FP16)]))
 def test_any_permutation_property(shape: list[int], data: st.DataObject, types: tuple[DataType, DataType]) -> None:
     perm = tuple(data.draw(st.permutations(range(len(shape)))))
     src_type, dst_type = types

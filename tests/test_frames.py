@@ -1,6 +1,6 @@
 """Option ``frames``: uint8 camera / decoder frames straight into a model, the preprocessing compiled into the graph.
 
-Checked against the documented steps written by hand (OpenCV's uint8 resize of the frame or of each NV12 plane,
+Checked against the documented steps written by hand (OpenCV's resize of the uint8 frame or of each NV12 plane,
 then colour and normalisation in float32, on the same frames), on both engines' CPU devices: BGR / RGB / GRAY /
 NV12 frames of odd sizes, linear and nearest resizes, a real model (PP-OCR's classifier), the frame ports the
 runner reports, bad specs, an NV12 frame whose planes have a row pitch (a decoder's buffer, zero-copy on
@@ -12,11 +12,15 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from npurt import NpuTensorInfo, RunnerFactory, TensorDirection, TensorType
-from npurt.frames import NV12_OFFSETS, NV12_TO_RGB
+from npurt.frames import NV12_OFFSETS, NV12_TO_RGB, frame_input
+from npurt.onnx_frames import prepend
+from npurt.options import FrameSpec
+from npurt.ports import PortSpec
 from npurt.types import DataType, MemoryLayout, NpuUnsupportedError
 from tests.helpers.models import model_or_skip
 from tests.helpers.qnn import require_qnn
@@ -67,10 +71,12 @@ def frame_feeds(fmt: str, bgr: np.ndarray) -> tuple[dict[str, np.ndarray], np.nd
     return {"x/y": y[None, :, :, None], "x/uv": uv[None]}, nv12_rgb(y, uv)
 
 
-def resized_reference(fmt: str, feeds: dict[str, np.ndarray], resize: str, mean=MEAN, std=STD) -> np.ndarray:
-    """The documented steps by hand: the frame (NV12: each plane) resized in uint8 by OpenCV, then colour in float."""
+def resized_reference(fmt: str, feeds: dict[str, np.ndarray], resize: str, mean=MEAN, std=STD,
+                      size: tuple[int, int] = MODEL_HW) -> np.ndarray:
+    """The documented steps by hand: the frame (NV12: each plane) resized by OpenCV to ``size`` (h, w), in the
+    feeds' dtype (uint8 as the app code does; float32 for the exact resize), then colour in float."""
     interp = cv2.INTER_LINEAR if resize == "linear" else cv2.INTER_NEAREST
-    size = (MODEL_HW[1], MODEL_HW[0])
+    size = (size[1], size[0])
     if fmt == "NV12":
         y = cv2.resize(feeds["x/y"][0, :, :, 0], size, interpolation=interp)
         uv = cv2.resize(feeds["x/uv"][0], size, interpolation=interp)
@@ -119,6 +125,35 @@ def test_nv12_agrees_with_opencv(identity, backend):
     nv12 = np.concatenate([y, uv.reshape(60, 160)], 0)
     cv_rgb = cv2.cvtColor(nv12, cv2.COLOR_YUV2RGB_NV12).astype(np.float32)
     assert np.abs(out - cv_rgb).max() <= 1.0
+
+
+def smooth_frame(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """Camera-like content: smooth, its colours kept off 0 and 255 (no clipping to bias a mean)."""
+    smooth = cv2.GaussianBlur(rng.integers(0, 256, (h, w, 3), np.uint8), (31, 31), 10)
+    return cv2.normalize(smooth, None, 40, 215, cv2.NORM_MINMAX)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", ["BGR", "NV12"])
+def test_resized_frames_are_not_biased(identity, backend, fmt):
+    """A resize rounds nothing down: on smooth content, down and up, the mean difference from the exact resize (OpenCV's
+    float32 resize of the frame, or of each NV12 plane, then the colour steps in float) is ~0 on every channel (ONNX
+    Runtime's uint8 Resize truncated: half a level low on every plane). NV12 at the frame's own size, its UV plane
+    interpolated, against OpenCV's own cvtColor(COLOR_YUV2RGB_NV12): ~0 as well (was -0.65 / +0.51 / -0.89)."""
+    rng = np.random.default_rng(17)
+    for (h, w), (mh, mw) in (((480, 640), (300, 400)), ((120, 160), (240, 320)), ((240, 320), (240, 320))):
+        feeds, _ = frame_feeds(fmt, smooth_frame(rng, h, w))
+        spec = {"format": fmt, "model_size": [mh, mw], "resize": "linear"}
+        with RunnerFactory.create_runner(backend, identity, {"device": "CPU", "frames": {"x": spec}}) as r:
+            out = r.run(feeds)["y"][0].transpose(1, 2, 0)
+        if fmt == "NV12" and (h, w) == (mh, mw):
+            y, uv = feeds["x/y"][0, :, :, 0], feeds["x/uv"][0]
+            want = cv2.cvtColor(np.concatenate([y, uv.reshape(h // 2, w)], 0), cv2.COLOR_YUV2RGB_NV12)
+        else:
+            planes = {k: v.astype(np.float32) for k, v in feeds.items()}
+            want = resized_reference(fmt, planes, "linear", mean=[0], std=[1], size=(mh, mw))[0].transpose(1, 2, 0)
+        bias = (out - want.astype(np.float32)).reshape(-1, 3).mean(0)
+        assert np.abs(bias).max() < 0.1, (backend, fmt, (h, w), (mh, mw), bias)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -249,3 +284,27 @@ def test_qnn_compiles_the_preprocessing_onto_the_npu():
     with RunnerFactory.create_runner("QNN", cls, {**quiet, "shapes": {"x": [1, 3, 48, 192]}}) as plain:
         want = next(iter(plain.run({"x": x}).values()))
     assert got.argmax() == want.argmax() and np.abs(got - want).max() <= 2e-2
+
+
+@pytest.mark.parametrize("resize", ["linear", "nearest"])
+@pytest.mark.parametrize("fmt", ["BGR", "GRAY", "NV12"])
+def test_the_npu_path_resizes_in_float_after_the_colour(identity, resize, fmt):
+    """The graph an NPU compiler gets (``uint8_resize=False``: the frame to float first, the colour steps, then the
+    Resize in float NCHW), run on ONNX Runtime's CPU provider against OpenCV's float resize of the converted frame:
+    down and up, odd sizes. A float resize has no rounding of its own: the two agree to float32's."""
+    interp = cv2.INTER_LINEAR if resize == "linear" else cv2.INTER_NEAREST
+    spec = FrameSpec(fmt, model_color="RGB", model_size=MODEL_HW, resize=resize, mean=tuple(MEAN), std=tuple(STD))
+    frame = frame_input(PortSpec("x", DataType.FLOAT32, (None, 3, None, None)), spec)
+    graph = prepend(onnx.load(identity), [frame], uint8_resize=False)
+    assert "Resize" in [n.op_type for n in graph.graph.node]
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(13)
+    for h, w in ((76, 102), (32, 40), (480, 640)):
+        bgr = cv2.GaussianBlur(rng.integers(0, 256, (h, w, 3), np.uint8), (5, 5), 2)
+        feeds, rgb = frame_feeds(fmt, bgr)
+        (out,) = session.run(None, feeds)
+        want = cv2.resize(rgb, (MODEL_HW[1], MODEL_HW[0]), interpolation=interp)
+        want = ((want - np.array(MEAN, np.float32)) / np.array(STD, np.float32)).transpose(2, 0, 1)[None]
+        assert out.shape == want.shape == (1, 3, *MODEL_HW)
+        err = float((np.abs(out - want) * np.array(STD, np.float32)[:, None, None]).max())
+        assert err <= 1e-3, (fmt, resize, (h, w), err)

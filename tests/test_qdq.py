@@ -208,51 +208,84 @@ def test_backend_helpers() -> None:
 
 
 # -- the backends: a QDQ boundary's HW view is the quantized tensor ---------------------------------------
-def _small_qdq_model(path) -> str:
-    """x -> Q -> DQ -> Relu -> Q -> DQ -> y, uint8 at both boundaries (OpenVINO 2026.4's CPU plugin fails to
-    compile the quantized PP-OCR classifier itself: its low-precision AddTransformation throws on the
+# the boundaries' quantization per code type: (input scale, zero point), (output scale, zero point), the opset
+SMALL_QDQ = {DataType.UINT8: ((0.02, 128), (0.01, 0), 17),
+             DataType.UINT16: ((0.0002, 32768), (0.0001, 0), 21)}  # uint16 Q/DQ: opset 21 (A16W8, the HTP's)
+
+
+def _small_qdq_model(path, dtype: DataType = DataType.UINT8) -> str:
+    """x -> Q -> DQ -> Relu -> Q -> DQ -> y, the same code type at both boundaries (OpenVINO 2026.4's CPU plugin
+    fails to compile the quantized PP-OCR classifier itself: its low-precision AddTransformation throws on the
     conv-bias Add, with or without npurt)."""
+    (s_in, z_in), (s_out, z_out), opset = SMALL_QDQ[dtype]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
-    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s_in"),
-             numpy_helper.from_array(np.array(128, np.uint8), "z_in"),
-             numpy_helper.from_array(np.array(0.01, np.float32), "s_out"),
-             numpy_helper.from_array(np.array(0, np.uint8), "z_out")]
+    inits = [numpy_helper.from_array(np.array(s_in, np.float32), "s_in"),
+             numpy_helper.from_array(np.array(z_in, dtype.numpy), "z_in"),
+             numpy_helper.from_array(np.array(s_out, np.float32), "s_out"),
+             numpy_helper.from_array(np.array(z_out, dtype.numpy), "z_out")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s_in", "z_in"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "s_in", "z_in"], ["xd"]),
              helper.make_node("Relu", ["xd"], ["r"]),
              helper.make_node("QuantizeLinear", ["r", "s_out", "z_out"], ["rq"]),
              helper.make_node("DequantizeLinear", ["rq", "s_out", "z_out"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), ir_version=9,
-                              opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), ir_version=10,
+                              opset_imports=[helper.make_opsetid("", opset)])
     onnx.save(model, path)
     return str(path)
 
 
+@pytest.mark.parametrize("dtype", [DataType.UINT8, DataType.UINT16])
 @pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
-def test_backend_quantized_boundaries(backend: str, tmp_path) -> None:
+def test_backend_quantized_boundaries(backend: str, dtype: DataType, tmp_path) -> None:
     from npurt import RunnerFactory, StatusCode
 
-    path = _small_qdq_model(tmp_path / "qdq.onnx")
+    path = _small_qdq_model(tmp_path / "qdq.onnx", dtype)
+    (s_in, z_in), (s_out, z_out), _ = SMALL_QDQ[dtype]
+    top = np.iinfo(dtype.numpy).max
     with RunnerFactory.create_runner(backend, path, {"device": "CPU", "hw_view": "npu"}) as r:
         q_in, q_out = r.get_quant_parameters("x"), r.get_quant_parameters("y")
-        assert (q_in.scale, q_in.zero_point) == (np.float32(0.02), 128)
-        assert (q_out.scale, q_out.zero_point) == (np.float32(0.01), 0)
+        assert (q_in.scale, q_in.zero_point) == (np.float32(s_in), z_in)
+        assert (q_out.scale, q_out.zero_point) == (np.float32(s_out), z_out)
         x_hw, y_hw = r.get_tensor_info_by_name("x"), r.get_tensor_info_by_name("y")
-        assert (x_hw.data_type, x_hw.shape) == (DataType.UINT8, (1, 3, 8, 8))
-        assert (y_hw.data_type, y_hw.shape) == (DataType.UINT8, (1, 3, 8, 8))
+        assert (x_hw.data_type, x_hw.shape) == (dtype, (1, 3, 8, 8))
+        assert (y_hw.data_type, y_hw.shape) == (dtype, (1, 3, 8, 8))
         x, y = r.allocate_npu_tensor(x_hw), r.allocate_npu_tensor(y_hw)
-        x.numpy()[...] = np.arange(192, dtype=np.uint8).reshape(1, 3, 8, 8) + 30
+        codes = np.linspace(z_in - 0.45 * top, z_in + 0.45 * top, 192)  # both sides of the zero point
+        x.numpy()[...] = codes.astype(dtype.numpy).reshape(1, 3, 8, 8)
         assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS, r.last_error
         assert r.stats["copies"] == 0  # the quantized tensors go to the engine as they are
-        expected = np.clip(np.rint(np.maximum((x.numpy().astype(np.float32) - 128) * np.float32(0.02), 0)
-                                   / np.float32(0.01)), 0, 255)
+        expected = np.clip(np.rint(np.maximum((x.numpy().astype(np.float32) - z_in) * np.float32(s_in), 0)
+                                   / np.float32(s_out)) + z_out, 0, top)
         assert np.abs(y.numpy().astype(int) - expected.astype(int)).max() <= 1
         # a float frame in the CPU view is quantized by the runner: one counted copy in, one out
-        frame = (x.numpy().astype(np.float32) - 128) * np.float32(0.02)
+        frame = (x.numpy().astype(np.float32) - z_in) * np.float32(s_in)
         got = r.run({"x": frame})["y"]
-        np.testing.assert_allclose(got, np.maximum(frame, 0), atol=0.011)
+        np.testing.assert_allclose(got, np.maximum(frame, 0), atol=1.1 * s_out)
         assert r.stats["copies"] == 2
+
+
+def test_the_kernels_quantize_uint16_as_onnx_runtime() -> None:
+    """float32 -> uint16 and back (A16W8 boundaries): bit for bit ONNX Runtime's QuantizeLinear and DequantizeLinear
+    (opset 21), saturation included."""
+    scale, zero = np.float32(0.00031), np.uint16(30_001)
+    x = np.concatenate([np.random.default_rng(4).uniform(-12, 12, 4093).astype(np.float32),
+                        np.array([0.0, -0.0, 1e9, -1e9, np.inf, -np.inf], np.float32)]).reshape(1, 1, -1)
+    shape = list(x.shape)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"])], "q16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("q", TensorProto.UINT16, shape),
+         helper.make_tensor_value_info("d", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(np.array(scale), "s"), numpy_helper.from_array(np.array(zero), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    q_ort, d_ort = _session(model).run(None, {"x": x})
+    quant = QuantParameters(float(scale), int(zero))
+    q = _requantize(x, DataType.UINT16, quant)
+    np.testing.assert_array_equal(q, q_ort)
+    assert q.max() == 65535 and q.min() == 0
+    np.testing.assert_array_equal(_requantize(q, DataType.FLOAT32, quant), d_ort)
 
 
 def test_vaiml_backend_on_the_quantized_classifier() -> None:

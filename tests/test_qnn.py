@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import platform
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -164,6 +165,36 @@ def test_a_qdq_model_runs_whole_on_the_htp_with_quantized_hw_views(images, tmp_p
     assert raw_cpu_nodes, "raw ONNX Runtime + QNN ran the whole QDQ model on the HTP: the boundary claim is stale"
 
 
+def test_an_a16w8_model_takes_uint16_hw_views_bit_for_bit(images, tmp_path):
+    """uint16 QDQ boundaries (A16W8: uint16 activations, uint8 weights) on the HTP: the HW tensors are the uint16
+    codes with their QuantParameters, every node on the HTP, and the results are raw ONNX Runtime + QNN EP's bit for
+    bit (its boundary Q/DQ on the CPU provider quantize as npurt's kernels do): through execute() with the HW views
+    and convert(), through run(), and with CPU views."""
+    model = qdq_model(tmp_path, "uint16")
+    raw = raw_qnn_session(str(model), QNN_OPTIONS)
+    x = images[:4]
+    want = [raw.run(None, {"image": x[k:k + 1]})[0] for k in range(len(x))]
+    with npu_runner(model) as r:
+        assert all(p.device == "QNNExecutionProvider" for p in r.placement), r.placement
+        (xi,) = r.get_tensors_info(TensorDirection.INPUT)
+        (yi,) = r.get_tensors_info(TensorDirection.OUTPUT)
+        assert xi.data_type.name == "UINT16" and yi.data_type.name == "UINT16"
+        qx, qy = r.get_quant_parameters("image"), r.get_quant_parameters("scores")
+        cpu_x = r.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)[0]
+        cpu_y = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        xt, yt = r.allocate_npu_tensor(xi), r.allocate_npu_tensor(yi)
+        for k in range(len(x)):
+            convert(NpuTensor(cpu_x, x[k:k + 1]), xt, quant=qx)
+            assert r.execute([[xt]], [[yt]]) is StatusCode.SUCCESS, r.last_error
+            got = np.empty_like(want[k])
+            convert(yt, NpuTensor(cpu_y, got), quant=qy)
+            np.testing.assert_array_equal(got, want[k])
+            np.testing.assert_array_equal(r.run({"image": x[k:k + 1]})["scores"], want[k])
+        assert yt.numpy().max() > 255  # the codes use the 16 bits
+    with npu_runner(model, input_tensor_type="CPU", output_tensor_type="CPU") as r:
+        np.testing.assert_array_equal(r.run({"image": x[:1]})["scores"], want[0])
+
+
 def erf_model(tmp_path):
     """Relu -> Erf -> Add: the QNN EP has no Erf."""
     from onnx import TensorProto, helper
@@ -208,11 +239,50 @@ def test_context_binaries_are_kept_in_npurts_cache(images, tmp_path):
         assert [s for s, _ in r.device_info.load_steps][-1] == "compiled and stored in the cache"
 
 
+# A fresh process: the emulator's HTP backend is shared by a process's sessions and keeps the SoC settings of the
+# first one (a session without soc_model made after an FP16 runner computes in FP16; one made before, whose graph is
+# still in use when another with soc_model=60 is made, fails at its next run).
+F32_CHILD = """
+import json, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, ROOT)
+import numpy as np, onnxruntime as ort
+from npurt import RunnerFactory
+from npurt.models import DEFAULT_MODEL, default_samples
+from npurt.onnx_edit import static_model
+from tests.helpers.qnn import raw_qnn_session
+x = default_samples()[0][:8]
+options = {"device": "NPU", "shapes": {"image": [1, 1, 8, 8]}, "log_level": "ERROR", "inference_precision": "f32",
+           "input_tensor_type": "CPU", "output_tensor_type": "CPU"}
+with RunnerFactory.create_runner("QNN", DEFAULT_MODEL, options) as r:
+    ep_options = dict(r.backend.ep.options)
+    devices = sorted({p.device for p in r.placement})
+    got = np.concatenate([r.run({"image": x[k:k + 1]})["scores"] for k in range(len(x))])
+raw = raw_qnn_session(static_model(DEFAULT_MODEL, options["shapes"], Path(tempfile.mkdtemp()) / "m.onnx"),
+                      ep_options)
+want = np.concatenate([raw.run(None, {"image": x[k:k + 1]})[0] for k in range(len(x))])
+cpu = ort.InferenceSession(str(DEFAULT_MODEL), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+print(json.dumps({"ep_options": ep_options, "devices": devices, "vs_raw": float(np.abs(got - want).max()),
+                  "vs_cpu": float(np.abs(got - cpu).max()), "finite": bool(np.isfinite(got).all())}))
+"""
+
+
 def test_inference_precision_on_qnn():
+    """"bf16" is refused; "f32" runs the model on the HTP's float32 path (the FP16 mode off): the raw EP's results
+    with the same options bit for bit, and the CPU provider's within float32's rounding (FP16's mode is 1.5e-3 off,
+    test_results_against_the_cpu_provider_within_the_npus_tolerance)."""
+    from tests.test_cli import npurt_script, stdout_json
+
     with pytest.raises(NpuError, match="bf16.*FP16"):
         npu_runner(inference_precision="bf16")
-    with npu_runner(inference_precision="f32") as r:  # the HTP's float32 path: the fp16 mode is off
-        assert r.backend.ep.options.get("enable_htp_fp16_precision") is None
+    child = npurt_script(F32_CHILD.replace("ROOT", repr(str(Path(__file__).resolve().parents[1]))))
+    assert child.returncode == 0, child.stderr[-2000:]
+    report = stdout_json(child)
+    assert report["ep_options"] == {"backend_type": "htp"}  # no FP16 mode, no SoC that implies it
+    assert report["devices"] == ["QNNExecutionProvider"] and report["finite"]
+    assert report["vs_raw"] == 0.0
+    assert report["vs_cpu"] < 1e-5, report
+    print(f"f32 on the HTP emulator: {report['vs_cpu']:.1e} from the CPU provider at most (8 samples)")
 
 
 def test_the_ppocr_classifier_runs_whole_on_the_htp_in_fp16():

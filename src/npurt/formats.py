@@ -7,9 +7,9 @@ The NPU's view rules (docs/api.md, "HW views"); on CPU and GPU the HW view is th
 
 | target   | 4-D float                          | other float       | int       | QDQ boundary             |
 |----------|------------------------------------|-------------------|-----------|--------------------------|
-| OPENVINO | NHWC, FP16                         | same layout, FP16 | unchanged | quantized int8/uint8     |
-| VAIML    | HCWNC4, BF16, channels padded to 4 | same layout, BF16 | unchanged | quantized int8/uint8     |
-| QNN      | the model's layout, FP16           | same layout, FP16 | unchanged | quantized uint8/uint16   |
+| OPENVINO | NHWC, FP16                         | same layout, FP16 | unchanged | quantized int8/uint8/uint16 |
+| VAIML    | HCWNC4, BF16, channels padded to 4 | same layout, BF16 | unchanged | quantized int8/uint8/uint16 |
+| QNN      | the model's layout, FP16           | same layout, FP16 | unchanged | quantized uint8/uint16      |
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from .tensor import NpuTensor
 from .types import DataType, MemoryLayout, NpuTensorInfo, QuantParameters, RoundingMode, TensorType
 
 FLOAT_TYPES = (DataType.FLOAT32, DataType.FP16, DataType.BF16)
+# The quantized views: (de)quantized with QuantParameters to and from the float types (a QDQ boundary's HW view).
+QUANTIZED_TYPES = frozenset({DataType.INT8, DataType.UINT8, DataType.UINT16})
 TARGET_FLOAT_TYPE = {"OPENVINO": DataType.FP16, "VAIML": DataType.BF16, "QNN": DataType.FP16}
 # The HTP (QNN) takes the model's own layout at its boundary: its compiler lays tensors out inside the graph.
 TARGET_4D_LAYOUT = {"OPENVINO": MemoryLayout.NHWC, "VAIML": MemoryLayout.HCWNC4}
@@ -168,7 +170,7 @@ def hw_view(cpu: NpuTensorInfo, target: str, *, quant_data_type: DataType | None
 def _to_float32(a: np.ndarray, dtype: DataType, quant: QuantParameters | None) -> np.ndarray:
     if dtype is DataType.BF16:
         return (a.astype(np.uint32) << 16).view(np.float32)
-    if dtype in (DataType.INT8, DataType.UINT8) and quant is not None:
+    if dtype in QUANTIZED_TYPES and quant is not None:
         dequantized: np.ndarray = (a.astype(np.float32) - np.float32(quant.zero_point)) * np.float32(quant.scale)
         return dequantized.astype(np.float32)
     return a.astype(np.float32)
@@ -182,7 +184,7 @@ def _from_float32(x: np.ndarray, dtype: DataType, quant: QuantParameters | None)
         out: np.ndarray = rounded.astype(np.uint16)
         out[nan] = ((bits[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)  # keep NaN a (quiet) NaN
         return out
-    if dtype in (DataType.INT8, DataType.UINT8) and quant is not None:
+    if dtype in QUANTIZED_TYPES and quant is not None:
         info = np.iinfo(dtype.numpy)
         q = x / np.float32(quant.scale)
         q = np.trunc(q) if quant.rounding_mode is RoundingMode.ROUND_TOWARD_ZERO else np.rint(q)
@@ -283,8 +285,7 @@ def convert(src: NpuTensor, dst: NpuTensor, *, quant: QuantParameters | None = N
     if not dst.writable:
         raise ValueError(f"convert(): destination {dst.info.name!r} is read-only")
     s, d = src.info, dst.info
-    quantized = {DataType.INT8, DataType.UINT8}
-    if (s.data_type in quantized) != (d.data_type in quantized) and quant is None:
+    if (s.data_type in QUANTIZED_TYPES) != (d.data_type in QUANTIZED_TYPES) and quant is None:
         raise ValueError(f"convert(): {s.data_type.name} -> {d.data_type.name} needs QuantParameters")
     plan = _checked_plan(s, d)
     if plan is not None:

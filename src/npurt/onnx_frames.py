@@ -3,13 +3,15 @@ Runtime's backends (VAIML, QNN, ONNXRUNTIME with any EP).
 
 Each frame input's graph input is replaced by its frame ports (uint8 NHWC; NV12 as its two planes) and the model's
 uses of it read the preprocessed tensor instead. On the CPU and other dynamic-shape EPs, the frame is resized first,
-in uint8 NHWC, to the model's size (linear with half-pixel centres, as OpenCV's INTER_LINEAR of a uint8 frame;
-nearest as INTER_NEAREST: asymmetric, floor; for NV12 each plane, the UV plane's samples interpolated from half
-size), so only the model's pixels are converted. For an NPU compiler (which takes a float Resize, in NCHW): Cast to
-float first, the UV plane upsampled x2 (nearest, each sample over its 2x2 pixels), and the Resize after the
-colour steps, in float. Then, in that order: NV12's planes concatenated, centred and multiplied by BT.601's 3x3
-matrix (the channel order folded into it), clipped to 0..255; GRAY repeated to three channels, or BGR/RGB reversed,
-where the model wants it; Transpose to NCHW; ``x * (1 / std) - mean / std``; a Cast to the model's float type.
+in NHWC, to the model's size (linear with half-pixel centres, as OpenCV's INTER_LINEAR; nearest as INTER_NEAREST:
+asymmetric, floor; for NV12 each plane, the UV plane's samples interpolated from half size), so only the model's
+pixels go through the colour steps. The resize is in float, after a Cast of the frame: ONNX Runtime's uint8 Resize
+truncates its interpolated values (half a level low on average, against OpenCV's rounding to nearest), a float
+Resize rounds nothing. For an NPU compiler (which takes a float Resize, in NCHW): the UV plane upsampled x2
+(nearest, each sample over its 2x2 pixels), and the Resize after the colour steps. Then, in that order: NV12's
+planes concatenated, centred and multiplied by BT.601's 3x3 matrix (the channel order folded into it), clipped to
+0..255; GRAY repeated to three channels, or BGR/RGB reversed, where the model wants it; Transpose to NCHW;
+``x * (1 / std) - mean / std``; a Cast to the model's float type.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ SUFFIX = "__npurt_frame"
 def prepend(model: onnx.ModelProto, frames: Sequence[FrameInput], uint8_resize: bool = True,
             cast_via_fp16: bool = False) -> onnx.ModelProto:
     """A copy of ``model`` whose frame inputs take frames (the module's docstring). ``uint8_resize``: the frame is
-    resized first, in uint8 (on the CPU: only the model's pixels are converted; an NPU compiler takes a float
-    Resize). ``cast_via_fp16``: uint8 goes to float through float16 (exact for 0..255), for an EP whose direct Cast
-    is wrong (ExecutionProvider)."""
+    resized first, in NHWC, before the colour steps (on the CPU: only the model's pixels are converted; an NPU
+    compiler takes a Resize in NCHW, after them). ``cast_via_fp16``: uint8 goes to float through float16 (exact for
+    0..255), for an EP whose direct Cast is wrong (ExecutionProvider)."""
     edited = converted_to_opset13(model) if opset(model) < MIN_OPSET_FOR_EDITS else model
     out = onnx.ModelProto()
     out.CopyFrom(edited)
@@ -87,11 +89,11 @@ class _Preprocessing(GraphBuilder):
     def build(self, result: str) -> list[onnx.NodeProto]:
         frame, spec = self.frame, self.frame.spec
         resizing = spec.resize is not None and frame.model_hw is not None
-        in_uint8 = resizing and self.uint8_resize  # resized before anything else, in uint8 NHWC (as OpenCV's)
+        first = resizing and self.uint8_resize  # resized before the colour steps, in NHWC (as OpenCV's)
         if spec.format == "NV12":
             y, uv = frame.ports[0].name, frame.ports[1].name
-            if in_uint8:  # each plane to the model's size: the UV plane's samples interpolated from half size
-                y, uv = self.to_float(self.resized(y, nchw=False)), self.to_float(self.resized(uv, nchw=False))
+            if first:  # each plane to the model's size: the UV plane's samples interpolated from half size
+                y, uv = self.resized(self.to_float(y), nchw=False), self.resized(self.to_float(uv), nchw=False)
             else:
                 y, uv = self.to_float(y), self.to_float(uv)
                 # the UV plane upsampled in NCHW: NPU compilers resize spatial dims only (QNN refuses NHWC)
@@ -104,14 +106,14 @@ class _Preprocessing(GraphBuilder):
             x = self.node("MatMul", [yuv, self.const(np.ascontiguousarray(matrix.T))])
             x = self.node("Clip", [x, self.const(np.array(0, np.float32)), self.const(np.array(255, np.float32))])
         else:
-            x = frame.ports[0].name
-            x = self.to_float(self.resized(x, nchw=False) if in_uint8 else x)
+            x = self.to_float(frame.ports[0].name)
+            x = self.resized(x, nchw=False) if first else x
             if spec.format == "GRAY" and frame.channels == 3:
                 x = self.node("Concat", [x, x, x], axis=3)
             elif swaps_channels(frame):
                 x = self.node("Gather", [x, self.const(np.array([2, 1, 0], np.int64))], axis=3)
         x = self.node("Transpose", [x], perm=[0, 3, 1, 2])
-        if resizing and not in_uint8:
+        if resizing and not first:
             x = self.resized(x, nchw=True)
         scale, bias = normalization(frame)
         if not np.all(scale == 1):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .types import DataType, MemoryLayout, TensorDirection, TensorType, _enum
+from .types import DataType, MemoryLayout, TensorDirection, TensorType, enum_member
 
 DEVICES = ("AUTO", "NPU", "CPU", "GPU")
 FALLBACKS = ("cpu", "error")
@@ -364,7 +364,7 @@ def _parse_hw_format(value: Any) -> dict[str, HwFormat]:
         layout = fmt.get("memory_layout")
         dtype = fmt.get("data_type")
         out[str(name)] = HwFormat(
-            memory_layout=None if layout is None else _enum(MemoryLayout, layout, f"hw_format[{name!r}] layout"),
-            data_type=None if dtype is None else _enum(DataType, dtype, f"hw_format[{name!r}] data_type"),
+            memory_layout=None if layout is None else enum_member(MemoryLayout, layout, f"hw_format[{name!r}] layout"),
+            data_type=None if dtype is None else enum_member(DataType, dtype, f"hw_format[{name!r}] data_type"),
         )
     return out

@@ -47,7 +47,7 @@ class PortSpec:
     data_type: DataType
     shape: tuple[int | None, ...]
     quant: QuantParameters | None = None  # set where the NPU's view is the quantized tensor (QDQ boundary)
-    quant_data_type: DataType | None = None  # INT8 / UINT8: the quantized tensor's type, with quant
+    quant_data_type: DataType | None = None  # INT8 / UINT8 / UINT16: the quantized tensor's type, with quant
     dim_names: tuple[str | None, ...] = ()
     layout: MemoryLayout | None = None  # None: the model's own for its rank (NCHW for 4-D); NHWC for a frame port
 

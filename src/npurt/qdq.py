@@ -1,13 +1,14 @@
 """QDQ boundaries: model inputs that feed only a QuantizeLinear, outputs that come only from a DequantizeLinear.
 
-At such a boundary the HW view of the tensor is the quantized int8/uint8 tensor itself: the runner
+At such a boundary the HW view of the tensor is the quantized int8/uint8/uint16 tensor itself (uint16: the
+activations of A16W8 models, which Qualcomm's HTP takes): the runner
 reports its ``QuantParameters`` (``get_quant_parameters``), converts CPU tensors with them
 (``formats.convert(..., quant=...)``), and the engine compiles the model without the boundary node
 (``strip_boundaries``), so no float tensor crosses the boundary at all.
 
 A boundary needs a constant scalar scale (an initializer or a Constant node) and a constant scalar zero
-point of type int8 or uint8 (absent means uint8 0, as in ONNX); per-axis and blocked quantization are
-not boundaries.
+point of type int8, uint8 or uint16 (absent means uint8 0, or the type ``output_dtype`` names, as in ONNX);
+per-axis and blocked quantization are not boundaries.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from .types import DataType, QuantParameters, RoundingMode, TensorDirection, Ten
 if TYPE_CHECKING:
     from .ports import PortSpec
 
-_QUANT_TYPES = {TensorProto.INT8: DataType.INT8, TensorProto.UINT8: DataType.UINT8}
+_QUANT_TYPES = {TensorProto.INT8: DataType.INT8, TensorProto.UINT8: DataType.UINT8, TensorProto.UINT16: DataType.UINT16}
+_ZERO_POINT_TYPES = {np.dtype(np.int8): DataType.INT8, np.dtype(np.uint8): DataType.UINT8,
+                     np.dtype(np.uint16): DataType.UINT16}
+_ELEM_TYPES = {v: k for k, v in _QUANT_TYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class QdqBoundary:
     name: str
     direction: TensorDirection
     quant: QuantParameters
-    data_type: DataType  # DataType.INT8 or DataType.UINT8
+    data_type: DataType  # DataType.INT8, UINT8 or UINT16
     nodes: tuple[str, ...]  # first outputs of the nodes strip_boundaries removes (Q / DQ, Identity after a DQ)
 
 
@@ -69,9 +73,9 @@ def _node_params(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tupl
     zp_name = node.input[2] if len(node.input) > 2 else ""
     if zp_name:
         zp = constants.get(zp_name)
-        if zp is None or zp.size != 1 or zp.dtype not in (np.int8, np.uint8):
+        if zp is None or zp.size != 1 or zp.dtype not in _ZERO_POINT_TYPES:
             return None
-        data_type = DataType.INT8 if zp.dtype == np.int8 else DataType.UINT8
+        data_type = _ZERO_POINT_TYPES[zp.dtype]
         zero_point = int(zp.reshape(()))
     else:
         out_type = attrs["output_dtype"].i if "output_dtype" in attrs else TensorProto.UINT8
@@ -147,7 +151,7 @@ def find_boundaries(model: onnx.ModelProto) -> dict[str, QdqBoundary]:
 def strip_boundaries(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
     """A copy of ``model`` whose named inputs / outputs are the quantized tensors (boundary Q/DQ removed).
 
-    Names and shapes stay; the element type becomes int8 / uint8. Constants only the removed nodes used
+    Names and shapes stay; the element type becomes int8 / uint8 / uint16. Constants only the removed nodes used
     are dropped too.
     """
     names = list(names)
@@ -171,7 +175,7 @@ def strip_boundaries(model: onnx.ModelProto, names: Iterable[str]) -> onnx.Model
                 rename[node.output[0]] = name  # the quantized tensor is now the graph input itself
             elif node.op_type == "DequantizeLinear":
                 rename[node.input[0]] = name  # the quantized tensor is now the graph output itself
-        elem = TensorProto.INT8 if b.data_type is DataType.INT8 else TensorProto.UINT8
+        elem = _ELEM_TYPES[b.data_type]
         for value_info in (*graph.input, *graph.output):
             if value_info.name == name:
                 value_info.type.tensor_type.elem_type = elem

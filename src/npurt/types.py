@@ -175,8 +175,9 @@ class RoundingMode(IntEnum):
     ROUND_TOWARD_ZERO = 2
 
 
-def _enum(enum_cls: type[IntEnum], value: Any, what: str) -> Any:
-    """Accept an enum member, its name (case-insensitive) or its value."""
+def enum_member(enum_cls: type[IntEnum], value: Any, what: str) -> Any:
+    """An enum member from a member, its name (case-insensitive) or its value; ValueError naming ``what`` and the
+    valid names otherwise."""
     if isinstance(value, enum_cls):
         return value
     if isinstance(value, str):
@@ -261,10 +262,10 @@ class NpuTensorInfo:
         setattr_ = object.__setattr__
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"NpuTensorInfo.name must be a non-empty string, got {self.name!r}")
-        setattr_(self, "data_type", _enum(DataType, self.data_type, f"tensor {self.name!r} data_type"))
-        setattr_(self, "direction", _enum(TensorDirection, self.direction, f"tensor {self.name!r} direction"))
-        setattr_(self, "tensor_type", _enum(TensorType, self.tensor_type, f"tensor {self.name!r} tensor_type"))
-        setattr_(self, "memory_layout", _enum(MemoryLayout, self.memory_layout, f"tensor {self.name!r} layout"))
+        setattr_(self, "data_type", enum_member(DataType, self.data_type, f"tensor {self.name!r} data_type"))
+        setattr_(self, "direction", enum_member(TensorDirection, self.direction, f"tensor {self.name!r} direction"))
+        setattr_(self, "tensor_type", enum_member(TensorType, self.tensor_type, f"tensor {self.name!r} tensor_type"))
+        setattr_(self, "memory_layout", enum_member(MemoryLayout, self.memory_layout, f"tensor {self.name!r} layout"))
         try:
             shape = tuple(int(d) for d in self.shape)
         except (TypeError, ValueError):
@@ -387,7 +388,7 @@ class QuantParameters:
             raise ValueError(f"QuantParameters.scale must be a positive finite number, got {self.scale!r}")
         object.__setattr__(self, "scale", float(self.scale))
         object.__setattr__(self, "zero_point", int(self.zero_point))
-        object.__setattr__(self, "rounding_mode", _enum(RoundingMode, self.rounding_mode, "rounding_mode"))
+        object.__setattr__(self, "rounding_mode", enum_member(RoundingMode, self.rounding_mode, "rounding_mode"))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,13 @@ For every case and backend a worker process produces a ``Record``:
   session options, or OpenVINO ``compile_model(read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})``;
 - npurt's ``runner.run(feeds)`` on CPU views, judged the same way (and, for VAIML, compared bit for bit with
   ONNX Runtime's own outputs);
+- opt-in (``--backend qnn``), the QNN column: ONNX Runtime + QNN EP on Qualcomm's HTP (the emulator on x86-64)
+  used directly, as its documentation shows, and npurt's QNN runner on the NPU at CPU views (npurt's FP16 HW views
+  would differ from the raw EP's float inputs), with the same provider options on both (npurt's defaults for the
+  HTP, FP16 precision), each judged against ONNX's expected outputs at the FP16 tolerance (``TOLERANCE``) and
+  npurt's outputs compared bit for bit with the raw EP's. A model with open input dims is pinned to the case's
+  feeds on the raw side (the HTP compiles static shapes; npurt pins them itself). 0.3-1 s a case and side on the
+  emulator: the whole column is a script run (15-50 minutes on 2 cores); the suite runs a slice (``--limit``);
 - where every output's CPU info is static, ``runner.execute`` into output buffers pre-filled with a sentinel
   byte pattern, so that an output nothing wrote (SUCCESS over unwritten memory) is caught.
 
@@ -15,8 +22,8 @@ that import the engines once and take cases one at a time from the parent, which
 worker is in: a crash (segfault, abort) or a hang (per-case timeout) is pinned to one case, backend and
 stage, and the worker is replaced. CLI::
 
-    python -m tests.conformance.harness --backend {vaiml,openvino,both} [--jobs N] [-k SUBSTRING]
-                                        [--write-verdicts] [--report]
+    python -m tests.conformance.harness --backend {vaiml,openvino,both,qnn} [--jobs N] [-k SUBSTRING]
+                                        [--offset N] [--limit N] [--write-verdicts] [--report]
 """
 
 from __future__ import annotations
@@ -42,10 +49,17 @@ import numpy as np
 
 from . import cases as case_store
 
-BACKENDS = ("vaiml", "openvino")
-RUNNER_TYPE = {"vaiml": "VAIML", "openvino": "OPENVINO"}
-ENGINE_NAME = {"vaiml": "onnxruntime", "openvino": "openvino"}
+BACKENDS = ("vaiml", "openvino")  # the suite's columns ("both"); "qnn" is opt-in
+OPT_IN_BACKENDS = ("qnn",)
+RUNNER_TYPE = {"vaiml": "VAIML", "openvino": "OPENVINO", "qnn": "QNN"}
+ENGINE_NAME = {"vaiml": "onnxruntime", "openvino": "openvino", "qnn": "onnxruntime-qnn"}
 RTOL, ATOL = 1e-3, 1e-5
+# FP16 on the HTP: each rounding is off by up to 2^-11 (4.9e-4) of the value, and a node rounds its inputs, its
+# intermediates and its output; values near 0 keep FP16's absolute resolution near the inputs' scale.
+FP16_RTOL, FP16_ATOL = 1e-2, 1e-3
+TOLERANCE = {"vaiml": (RTOL, ATOL), "openvino": (RTOL, ATOL), "qnn": (FP16_RTOL, FP16_ATOL)}
+# The EP's options on both sides of the QNN column: npurt's defaults for the HTP (docs/devices.md).
+QNN_PROVIDER_OPTIONS = {"backend_type": "htp", "enable_htp_fp16_precision": "1", "soc_model": "60"}
 SENTINEL = 0xA5  # byte pattern of output buffers before execute: still there afterwards = nothing wrote it
 CASE_TIMEOUT_S = 60.0
 VERDICTS_DIR = Path(__file__).parent / "verdicts"
@@ -117,13 +131,14 @@ def _numeric(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def judge(expected: Any, actual: Any, what: str = "output") -> str:
-    """"" if ``actual`` matches ONNX's ``expected`` (rtol 1e-3, atol 1e-5, NaN == NaN), else why not."""
+def judge(expected: Any, actual: Any, what: str = "output", rtol: float = RTOL, atol: float = ATOL) -> str:
+    """"" if ``actual`` matches ONNX's ``expected`` (rtol 1e-3, atol 1e-5 unless given, NaN == NaN), else why
+    not."""
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(actual) != len(expected):
             return f"{what}: expected a sequence of {len(expected)}, got {_describe(actual)}"
         for i, (e, a) in enumerate(zip(expected, actual)):
-            why = judge(e, a, f"{what}[{i}]")
+            why = judge(e, a, f"{what}[{i}]", rtol, atol)
             if why:
                 return why
         return ""
@@ -140,7 +155,7 @@ def judge(expected: Any, actual: Any, what: str = "output") -> str:
         return f"{what}: shape {list(actual.shape)}, expected {list(expected.shape)}"
     e, a = _numeric(expected), _numeric(actual)
     if e.dtype.kind in "fc":
-        close = np.isclose(a, e, rtol=RTOL, atol=ATOL, equal_nan=True)
+        close = np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
         if not close.all():
             bad = int((~close).sum())
             k = int(np.argmin(close.reshape(-1)))
@@ -179,11 +194,12 @@ def _describe(v: Any) -> str:
     return type(v).__name__
 
 
-def _judge_all(expected: list[Any], actual: list[Any], names: list[str]) -> str:
+def _judge_all(expected: list[Any], actual: list[Any], names: list[str], backend: str = "vaiml") -> str:
     if len(actual) != len(expected):
         return f"{len(actual)} outputs, expected {len(expected)}"
+    rtol, atol = TOLERANCE[backend]
     for name, e, a in zip(names, expected, actual):
-        why = judge(e, a, f"output {name!r}")
+        why = judge(e, a, f"output {name!r}", rtol, atol)
         if why:
             return why
     return ""
@@ -220,16 +236,42 @@ class Engines:
     def run(self, backend: str, case: case_store.Case) -> tuple[Outcome, list[Any] | None]:
         """(verdict, outputs per graph output or None) of the raw engine."""
         names = [p.name for p in case.outputs]
+        run = {"vaiml": self._run_ort, "openvino": self._run_openvino, "qnn": self._run_qnn}[backend]
         try:
-            outputs = self._run_ort(case) if backend == "vaiml" else self._run_openvino(case)
+            outputs = run(case)
         except Exception as e:  # noqa: BLE001 - the engine's refusal, whatever its type
             return Outcome("error", _one_line(f"{type(e).__name__}: {e}"), "run", _exc_type(e)), None
         outputs = [_as_expected_dtype(o, e) for o, e in zip(outputs, case.expected)]
-        why = _judge_all(case.expected, outputs, names)
+        why = _judge_all(case.expected, outputs, names, backend)
         return (Outcome("fail", why, "judge") if why else Outcome("pass")), outputs
 
     def _run_ort(self, case: case_store.Case) -> list[Any]:
         session = self.ort.InferenceSession(str(case.model_path), providers=["CPUExecutionProvider"])
+        feeds = {i.name: case.feeds[i.name] for i in session.get_inputs() if i.name in case.feeds}
+        return list(session.run(None, feeds))
+
+    def _run_qnn(self, case: case_store.Case) -> list[Any]:
+        """ONNX Runtime + QNN EP (tests.helpers.qnn.raw_qnn_session: the EP's documented use), the model's open
+        input dims pinned to the case's feeds, without the Python API's retry on the CPU provider."""
+        import onnx
+
+        from npurt.onnx_edit import graph_inputs, with_input_shapes
+        from tests.helpers.qnn import raw_qnn_session
+
+        model = onnx.load(str(case.model_path))
+        shapes = {v.name: list(np.shape(case.feeds[v.name])) for v in graph_inputs(model.graph)
+                  if v.name in case.feeds and isinstance(case.feeds[v.name], np.ndarray)
+                  and not all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)}
+        if not shapes:
+            session = raw_qnn_session(case.model_path, QNN_PROVIDER_OPTIONS)
+        else:
+            with tempfile.TemporaryDirectory(prefix="npurt-qnn-case-") as folder:
+                pinned = Path(folder) / "model.onnx"
+                onnx.save(with_input_shapes(model, shapes), str(pinned))
+                session = raw_qnn_session(pinned, QNN_PROVIDER_OPTIONS)
+        # ONNX Runtime's Python API retries a run the EP fails on the CPU provider (saying so on stdout only): off,
+        # so that the raw verdict is the EP's (npurt raises NpuError there)
+        session.disable_fallback()
         feeds = {i.name: case.feeds[i.name] for i in session.get_inputs() if i.name in case.feeds}
         return list(session.run(None, feeds))
 
@@ -330,7 +372,9 @@ def run_npurt(backend: str, case: case_store.Case, stage: Callable[[str], None],
     import npurt
 
     names = [p.name for p in case.outputs]
-    options = {"device": "CPU", "input_tensor_type": "CPU", "output_tensor_type": "CPU"}
+    options: dict[str, Any] = {"device": "CPU", "input_tensor_type": "CPU", "output_tensor_type": "CPU"}
+    if backend == "qnn":  # the HTP at CPU views, the raw side's provider options
+        options.update(device="NPU", log_level="ERROR", engine_options=dict(QNN_PROVIDER_OPTIONS))
     stage("npurt:load")
     try:
         runner = npurt.RunnerFactory.create_runner(RUNNER_TYPE[backend], str(case.model_path), options)
@@ -351,14 +395,14 @@ def run_npurt(backend: str, case: case_store.Case, stage: Callable[[str], None],
             if missing:
                 run = Outcome("fail", f"outputs {missing} missing from run()'s results {sorted(results)}", "run")
             else:
-                why = _judge_all(case.expected, outputs, names)
+                why = _judge_all(case.expected, outputs, names, backend)
                 run = Outcome("fail", why, "judge") if why else Outcome("pass")
         except Exception as e:  # noqa: BLE001
             run = _exception_outcome(e, "run")
         partial("run", run)
         stage("npurt:execute")
         try:
-            execute, exec_outputs = _execute(runner, case, feeds)
+            execute, exec_outputs = _execute(runner, case, feeds, backend)
         except Exception as e:  # noqa: BLE001 - execute must never raise
             execute, exec_outputs = _exception_outcome(e, "execute"), None
         return run, execute, outputs, exec_outputs
@@ -369,7 +413,8 @@ def run_npurt(backend: str, case: case_store.Case, stage: Callable[[str], None],
             pass
 
 
-def _execute(runner: Any, case: case_store.Case, feeds: dict[str, Any]) -> tuple[Outcome, list[Any] | None]:
+def _execute(runner: Any, case: case_store.Case, feeds: dict[str, Any], backend: str
+             ) -> tuple[Outcome, list[Any] | None]:
     """execute() with CPU NpuTensors, outputs pre-filled with the sentinel, judged buffer by buffer."""
     import npurt
 
@@ -414,7 +459,7 @@ def _execute(runner: Any, case: case_store.Case, feeds: dict[str, Any]) -> tuple
             if not same:
                 return Outcome("unwritten", f"output {name!r}: execute returned SUCCESS but every byte of its "
                                             f"buffer still holds the sentinel 0x{SENTINEL:02X}", "execute"), outputs
-    why = _judge_all(case.expected, outputs, names)
+    why = _judge_all(case.expected, outputs, names, backend)
     return (Outcome("fail", why, "judge") if why else Outcome("pass")), outputs
 
 
@@ -437,6 +482,8 @@ def _difference(rec: Record) -> tuple[str, str] | None:
     with NpuUnsupportedError naming the port, else the rule below applies to it too.
     VAIML: ONNX Runtime passes -> npurt succeeds with outputs bit-equal to ONNX Runtime's (run and
     execute); ONNX Runtime fails -> npurt raises NpuError or returns exactly ONNX Runtime's outputs.
+    QNN: the same rule against ONNX Runtime + QNN EP (at the FP16 tolerance): where the raw EP passes npurt
+    passes, and every result npurt returns is the raw EP's, bit for bit.
     OPENVINO: OpenVINO passes -> npurt passes (run and execute); OpenVINO fails -> anything but the
     universal failures above.
     """
@@ -463,22 +510,26 @@ def _difference(rec: Record) -> tuple[str, str] | None:
         return _refusal_category(n.reason), f"{n.stage}: {n.reason}"
     if x.status == "unwritten":
         return "unwritten output", x.reason
-    if "missing" in n.reason and (engine_passes or rec.backend == "vaiml"):
+    bit_exact = rec.backend in ("vaiml", "qnn")  # npurt's outputs are the raw engine's own
+    if "missing" in n.reason and (engine_passes or bit_exact):
         return "ports differ from the model's", n.reason
-    if rec.backend == "vaiml":
+    if bit_exact:
+        engine = "ONNX Runtime" + (" + QNN EP" if rec.backend == "qnn" else "")
         if eng.status in ("error", "crash", "hang"):
             return ("result where the engine errors",
-                    f"ONNX Runtime: {eng.status} ({eng.reason}); npurt returned outputs")
+                    f"{engine}: {eng.status} ({eng.reason}); npurt returned outputs")
         if rec.same_as_engine is False:
             if not engine_passes:
                 category = "differs from the engine's wrong result"
             elif n.status == "fail" or x.status == "fail":
                 category = "wrong values"
             else:
-                category = "not bit-exact with ONNX Runtime"
-            return category, f"npurt's outputs are not ONNX Runtime's: {n.reason or x.reason or 'within tolerance'}"
+                category = f"not bit-exact with {engine}"
+            return category, f"npurt's outputs are not {engine}'s: {n.reason or x.reason or 'within tolerance'}"
         if x.status == "status" and engine_passes:
             return "execute failed", x.reason
+        if engine_passes and (n.status == "fail" or x.status == "fail"):  # (unreachable when bit-exact)
+            return "wrong values", n.reason or x.reason
         return None
     # openvino
     if not engine_passes:
@@ -510,6 +561,13 @@ def engine_version(backend: str) -> str:
         import onnxruntime
 
         return onnxruntime.__version__
+    if backend == "qnn":
+        import onnxruntime
+
+        from npurt.backends.onnxruntime.qnn import qnn_versions
+
+        versions = qnn_versions()
+        return f"{onnxruntime.__version__}, QNN SDK {versions['qnn_sdk']}, onnxruntime-qnn {versions['package']}"
     import openvino
 
     return openvino.get_version()
@@ -595,6 +653,7 @@ def _worker_main(conn: Connection, root: str, log_path: str, cpus: list[int] | N
         os.sched_setaffinity(0, cpus)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 2)  # engine logs and abort messages land in the worker's log, not the terminal
+    os.dup2(log_fd, 1)  # and what an engine's library prints on stdout (the HTP emulator's first-use line)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     import warnings
 
@@ -636,7 +695,7 @@ def _run_task(task: Task, root: Path, engines: Engines, send: Callable[[str, Any
     send("engine", rec.engine)
     rec.npurt, rec.execute, outputs, exec_outputs = run_npurt(task.backend, case, stage, send)
     send("execute", rec.execute)
-    if task.backend == "vaiml" and engine_outputs is not None:
+    if task.backend in ("vaiml", "qnn") and engine_outputs is not None:
         compared = [o for o in (outputs, exec_outputs) if o is not None]
         if compared:
             rec.same_as_engine = all(identical(o, engine_outputs) for o in compared)
@@ -879,20 +938,26 @@ def update_docs(table: str, path: Path = DOCS) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.conformance.harness", description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", choices=(*BACKENDS, "both"), default="both")
+    parser.add_argument("--backend", choices=(*BACKENDS, "both", *OPT_IN_BACKENDS), default="both",
+                        help="both: vaiml and openvino; qnn (opt-in): ONNX Runtime + QNN EP on the HTP emulator")
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     parser.add_argument("-k", dest="substring", default="", help="only cases whose name contains this")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N cases (after -k and --offset)")
+    parser.add_argument("--offset", type=int, default=0, help="skip the first N cases (after -k)")
     parser.add_argument("--timeout", type=float, default=CASE_TIMEOUT_S, help="seconds per case")
     parser.add_argument("--write-verdicts", action="store_true",
                         help="run the engines inline and write their verdicts and docs/conformance.md's table")
     parser.add_argument("--report", action="store_true", help="print counts and every difference")
     parser.add_argument("--json", type=Path, help="write every record here")
     args = parser.parse_args(argv)
-    if args.write_verdicts and args.substring:
-        parser.error("--write-verdicts needs every case (no -k)")
+    if args.write_verdicts and (args.substring or args.limit or args.offset):
+        parser.error("--write-verdicts needs every case (no -k, --limit or --offset)")
     backends = BACKENDS if args.backend == "both" else (args.backend,)
+    if args.write_verdicts and any(b in OPT_IN_BACKENDS for b in backends):
+        parser.error("--write-verdicts: the QNN column compares with the raw EP inline, it has no verdict file")
     names = list(case_store.iter_cases(substring=args.substring))
-    verdicts = {} if args.write_verdicts else {b: load_verdicts(b) for b in backends}
+    names = names[args.offset:args.offset + args.limit] if args.limit else names[args.offset:]
+    verdicts = {} if args.write_verdicts else {b: load_verdicts(b) for b in backends if b not in OPT_IN_BACKENDS}
     t0 = time.perf_counter()
 
     def progress(done: int, total: int) -> None:

@@ -20,6 +20,14 @@ def test_judge_uses_onnx_tolerances_and_nan_equal_nan() -> None:
     assert harness.judge([e, e], [e, e]) == "" and "sequence" in harness.judge([e], e)
 
 
+def test_the_qnn_column_judges_at_fp16s_tolerance() -> None:
+    e = np.array([1.0, 100.0, 0.0], np.float32)
+    fp16 = e.astype(np.float16).astype(np.float32) + np.array([4e-3, 0.5, 5e-4], np.float32)
+    assert "values off" in harness._judge_all([e], [fp16], ["y"], "vaiml")
+    assert harness._judge_all([e], [fp16], ["y"], "qnn") == ""
+    assert "values off" in harness._judge_all([e], [e * np.float32(1.02)], ["y"], "qnn")
+
+
 def test_identical_is_bit_exact_but_nan_equal() -> None:
     a = np.array([1.0, np.nan], np.float32)
     assert harness.identical([a], [a.copy()])
@@ -49,6 +57,12 @@ REFUSED = Outcome("refused", "NpuError: output 'y' stays dynamic", "load", "npur
     (rec("vaiml", "fail", Outcome("fail", "off"), same_as_engine=False), "differs from the engine's wrong result"),
     (rec("vaiml", "error", Outcome("pass")), "result where the engine errors"),
     (rec("vaiml", "error", REFUSED), None),
+    # the QNN column: the raw EP's results, bit for bit, where npurt returns any
+    (rec("qnn", "pass", Outcome("pass"), same_as_engine=True), None),
+    (rec("qnn", "pass", Outcome("pass"), same_as_engine=False), "not bit-exact with ONNX Runtime + QNN EP"),
+    (rec("qnn", "pass", REFUSED), "refused: dynamic output"),
+    (rec("qnn", "error", REFUSED), None),
+    (rec("qnn", "error", Outcome("pass")), "result where the engine errors"),
     (rec("vaiml", "pass", Outcome("exception", "ValueError: input 'x' has dynamic dim 1", "run", "ValueError")),
      "dynamic input (ValueError)"),
     # out of scope: refused at load naming the port, or passing, is fine; another refusal is not

@@ -32,3 +32,27 @@ def test_node_cases_match_the_engine(backend: str) -> None:
                f"{counts['engine_passes']}, npurt passes {counts['npurt_passes']}); by category "
                f"{counts['by_category']}")
     assert not diffs, summary + "\n" + "\n".join(str(d) for d in diffs)
+
+
+def test_the_qnn_column_on_a_slice() -> None:
+    """The opt-in QNN column (``--backend qnn``: ONNX Runtime + QNN EP on the HTP emulator against npurt's QNN
+    runner on the NPU) on a slice spread over the cases; the whole column is a script run (docs/devices.md)."""
+    from tests.helpers.qnn import require_qnn
+
+    require_qnn()
+    names = cases.case_names()
+    spread = names[:: len(names) // 24][:24]
+    records = harness.run_cases(spread, ["qnn"], jobs=min(2, os.cpu_count() or 1))
+    assert len(records) == len(spread)
+    counts = harness.counts(records, "qnn")
+    assert counts["engine_passes"] > len(spread) // 3, counts  # the raw EP runs most of them on the HTP
+    diffs = harness.differences(records)
+    assert {d.case: d.category for d in diffs} == QNN_KNOWN, "\n".join(str(d) for d in diffs)
+
+
+# Differences the QNN column found in this slice, each an npurt bug to fix (then its line goes): the NPU's static
+# output shapes come from onnx_graph.output_shapes, which reads an output that shape inference leaves unknown as
+# rank 0 (its probe session's NodeArg.shape is [] there); run() is right, execute() into the reported shape is not
+# (issue 39 part 1; 130 cases of the whole column, docs/devices.md).
+QNN_KNOWN = {"test_reduce_l2_default_axes_keepdims_random_expanded": "wrong values",
+             "test_reduce_prod_keepdims_random": "execute failed"}

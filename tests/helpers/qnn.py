@@ -53,8 +53,9 @@ def raw_qnn_session(model: str | Path, options: dict[str, str]) -> ort.Inference
     return ort.InferenceSession(str(model), so)
 
 
-def qdq_model(tmp_path: Path) -> Path:
-    """npurt's default model quantized to QDQ uint8 by onnxruntime.quantization, calibrated on its own samples."""
+def qdq_model(tmp_path: Path, activations: str = "uint8") -> Path:
+    """npurt's default model quantized to QDQ by onnxruntime.quantization, calibrated on its own samples: uint8
+    weights, and uint8 activations or uint16 ones (A16W8, which the HTP takes; Q/DQ at opset 21)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from npurt.models import DEFAULT_MODEL
@@ -69,8 +70,9 @@ def qdq_model(tmp_path: Path) -> Path:
             return next(self.feeds, None)
 
     fixed = static_model(DEFAULT_MODEL, {"image": [1, 1, 8, 8]}, tmp_path / "default_b1.onnx")
-    target = tmp_path / "default_qdq.onnx"
+    target = tmp_path / f"default_qdq_{activations}.onnx"
     os.environ.setdefault("ORT_LOGGING_LEVEL", "3")
+    activation_type = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}[activations]
     quantize_static(fixed, str(target), Samples(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
+                    activation_type=activation_type, weight_type=QuantType.QUInt8)
     return target
