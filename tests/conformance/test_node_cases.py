@@ -47,12 +47,4 @@ def test_the_qnn_column_on_a_slice() -> None:
     counts = harness.counts(records, "qnn")
     assert counts["engine_passes"] > len(spread) // 3, counts  # the raw EP runs most of them on the HTP
     diffs = harness.differences(records)
-    assert {d.case: d.category for d in diffs} == QNN_KNOWN, "\n".join(str(d) for d in diffs)
-
-
-# Differences the QNN column found in this slice, each an npurt bug to fix (then its line goes): the NPU's static
-# output shapes come from onnx_graph.output_shapes, which reads an output that shape inference leaves unknown as
-# rank 0 (its probe session's NodeArg.shape is [] there); run() is right, execute() into the reported shape is not
-# (issue 39 part 1; 130 cases of the whole column, docs/devices.md).
-QNN_KNOWN = {"test_reduce_l2_default_axes_keepdims_random_expanded": "wrong values",
-             "test_reduce_prod_keepdims_random": "execute failed"}
+    assert not diffs, "\n".join(str(d) for d in diffs)

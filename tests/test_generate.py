@@ -1,0 +1,207 @@
+"""Generative decoders (issue 36): option ``decoder`` and ``npurt.Generator`` on every backend, against the engines
+used directly (plain ONNX Runtime's greedy loop over the export, onnxruntime-genai, OpenVINO at f32), the static form's
+logits step by step, the cache kept in place, and bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory, TensorDirection
+from npurt.generate import static_form
+from npurt.models import DEFAULT_MODEL
+from tests.helpers.decoders import (
+    EOS_TOKEN_ID,
+    MODEL_FILE,
+    NEW_TOKENS,
+    PROMPT,
+    TEST_SHAPES,
+    assert_tokens_agree,
+    decoder_folder,
+    greedy_genai,
+    greedy_onnxruntime,
+    require_genai,
+)
+
+DECODER = {"max_length": 96, "prefill_chunk": 4}
+CPU_BACKENDS = {"VAIML": {}, "ONNXRUNTIME": {}, "OPENVINO": {"inference_precision": "f32"}}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decoders")
+    return {shape: decoder_folder(root, shape) for shape in TEST_SHAPES}
+
+
+@pytest.fixture(scope="module")
+def references(models):
+    return {shape: greedy_onnxruntime(folder / MODEL_FILE, PROMPT, NEW_TOKENS) for shape, folder in models.items()}
+
+
+def decoder_runner(backend: str, folder, **options):
+    return RunnerFactory.create_runner(backend, folder / MODEL_FILE, {"device": "CPU", "decoder": DECODER,
+                                                                      **CPU_BACKENDS.get(backend, {}), **options})
+
+
+@pytest.mark.parametrize("backend", list(CPU_BACKENDS))
+@pytest.mark.parametrize("shape", TEST_SHAPES)
+def test_greedy_tokens_are_the_engines_own(models, references, shape, backend):
+    """64 greedy tokens equal plain ONNX Runtime's loop over the export (up to a near-tie of its logits), with no
+    host copy: the prompt goes in chunks of 4 (6 tokens: a short last chunk on these dynamic-shape devices)."""
+    with decoder_runner(backend, models[shape]) as r:
+        assert [i.name for i in r.get_tensors_info(TensorDirection.INPUT)] == ["input_ids", "position"]
+        assert [i.name for i in r.get_tensors_info(TensorDirection.OUTPUT)] == ["logits"]
+        g = Generator(r)
+        tokens = g.generate(PROMPT, NEW_TOKENS)
+        assert_tokens_agree(tokens, references[shape], f"npurt {backend} {shape}")
+        assert g.stats["copies"] == 0 and r.stats["copies"] == 0
+        assert g.stats["prompt_tokens"] == len(PROMPT) and g.stats["prefill_chunks"] == 2
+        assert g.stats["new_tokens"] == NEW_TOKENS and g.stats["time_to_first_token_s"] > 0
+
+
+@pytest.mark.parametrize("shape", TEST_SHAPES)
+def test_tokens_equal_onnxruntime_genai(models, shape):
+    """The anchor: onnxruntime-genai's greedy generation on the same folder (genai_config.json beside the model)."""
+    require_genai()
+    want = greedy_genai(models[shape], PROMPT, NEW_TOKENS)
+    with decoder_runner("VAIML", models[shape]) as r:
+        got = Generator(r).generate(PROMPT, NEW_TOKENS, eos_token_id=EOS_TOKEN_ID)
+    got = got[:-1] if got and got[-1] == EOS_TOKEN_ID else got  # onnxruntime-genai drops the eos it stops at
+    assert got == want
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 6, 8])
+@pytest.mark.parametrize("shape", TEST_SHAPES)
+def test_static_form_logits_equal_the_export_at_every_step(models, shape, chunk):
+    """The derived static form run directly by ONNX Runtime (cache of max_length, one position in): each step's
+    logits within 1e-4 of the export's own greedy loop, the prompt in chunks of 1, 4 (a short last one), 6 (the
+    whole prompt) and 8 (one chunk padded past the prompt's end), and the last chunk placed to end at the prompt's
+    end as on a device with pinned shapes (chunk 4 over 6 tokens: rows 2..5, overlapping)."""
+    path = models[shape] / MODEL_FILE
+    ref = greedy_onnxruntime(path, PROMPT, 16)
+    form = static_form.derive(onnx.load(str(path)), 32)
+    session = ort.InferenceSession(form.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    cache = {p.past: np.zeros(p.shape, np.float32) for p in form.pairs}
+
+    def run(tokens, position, length):
+        ids = np.zeros((1, length), np.int64)
+        ids[0, :len(tokens)] = tokens
+        out = dict(zip(names, session.run(None, {"input_ids": ids, "position": np.array([position], np.int64),
+                                                 **cache})))
+        for p in form.pairs:
+            cache[p.past] = out[p.present]
+        return out["logits"][0]
+
+    starts = list(range(0, len(PROMPT), chunk))
+    if len(PROMPT) > chunk:
+        starts[-1] = len(PROMPT) - chunk
+    for start in starts:
+        tokens = PROMPT[start:start + chunk]
+        logits = run(tokens, start, chunk)
+    row = logits[len(tokens) - 1]
+    for step, want in enumerate(ref.logits):
+        np.testing.assert_allclose(row, want, atol=1e-4, rtol=0, err_msg=f"step {step}")
+        row = run([ref.tokens[step]], len(PROMPT) + step, 1)[0]
+
+
+def test_two_generators_share_a_runner_each_with_its_own_cache(models, references):
+    """Two Generators over one runner, in two threads at once, each its own prompt: each gets its own tokens."""
+    other_prompt = [5, 6, 7]
+    other = greedy_onnxruntime(models["gqa"] / MODEL_FILE, other_prompt, 32)
+    results: dict[str, list[int]] = {}
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        def work(name, prompt, n):
+            with Generator(r) as g:
+                results[name] = g.generate(prompt, n)
+
+        threads = [threading.Thread(target=work, args=("a", PROMPT, NEW_TOKENS)),
+                   threading.Thread(target=work, args=("b", other_prompt, 32))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert_tokens_agree(results["a"], references["gqa"], "generator a")
+    assert_tokens_agree(results["b"], other, "generator b")
+
+
+def test_the_cache_is_written_in_place(models):
+    """On ONNX Runtime the cache is one buffer per tensor that each step reads and writes (past and present bound
+    to the same memory): after a generation the stream holds one buffer per pair and no spare."""
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        g = Generator(r)
+        g.generate(PROMPT, 8)
+        state = r._streams.table.get(g._stream.stream_id)  # noqa: SLF001 - the stream's buffers, looked at
+        assert state.spare == {}
+        for past_in, present_out in state.current.values():
+            assert past_in.get_virtual_address() == present_out.get_virtual_address()
+        assert np.abs(next(iter(state.current.values()))[0].numpy()[0, :, :len(PROMPT) + 7]).sum() > 0
+        assert not np.any(next(iter(state.current.values()))[0].numpy()[0, :, len(PROMPT) + 7:])
+
+
+def test_sampling_is_seeded(models, references):
+    """The same seed draws the same ids; another temperature and seed others; greedy stays the reference's."""
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        g = Generator(r)
+        a = g.generate(PROMPT, 16, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+        b = g.generate(PROMPT, 16, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+        c = g.generate(PROMPT, 16, do_sample=True, temperature=5.0, seed=4)
+        greedy = g.generate(PROMPT, 16)
+    assert a == b and a != c and all(0 <= t < 512 for t in a + c)
+    assert greedy == references["gqa"].tokens[:16]  # the cache of the sampled runs left nothing behind
+
+
+def test_stream_yields_as_it_goes_and_stops_at_eos(models, references):
+    ref = references["mha"].tokens
+    with decoder_runner("VAIML", models["mha"]) as r:
+        g = Generator(r)
+        seen = []
+        for token in g.stream(PROMPT, 10):
+            seen.append(token)
+            assert g.stats["new_tokens"] == len(seen)
+        assert seen == ref[:10]
+        stop = ref[3]
+        assert g.generate(PROMPT, 10, eos_token_id=stop) == ref[:ref.index(stop) + 1]
+
+
+def test_bad_input_is_refused_clearly(models, tmp_path):
+    folder = models["gqa"]
+    with decoder_runner("VAIML", folder) as r:
+        g = Generator(r)
+        with pytest.raises(ValueError, match="empty"):
+            g.generate([], 4)
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            g.generate([1, 512], 4)
+        with pytest.raises(ValueError, match="max_length is 96"):
+            g.generate(list(range(90)), 8)
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            g.generate(PROMPT, 0)
+        with pytest.raises(ValueError, match="temperature"):
+            g.generate(PROMPT, 2, do_sample=True, temperature=0)
+    with pytest.raises(NpuError, match="closed"):
+        g.generate(PROMPT, 4)
+    with pytest.raises(ValueError, match="beyond the model's context length"):
+        decoder_runner("VAIML", folder, decoder={"max_length": 10_000})
+    with pytest.raises(NpuUnsupportedError, match="no input 'input_ids'"):
+        RunnerFactory.create_runner("VAIML", DEFAULT_MODEL, {"device": "CPU", "decoder": {"max_length": 8}})
+    with pytest.raises(ValueError, match="excludes option 'batch_size'"):
+        decoder_runner("VAIML", folder, batch_size=2)
+    with pytest.raises(ValueError, match="prefill_chunk 200 is more than max_length"):
+        decoder_runner("VAIML", folder, decoder={"max_length": 96, "prefill_chunk": 200})
+    with RunnerFactory.create_runner("VAIML", DEFAULT_MODEL, {"device": "CPU"}) as plain:
+        with pytest.raises(ValueError, match="option 'decoder'"):
+            Generator(plain)
+    # KV names that do not pair: a present output renamed
+    model = onnx.load(str(folder / MODEL_FILE))
+    model.graph.output[1].name = "present.0.renamed"
+    for node in model.graph.node:
+        node.output[:] = ["present.0.renamed" if o == "present.0.key" else o for o in node.output]
+    bad = tmp_path / "bad" / MODEL_FILE
+    bad.parent.mkdir()
+    onnx.save(model, str(bad))
+    with pytest.raises(NpuUnsupportedError, match="has no present output"):
+        RunnerFactory.create_runner("VAIML", bad, {"device": "CPU", "decoder": {"max_length": 8}})
