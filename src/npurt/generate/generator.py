@@ -50,6 +50,7 @@ class Generator:
         self._io: dict[int, tuple[np.ndarray, NpuTensor, NpuTensor]] = {}
         self._infos = (ids_info, logits_info)
         self.stats: dict[str, Any] = {}
+        self.last_logits: np.ndarray | None = None  # the logits the last id was picked from (the engine's memory)
 
     def _tensors(self, length: int) -> tuple[np.ndarray, NpuTensor, NpuTensor]:
         io = self._io.get(length)
@@ -117,6 +118,7 @@ class Generator:
         self.stats = {"prompt_tokens": n, "prefill_chunks": chunks, "new_tokens": 0, "time_to_first_token_s": 0.0,
                       "decode_tokens_per_s": 0.0, "copies": 0}
         while True:
+            self.last_logits = row
             token = pick(row)
             made += 1
             if made == 1:

@@ -135,10 +135,14 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None)
     rows = b.node("Add", [POSITION, steps])  # [S]: the rows (positions) of the new tokens
     if has_position_ids:
         b.node("Unsqueeze", [rows, b.const([0])], POSITION_IDS)
-    valid = b.node("Cast", [b.node("Less", [b.const(np.arange(max_length, dtype=np.int64)), POSITION])],
-                   to=TensorProto.INT64)
-    ones = b.node("ConstantOfShape", [s], value=helper.make_tensor("one", TensorProto.INT64, [1], [1]))
-    b.node("Unsqueeze", [b.node("Concat", [valid, ones], axis=0), b.const([0])], ATTENTION_MASK)
+    # the mask: cache rows before the position, then every new token (the export makes it causal among them);
+    # from comparisons of one range (the QNN HTP computes an int64 ConstantOfShape of ones as zeros)
+    every_row = b.node("Range", [b.const(np.array(0, np.int64)),
+                                 b.node("Add", [b.const(np.array(max_length, np.int64)), b.node("Squeeze", [s])]),
+                                 b.const(np.array(1, np.int64))])
+    visible = b.node("Or", [b.node("Less", [every_row, POSITION]),
+                            b.node("GreaterOrEqual", [every_row, b.const(np.array(max_length, np.int64))])])
+    b.node("Unsqueeze", [b.node("Cast", [visible], to=TensorProto.INT64), b.const([0])], ATTENTION_MASK)
 
     # each present: the cache with the export's last S rows written at the new tokens' rows
     head = list(b.nodes)
