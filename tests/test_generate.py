@@ -234,3 +234,27 @@ def test_the_htp_emulator_at_fp16(models, shape):
                                        err_msg=f"{shape} step {step}")
         assert g.stats["copies"] == 0 and g.stats["prefill_chunks"] == 2  # 6 tokens: rows 0-3, then 2-5
     assert_tokens_agree(tokens, ref, f"QNN FP16 {shape}", tolerance=2 * FP16_LOGITS)
+
+
+def test_the_command_line(models, references, capsys):
+    """`npurt generate` prints the engine's ids; `npurt info --decoder` the decoder's facts; bad ids are a usage
+    error."""
+    import json
+
+    from npurt.cli import main
+
+    model = str(models["gqa"] / MODEL_FILE)
+    prompt = ",".join(str(t) for t in PROMPT)
+    assert main(["generate", model, "--prompt-ids", prompt, "--max-new-tokens", "12", "--backend", "vaiml",
+                 "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ids"] == references["gqa"].tokens[:12] and out["stats"]["copies"] == 0
+    assert main(["generate", model, "--prompt-ids", prompt, "--max-new-tokens", "4", "--backend", "openvino",
+                 "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert f"Ids      {','.join(str(t) for t in references['gqa'].tokens[:4])}" in text and "time to first" in text
+    assert main(["info", model, "--decoder", "64,8", "--backend", "vaiml", "--device", "cpu", "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)["decoder"]
+    assert facts["max_length"] == 64 and facts["prefill_chunk"] == 8 and facts["eos_token_ids"] == [EOS_TOKEN_ID]
+    assert main(["generate", model, "--prompt-ids", "1,x", "--backend", "vaiml", "--device", "cpu"]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err

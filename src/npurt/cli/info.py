@@ -12,6 +12,8 @@ from typing import Any
 
 from ..types import NodePlacement, NpuTensorInfo
 from .common import (
+    EXIT_USAGE,
+    CliError,
     add_model_options,
     create_runner,
     describe_device,
@@ -32,8 +34,21 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", action="store_true",
                    help="where each node runs (ONNX Runtime's EP per node; OpenVINO's operations per device), grouped "
                         "by device, and why a node is not on the device asked for, where the engine says")
+    p.add_argument("--decoder", metavar="MAX_LENGTH[,CHUNK]",
+                   help="load a decoder-only export in the static form option 'decoder' derives (a KV cache of "
+                        "MAX_LENGTH rows, the prompt in CHUNK-token runs) and show the decoder's facts")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
+
+
+def decoder_option(text: str) -> dict[str, int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2):
+        raise CliError(f"--decoder: MAX_LENGTH or MAX_LENGTH,CHUNK, got {text!r}", EXIT_USAGE)
+    return {"max_length": values[0], **({"prefill_chunk": values[1]} if len(values) == 2 else {})}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_file(path)
     shapes = pinned_shapes(args, model)
     backend = resolve_backend(args.backend)
-    loaded = create_runner(backend, path, runner_options(args, shapes))
+    options = runner_options(args, shapes)
+    if args.decoder:
+        options["decoder"] = decoder_option(args.decoder)
+    loaded = create_runner(backend, path, options)
     runner = loaded.runner
     if args.json:
         try:
@@ -57,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"Backend  {loaded.backend}")
         out += [f"         {n}" for n in loaded.notes]
         out.append("Device   " + "\n         ".join(describe_device(runner)))
+        if runner.decoder is not None:
+            out.append("Decoder  " + "\n         ".join(f"{k}: {v}" for k, v in runner.decoder.describe().items()
+                                                       if v not in (None, [])))
         out.append("Ports    take the HW view by default: a tensor in the port's view goes to the engine without a "
                    "copy, one in the other view is converted (options input_tensor_type / output_tensor_type)")
         for direction, specs, label in ((TensorDirection.INPUT, runner.input_specs, "Inputs"),
@@ -132,6 +153,8 @@ def info_json(path: Path, loaded: Any, placement: bool) -> dict[str, Any]:
         doc[key] = [{"name": c.name, "cpu": c.describe(), "hw": h.describe()}
                     for c, h in zip(runner.get_tensors_info(direction, TensorType.CPU),
                                     runner.get_tensors_info(direction, TensorType.HW))]
+    if runner.decoder is not None:
+        doc["decoder"] = runner.decoder.describe()
     if placement:
         doc["placement"] = [dataclasses.asdict(p) for p in runner.placement]
     return doc
