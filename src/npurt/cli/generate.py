@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
                  "Device   " + "\n         ".join(describe_device(runner)),
                  f"Decoder  max_length {max_length}, prefill chunk {runner.decoder.prefill_chunk}; cache: "
                  f"{runner.decoder.cache}",
-                 f"Prompt   {len(prompt)} ids in {stats['prefill_chunks']} runs of up to {runner.decoder.prefill_chunk}",
+                 f"Prompt   {len(prompt)} ids in {stats['prefill_chunks']} runs of up to "
+                 f"{runner.decoder.prefill_chunk}",
                  f"Ids      {','.join(str(i) for i in ids)}",
                  f"Speed    time to first token {stats['time_to_first_token_s'] * 1e3:.1f} ms, "
                  f"{stats['decode_tokens_per_s']:.1f} tokens/s after it, host copies {stats['copies']}"]
