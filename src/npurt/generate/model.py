@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import weakref
 from dataclasses import dataclass, field, replace
@@ -205,19 +207,33 @@ def _onnx_file(form: static_form.StaticForm, folder: Path) -> Path:
     return path
 
 
+# Run in a child process: OpenVINO's reader and save_model hold the weights more than once on the way, and a
+# process seldom hands that memory back (measured on a 75 MB decoder: 320 MiB added in-process, 188 with the
+# conversion in a child, against 184 for OpenVINO compiling the export itself).
+_STATEFUL_IR = """
+import json, sys
+import openvino as ov
+from openvino._offline_transformations import apply_make_stateful_transformation
+source, target, pairs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+model = ov.Core().read_model(source)
+apply_make_stateful_transformation(model, pairs)
+ov.save_model(model, target, compress_to_fp16=False)
+"""
+
+
 def _openvino_stateful(form: static_form.StaticForm, folder: Path) -> Path:
     """The static form as OpenVINO IR with the cache as the model's variables (past -> present)."""
-    import openvino as ov
-    from openvino._offline_transformations import apply_make_stateful_transformation
-
     path = folder / "decoder_stateful.xml"
     if path.exists():
         return path
     onnx_path = _onnx_file(form, folder)
-    model = ov.Core().read_model(str(onnx_path))
-    apply_make_stateful_transformation(model, {p.past: p.present for p in form.pairs})
     partial = folder / "decoder_stateful.partial.xml"
-    ov.save_model(model, str(partial), compress_to_fp16=False)
+    pairs = json.dumps({p.past: p.present for p in form.pairs})
+    done = subprocess.run([sys.executable, "-c", _STATEFUL_IR, str(onnx_path), str(partial), pairs],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise NpuError(f"OpenVINO cannot make the decoder's static form stateful: "
+                       f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
     partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
     partial.replace(path)
     onnx_path.unlink(missing_ok=True)
