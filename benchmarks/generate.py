@@ -26,6 +26,10 @@ tokens checked against the plain ONNX Runtime loop's, up to any step whose top-2
 ratios (time to first token: raw / npurt; decode: npurt / raw, so above 1 is npurt faster). Engine threads are
 each engine's default unless ``--threads`` is given (then every side gets that many).
 
+Memory (the bench decoder): VmRSS added by the load and the first token in a fresh process, npurt (option
+decoder, no cache_dir) against the engine loading the export and running one step; targets <= 1.15x on ONNX
+Runtime, <= 1.3x on OpenVINO.
+
 Targets (issue 36): time to first token and decode tokens/s against onnxruntime-genai (ONNXRUNTIME) and against
 OpenVINO GenAI (OPENVINO): >= 1.0x on the bench model, >= 0.9x on the test shapes; host copies per decode step
 (stats["copies"] over the decode steps): none beyond the token in and the logits out. ``--raw-only`` measures the
@@ -276,6 +280,63 @@ def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table)
                   side.runs[-1].prefill_chunks, copies)
 
 
+# Memory: VmRSS after the first generated token minus VmRSS after the imports, in a fresh process per side: npurt
+# (option decoder, its static form derived in that process, no cache_dir) against the engine loading the export
+# itself and running one step (ONNX Runtime: InferenceSession; OpenVINO: compile_model at f32).
+MEMORY_TARGETS = {"VAIML": 1.15, "OPENVINO": 1.3}
+_MEMORY_PROBE = """
+import sys, numpy as np
+import onnxruntime as ort, openvino as ov, npurt
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+side, path = sys.argv[1], sys.argv[2]
+base = rss()
+feeds = {"input_ids": np.array([[1, 2, 3]], np.int64), "attention_mask": np.ones((1, 3), np.int64),
+         "position_ids": np.array([[0, 1, 2]], np.int64)}
+if side == "raw VAIML":
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    for i in session.get_inputs():
+        if i.name.startswith("past"):
+            feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+    session.run(None, {k: v for k, v in feeds.items() if k in names})
+elif side == "raw OPENVINO":
+    compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    names = {i.get_any_name() for i in compiled.inputs}
+    for i in compiled.inputs:
+        if i.get_any_name().startswith("past"):
+            shape = i.get_partial_shape()
+            feeds[i.get_any_name()] = np.zeros((1, shape[1].get_length(), 0, shape[3].get_length()), np.float32)
+    compiled.create_infer_request().infer({k: v for k, v in feeds.items() if k in names})
+else:
+    backend = side.split()[1]
+    options = {"device": "CPU", "decoder": {"max_length": 256, "prefill_chunk": 16}}
+    if backend == "OPENVINO":
+        options["inference_precision"] = "f32"
+    runner = npurt.RunnerFactory.create_runner(backend, path, options)
+    npurt.Generator(runner).generate([1, 2, 3], 1)
+print(rss() - base)
+"""
+
+
+def measure_memory(report: Report, model: Path, rounds: int) -> None:
+    table = Table(["backend", "npurt MiB", "raw MiB", "npurt / raw"], formats=["", "{:.0f}", "{:.0f}", "{:.2f}x"])
+    report.tables.append(table)
+    for backend, limit in MEMORY_TARGETS.items():
+        added: dict[str, list[float]] = {"npurt": [], "raw": []}
+        for _ in range(rounds):
+            for side in ("npurt", "raw"):
+                done = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, f"{side} {backend}", str(model)],
+                                      capture_output=True, text=True, timeout=600)
+                if done.returncode != 0:
+                    raise BenchError(f"memory probe {side} {backend} failed: {done.stderr[-2000:]}")
+                added[side].append(float(done.stdout.split()[-1]))
+        npurt_mib, raw_mib = float(np.median(added["npurt"])), float(np.median(added["raw"]))
+        table.add(backend, npurt_mib, raw_mib, npurt_mib / raw_mib)
+        report.targets.append(Target(f"bench decoder, {backend}: memory added by the load and the first step, "
+                                     "npurt / raw", npurt_mib / raw_mib, limit, unit="x"))
+
+
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--raw-only", action="store_true", help="the raw sides alone (no npurt rows, no targets)")
@@ -314,6 +375,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in shapes:
             measure_shape(report, name, args, Path(tmp), table)
+        if not args.raw_only:
+            measure_memory(report, build_decoder(Path(tmp) / "memory", "bench", 0), 1 if args.quick else 3)
     report.notes.append(f"took {time.perf_counter() - t0:.0f} s")
     return finish(report, args.json)
 

@@ -480,3 +480,19 @@ def test_vad_streams_example_interleaves_streams_without_copies():
     assert done.returncode == 0, done.stderr
     assert len(re.findall(r"^stream \d: \d", done.stdout, re.M)) == 3
     assert "the same segments; host copies: 0" in done.stdout
+
+
+def test_generate_example_runs_a_decoder_on_two_backends(tmp_path):
+    """examples/generate.py: the decoder it builds (the gqa test shape, seed 0), greedy ids equal to plain ONNX
+    Runtime's loop over it, no host copy; two Generators at once on OpenVINO."""
+    from npurt.models.decoder_reference import greedy_onnxruntime
+    from npurt.models.decoders import build_decoder
+
+    want = greedy_onnxruntime(build_decoder(tmp_path, "gqa"), [1, 17, 42, 99, 7, 300], 8).tokens
+    done = run_example("examples/generate.py", "--max-new-tokens", "8", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"ids: {want}" in done.stdout and "host copies 0" in done.stdout
+    done = run_example("examples/generate.py", str(tmp_path), "--two", "--backend", "openvino", "--max-new-tokens",
+                       "8", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"generator 0: {want}" in done.stdout and "generator 1: [" in done.stdout
