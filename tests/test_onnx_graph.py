@@ -86,3 +86,15 @@ def test_skeleton_refuses_what_is_not_a_model(tmp_path):
     bad.write_bytes(b"\xff" * 64)
     with pytest.raises(ValueError):
         onnx_graph.read_skeleton(bad)
+
+
+def test_an_input_left_open_stays_open(tmp_path):
+    """A pinned shape may leave a dim open (None or -1, as frames' sizes do for a dim the frame decides): the probe
+    declares it open (it once looped forever on -1); the Reshape's target then depends on the open dim, so ONNX
+    Runtime does not know that output's shape (rank 0 in its answer: the adapter keeps the model's own dims)."""
+    path = tmp_path / "net.onnx"
+    small_net(path)
+    skeleton = onnx_graph.read_skeleton(path)
+    for open_dim in (None, -1):
+        shapes = onnx_graph.output_shapes(skeleton, {"x": (TensorProto.FLOAT, [open_dim, 64])})
+        assert shapes == [(), (2, None)]

@@ -91,7 +91,7 @@ class Skeleton:
         model.ParseFromString(self.data)
         return model
 
-    def probe_model(self, pinned: Mapping[str, tuple[int, Sequence[int]]]) -> bytes:
+    def probe_model(self, pinned: Mapping[str, tuple[int, Sequence[int | None]]]) -> bytes:
         """The weightless model with its weights declared as graph inputs of their type and dims and the inputs in
         ``pinned`` ({name: (element type, shape)}) at those shapes: what a session that only tells shapes needs."""
         buf = memoryview(self.data)
@@ -203,6 +203,8 @@ def _field_start(buf: memoryview, start: int, end: int, tag: int) -> int:
 
 
 def _varint_bytes(value: int) -> bytes:
+    if value < 0:
+        raise ValueError(f"a varint of {value}: negative values are not written here")
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -249,10 +251,10 @@ _NOT_FOLDING = ["ConstantSharing", "CommonSubexpressionElimination", "EliminateI
                 "SliceElimination", "IdenticalChildrenConsolidation", "ShapeInputMerge", "PreShapeNodeElimination"]
 
 
-def output_shapes(skeleton: Skeleton, pinned: Mapping[str, tuple[int, Sequence[int]]]
+def output_shapes(skeleton: Skeleton, pinned: Mapping[str, tuple[int, Sequence[int | None]]]
                   ) -> list[tuple[int | None, ...]] | None:
-    """Each graph output's dims for the inputs in ``pinned`` ({name: (element type, shape)}) at those shapes (None
-    for a dim only the data decides), as ONNX Runtime tells them from a session over the weightless graph that is
+    """Each graph output's dims for the inputs in ``pinned`` ({name: (element type, shape)}, a dim None or negative
+    left open) at those shapes (None for a dim only the data decides), as ONNX Runtime tells them from a session over the weightless graph that is
     never run; None where it cannot make that session. ONNX Runtime shows an output whose shape it does not know as
     rank 0, like a scalar: the caller holds the ranks against the model's own."""
     import onnxruntime as ort
@@ -280,10 +282,10 @@ def _field(tag: int, payload: bytes) -> bytes:
     return _varint_bytes(tag) + _varint_bytes(len(payload)) + payload
 
 
-def _value_info(name: str, elem_type: int, dims: Sequence[int]) -> bytes:
+def _value_info(name: str, elem_type: int, dims: Sequence[int | None]) -> bytes:
     """A ValueInfoProto of a tensor: name (1), type (2) = TypeProto.tensor_type (1) = elem_type (1), shape (2) of
-    Dimension (1) dim_value (1)."""
-    shape = b"".join(_field(field_tag(1, LEN), _varint_bytes(field_tag(1, VARINT)) + _varint_bytes(int(d)))
-                     for d in dims)
+    Dimension (1) dim_value (1); a dim that is None or negative is left open (a Dimension with no value)."""
+    shape = b"".join(_field(field_tag(1, LEN), b"" if d is None or d < 0 else
+                            _varint_bytes(field_tag(1, VARINT)) + _varint_bytes(int(d))) for d in dims)
     tensor = _varint_bytes(field_tag(1, VARINT)) + _varint_bytes(elem_type) + _field(field_tag(2, LEN), shape)
     return _field(field_tag(1, LEN), name.encode()) + _field(field_tag(2, LEN), _field(field_tag(1, LEN), tensor))

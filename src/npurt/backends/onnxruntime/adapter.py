@@ -221,7 +221,7 @@ class OrtBackend(Backend):
             shapes = self._pinned_outputs[signature] = self._decided_shapes(self._out_specs, pinned)
         return shapes
 
-    def _decided_shapes(self, specs: list[PortSpec], pinned: Mapping[str, Sequence[int]]
+    def _decided_shapes(self, specs: list[PortSpec], pinned: Mapping[str, Sequence[int | None]]
                         ) -> list[tuple[int | None, ...]]:
         """Output dims for pinned inputs, over the edited graph where there is one, else the file's skeleton."""
         from ... import onnx_graph
