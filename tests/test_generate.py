@@ -214,13 +214,15 @@ FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test de
 def test_the_htp_emulator_at_fp16(models, shape):
     """RunnerType.QNN on the HTP emulator at FP16: every node of the static form on the HTP, the prefill chunk and
     the step as two static shapes, logits within FP16_LOGITS of plain ONNX Runtime's at every step the tokens share,
-    tokens equal up to a step whose top-2 gap is under twice that (where FP16 may flip the pick)."""
+    tokens equal up to a step whose top-2 gap is under twice that (where FP16 may flip the pick). With
+    max_compiled_shapes 1 neither shape is evicted: two compiles, whatever the loop does."""
     from tests.helpers.qnn import require_qnn
 
     require_qnn()
     ref = greedy_onnxruntime(models[shape] / MODEL_FILE, PROMPT, 32)
     with RunnerFactory.create_runner("QNN", models[shape] / MODEL_FILE,
-                                     {"device": "NPU", "decoder": {"max_length": 48, "prefill_chunk": 4}}) as r:
+                                     {"device": "NPU", "decoder": {"max_length": 48, "prefill_chunk": 4},
+                                      "max_compiled_shapes": 1}) as r:
         assert {p.device for p in r.placement} == {"QNNExecutionProvider"}, [
             (p.node, p.op_type, p.reason) for p in r.placement if p.device != "QNNExecutionProvider"]
         assert r.decoder is not None and r.decoder.pinned
@@ -233,6 +235,8 @@ def test_the_htp_emulator_at_fp16(models, shape):
             np.testing.assert_allclose(g.last_logits, ref.logits[step], atol=FP16_LOGITS, rtol=0,
                                        err_msg=f"{shape} step {step}")
         assert g.stats["copies"] == 0 and g.stats["prefill_chunks"] == 2  # 6 tokens: rows 0-3, then 2-5
+        g.generate(PROMPT, 4)
+        assert r.stats["compiles"] == 2
     assert_tokens_agree(tokens, ref, f"QNN FP16 {shape}", tolerance=2 * FP16_LOGITS)
 
 
