@@ -20,11 +20,12 @@ of weights: compute dominates). Each run: a prompt of ``--prompt-tokens`` random
   (numpy KV arrays growing by Concat, `npurt.models.decoder_reference`).
 
 Every raw side times itself alike: time to first token from the call that takes the prompt to the first new token;
-decode tokens/s as the tokens after the first over the time after the first. Each side runs once to warm up (its
+decode tokens/s as the tokens after the first over the time after the first. Every side gets the same engine
+threads (``--threads``, 1 by default: onnxruntime-genai's default ran as one thread here while ONNX Runtime's took
+both cores, and on this shared 2-core VM two threads halved every side). Each side runs once to warm up (its
 tokens checked against the plain ONNX Runtime loop's, up to any step whose top-2 logit gap is under 1e-3), then
 ``--runs`` rounds, alternating, the order turned each round; figures are medians, ratios the median of the rounds'
-ratios (time to first token: raw / npurt; decode: npurt / raw, so above 1 is npurt faster). Engine threads are
-each engine's default unless ``--threads`` is given (then every side gets that many).
+ratios (time to first token: raw / npurt; decode: npurt / raw, so above 1 is npurt faster).
 
 Memory (the bench decoder): VmRSS added by the load and the first token in a fresh process, npurt (option
 decoder, no cache_dir) against the engine loading the export and running one step; targets <= 1.15x on ONNX
@@ -346,8 +347,9 @@ def main() -> int:
                                                           "--quick: 5)")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--prefill-chunk", type=int, default=32, help="npurt's option decoder.prefill_chunk")
-    p.add_argument("--threads", type=int, default=None, help="engine threads for every side (default: each "
-                                                             "engine's own)")
+    p.add_argument("--threads", type=int, default=1, help="engine threads, the same for every side (default 1: "
+                                                          "the engines' own defaults differ, and on the shared "
+                                                          "2-core VM two threads halve every side)")
     p.add_argument("--ovgenai-python", default=os.environ.get("NPURT_OVGENAI_PYTHON"),
                    help="the python of a venv with openvino-genai (default: $NPURT_OVGENAI_PYTHON)")
     args = p.parse_args()
@@ -365,7 +367,7 @@ def main() -> int:
     if not args.raw_only and not npurt_available():
         report.notes.append("npurt.Generator does not exist yet: npurt's rows are left out (as --raw-only)")
         args.raw_only = True
-    report.notes.append(f"threads: {args.threads or 'each engine its own default'}; medians of {args.runs} "
+    report.notes.append(f"threads: {args.threads} on every side; medians of {args.runs} "
                         "alternating rounds after a warm-up; ratios: above 1 is npurt faster")
     table = Table(["model", "side", "first token ms", "decode tokens/s", "first token: raw / npurt",
                    "decode: npurt / raw", "tokens", "prefill chunks", "copies / step"],
