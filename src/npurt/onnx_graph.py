@@ -254,9 +254,10 @@ _NOT_FOLDING = ["ConstantSharing", "CommonSubexpressionElimination", "EliminateI
 def output_shapes(skeleton: Skeleton, pinned: Mapping[str, tuple[int, Sequence[int | None]]]
                   ) -> list[tuple[int | None, ...]] | None:
     """Each graph output's dims for the inputs in ``pinned`` ({name: (element type, shape)}, a dim None or negative
-    left open) at those shapes (None for a dim only the data decides), as ONNX Runtime tells them from a session over the weightless graph that is
-    never run; None where it cannot make that session. ONNX Runtime shows an output whose shape it does not know as
-    rank 0, like a scalar: the caller holds the ranks against the model's own."""
+    left open) at those shapes (None for a dim only the data decides), as ONNX Runtime tells them from a session
+    over the weightless graph that is never run; None where it cannot make that session. ONNX Runtime shows an
+    output whose shape it does not know as rank 0, like a scalar: the caller holds the ranks against the model's
+    own."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()

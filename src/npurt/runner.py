@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from . import bound
 from .arrays import ArrayRuns
+from .bound import BoundRun
 from .core import RunnerCore
 from .engine import Backend, Engine
 from .generate import model as generate_model
@@ -364,6 +366,13 @@ class Runner:
             return self._streams.run(stream, feeds)
         arrays = self._arrays.feeds(feeds)
         return dict(zip(self._core.output_names, self._arrays.run(arrays)))
+
+    def bind(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
+             stream: Stream | int | None = None) -> BoundRun:
+        """These tensors validated, planned and bound once: ``bound.execute()`` runs them again (a StatusCode, as
+        ``execute``), without execute's per-run checks. ValueError for tensors execute would refuse; a stream whose
+        state changes buffers every run (ping-pong pairs) cannot be bound."""
+        return bound.bind(self._core, self._streams, inputs, outputs, stream)
 
     # ---------------------------------------------------------------- streams
     def open_stream(self) -> Stream:

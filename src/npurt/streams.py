@@ -150,6 +150,25 @@ class StreamRuns:
 
         return self.core.jobs.submit(work, None, callback, on_accept=lambda: place.append(state.place()))
 
+    def bound(self, stream: StreamRef, inputs: Any, outputs: Any) -> Callable[[], tuple[StatusCode, str]]:
+        """A stream's run planned once (``Runner.bind``): its carried state must stay in the same buffers, as pairs
+        kept in place do (ping-pong pairs change buffers every run). StatusError for what execute would refuse."""
+        state = self._state_or_status(stream)
+        if self.table.pairs and not self.table.in_place:
+            raise StatusError(StatusCode.INVALID_INPUT, "a bound run cannot carry state that changes buffers every "
+                                                        "run (option state_pairs): use execute")
+        ins, outs = self._full_lists(state, inputs, outputs)
+        plan = self.core.planner.plan([ins], [outs])
+
+        def run() -> tuple[StatusCode, str]:
+            try:
+                with state.turn():
+                    return self.core.execute_plan(plan, [ins], [outs], state)
+            except NpuError as e:
+                return StatusCode.FAILURE, str(e)
+
+        return run
+
     def _execute_in_turn(self, state: StreamState, inputs: Any, outputs: Any) -> tuple[StatusCode, str]:
         try:
             ins, outs = self._full_lists(state, inputs, outputs)

@@ -5,8 +5,9 @@ Runtime, variables of its own infer request on OpenVINO): Generators over one ru
 in chunks of ``prefill_chunk`` tokens (on a device that compiles static shapes, every chunk is that long: the last
 one is placed to end at the prompt's end, overlapping the one before, or, for a prompt shorter than a chunk, padded
 after its end: rows that later steps overwrite before any query sees them); then one token a step. A step moves the
-token and its position into tensors the Generator holds and reads the logits where the engine wrote them: nothing
-else crosses the host (``stats["copies"]`` counts the runner's copies, 0 on these paths).
+token and its position into tensors the Generator holds (bound to the engine once: ``Runner.bind``) and reads the
+logits where the engine wrote them: nothing else crosses the host (``stats["copies"]`` counts the runner's copies,
+0 on these paths).
 
 Greedy by default; ``do_sample`` draws from ``softmax(logits / temperature)`` after ``top_k`` and ``top_p``, with a
 seeded generator. Ids in, ids out: tokenizers are the app's.
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bound import BoundRun
 from ..runner import Runner
 from ..tensor import NpuTensor
 from ..types import NpuError, StatusCode, TensorType
@@ -46,33 +48,35 @@ class Generator:
         logits_info = runner.get_tensor_info_by_name(static_form.LOGITS, TensorType.CPU)
         self._position = np.zeros(1, np.int64)
         self._position_tensor = NpuTensor(pos_info.replace(shape=(1,)), self._position)
-        # per sequence length: (ids array, ids tensor, logits tensor), made once each
-        self._io: dict[int, tuple[np.ndarray, NpuTensor, NpuTensor]] = {}
+        # per sequence length: the ids array, the logits' rows and the run bound to them, made once each
+        self._io: dict[int, tuple[np.ndarray, np.ndarray, BoundRun]] = {}
         self._infos = (ids_info, logits_info)
         self.stats: dict[str, Any] = {}
         self.last_logits: np.ndarray | None = None  # the logits the last id was picked from (the engine's memory)
 
-    def _tensors(self, length: int) -> tuple[np.ndarray, NpuTensor, NpuTensor]:
+    def _bound(self, length: int) -> tuple[np.ndarray, np.ndarray, BoundRun]:
+        """The run of ``length`` tokens, bound once: a step writes its ids and position in place and runs it."""
         io = self._io.get(length)
         if io is None:
             ids_info, logits_info = self._infos
             ids = np.zeros((1, length), np.int64)
             logits = self.runner.allocate_npu_tensor(logits_info.replace(shape=(1, length, self.facts.vocab_size)))
-            io = self._io[length] = (ids, NpuTensor(ids_info.replace(shape=(1, length)), ids), logits)
+            run = self.runner.bind([[NpuTensor(ids_info.replace(shape=(1, length)), ids), self._position_tensor]],
+                                   [[logits]], stream=self._stream)
+            io = self._io[length] = (ids, logits.numpy()[0], run)
         return io
 
     def _run(self, tokens: Sequence[int], position: int, length: int) -> np.ndarray:
         """One run of ``tokens`` (padded to ``length``) from ``position``; the logits of its rows (the engine's
         memory, valid until the next run of this length)."""
-        ids, ids_tensor, logits = self._tensors(length)
+        ids, rows, run = self._bound(length)
         ids[0, :len(tokens)] = tokens
         ids[0, len(tokens):] = self.facts.pad_token_id
         self._position[0] = position
-        status = self.runner.execute([[ids_tensor, self._position_tensor]], [[logits]], stream=self._stream)
+        status = run.execute()
         if status is not StatusCode.SUCCESS:
             raise NpuError(f"the decoder's run at position {position} failed: {status.name}: "
                            f"{self.runner.last_error}")
-        rows: np.ndarray = logits.numpy()[0]
         return rows
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None,
