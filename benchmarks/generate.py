@@ -8,7 +8,8 @@ of weights: compute dominates). Each run: a prompt of ``--prompt-tokens`` random
 - npurt: ``npurt.Generator(runner).generate(prompt, 64, eos_token_id=...)`` over
   ``RunnerFactory.create_runner(RunnerType.ONNXRUNTIME | RunnerType.OPENVINO, model.onnx, {"decoder": {"max_length":
   L, "prefill_chunk": C}})``; its figures are the Generator's own ``stats`` ("time_to_first_token_s",
-  "decode_tokens_per_s", "prefill_chunks", "copies"), one Generator per run.
+  "decode_tokens_per_s", "prefill_chunks", "copies"), one Generator for every run (an app keeps one per
+  conversation; its cache is reused, its bindings made once).
 - onnxruntime-genai: ``og.Model(folder)`` (genai_config.json), ``append_tokens`` then ``generate_next_token`` until
   done (`npurt.models.decoder_reference.GenaiDecoder`): the raw side of npurt's ONNXRUNTIME backend.
 - OpenVINO GenAI: ``LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32")`` on the stateful IR of the same
@@ -183,9 +184,9 @@ def npurt_side(backend: str, model: Path, prompt: Sequence[int], options: dict[s
     from npurt import RunnerFactory, RunnerType
 
     runner = RunnerFactory.create_runner(getattr(RunnerType, backend), str(model), options)
+    gen = npurt.Generator(runner)  # one, as an app keeps one per conversation (OpenVINO GenAI keeps its pipeline)
 
     def run() -> Run:
-        gen = npurt.Generator(runner)
         tokens = gen.generate(list(prompt), NEW_TOKENS, eos_token_id=EOS_TOKEN_ID)
         stats = gen.stats
         decode_steps = max(int(len(tokens)) - 1, 1)
@@ -193,8 +194,12 @@ def npurt_side(backend: str, model: Path, prompt: Sequence[int], options: dict[s
                    float(stats["decode_tokens_per_s"]), float(stats["copies"]) / decode_steps,
                    int(stats["prefill_chunks"]))
 
+    def close() -> None:
+        gen.close()
+        runner.close()
+
     return Side(f"npurt {backend}", run, raw_of="onnxruntime-genai" if backend == "ONNXRUNTIME" else "OpenVINO GenAI",
-                close=runner.close)
+                close=close)
 
 
 def npurt_available() -> bool:
