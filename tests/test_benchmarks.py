@@ -82,6 +82,23 @@ def test_scale_quick():
 
 
 @pytest.mark.slow
+def test_hostcost_quick():
+    model_or_skip("ocr_cls")
+    report = run_quick("hostcost")
+    names = target_names(report)
+    rows = [r for r in report["tables"][0]["rows"] if len(r) > 1]
+    for backend in ("OPENVINO", "VAIML"):
+        for model in ("digits", "cls"):
+            for pattern, n in (("execute", 1), ("execute_async + wait", 2), ("wait_any", 2), ("InferQueue", 2),
+                               ("callbacks", 2)):
+                assert f"{backend} {model} {pattern} N={n}: npurt/raw jobs/s" in names, names
+                cpu = f"{backend} {model} {pattern} N={n}: npurt CPU/job / (raw + 5 us)"
+                assert (cpu in names) == (pattern not in ("InferQueue", "callbacks")), names  # callbacks: jobs/s
+                assert any(r[:3] == [backend, model, pattern] for r in rows), rows
+    assert not [p for p in report["problems"] if "host copies" in p]  # no host copy on any path
+
+
+@pytest.mark.slow
 def test_streams_quick():
     model_or_skip("silero_vad")
     model_or_skip("silero_vad_op18_ifless")
