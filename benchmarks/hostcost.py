@@ -374,8 +374,9 @@ class RawOnnxRuntime:
 # ---------------------------------------------------------------- measurement
 def paired(npurt: Jobs, raw: Jobs, jobs: int, blocks: int) -> tuple[list[tuple[float, float]], ...]:
     """(CPU us per job, jobs/s) per block of each side, blocks alternating (the order flips every block)."""
-    npurt(max(10, jobs // 10))
-    raw(max(10, jobs // 10))
+    for _ in range(2):  # warm-up: threads started, plans made, each engine past its first slower runs
+        npurt(jobs)
+        raw(jobs)
     samples: tuple[list[tuple[float, float]], list[tuple[float, float]]] = ([], [])
     for b in range(blocks):
         order = ((0, npurt), (1, raw)) if b % 2 == 0 else ((1, raw), (0, npurt))
