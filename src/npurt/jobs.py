@@ -128,7 +128,6 @@ class JobScheduler:
         self._queued_callbacks = 0
         self._workers_in_callbacks = 0  # workers running the callback of the job they ran
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
-        self._launched: dict[int, Job] = {}  # running jobs that their waiters end (Launched)
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, start: Start | None, callback: Callback | None,
@@ -139,7 +138,7 @@ class JobScheduler:
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
         its job's place in line there, so that places follow the queue's order). StatusError
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
-        if self._running >= self.max_concurrent and self._launched:
+        if self._running >= self.max_concurrent:
             self._reap()  # jobs that ended on the engine with no waiter yet
         with self._lock:
             if self._closed:
@@ -168,10 +167,8 @@ class JobScheduler:
                 raise  # KeyboardInterrupt and the like: the job has ended, the caller is told
             return job
         if started is not True and started:  # a Launched: its waiters end it
-            job.launched = started
-            with self._lock:
-                if job.state != _DONE:
-                    self._launched[job.job_id] = job
+            if job.state != _DONE:  # (else ended already, by a thread that found every run busy)
+                job.launched = started
             return job
         if not started:
             with self._lock:
@@ -211,7 +208,7 @@ class JobScheduler:
     def _reap(self) -> None:
         """End the jobs started on the engine whose runs have ended but that no waiter has ended yet."""
         with self._lock:
-            launched = list(self._launched.values())
+            launched = [j for j in self._jobs.values() if j.launched is not None]
         for job in launched:
             started = job.launched
             if started is not None:
@@ -284,9 +281,7 @@ class JobScheduler:
         if job.state == _DONE:
             return False
         job.status, job.error, job.state = status, message, _DONE
-        if job.launched is not None:
-            self._launched.pop(job.job_id, None)
-            job.launched = None  # it refers back to the job (its done): no cycle left
+        job.launched = None  # a Launched refers back to the job (its done): no cycle left
         self._ended += 1
         job.ended = self._ended
         self._running -= 1
