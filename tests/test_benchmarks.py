@@ -78,6 +78,10 @@ def test_scale_quick():
                 assert f"{backend} cls N={n} {pattern} npurt/raw threads" in names
         for hint in ("none", "LATENCY", "THROUGHPUT"):
             assert f"{backend} cls one run, hint {hint}: npurt/raw default (jobs/s)" in names
+    notes = [r[0] for r in report["tables"][0]["rows"] if len(r) == 1]
+    for n in (1, 2):  # OpenVINO's own THROUGHPUT stream count is a raw candidate; both sides pinned
+        assert any(f"OPENVINO cls N={n}: same-shape raw candidates" in t and "engine's streams" in t for t in notes)
+        assert any(f"OPENVINO cls N={n}: raw = " in t and "shapes pinned" in t for t in notes)
     assert not report["problems"]  # no host copy on any pattern
 
 
