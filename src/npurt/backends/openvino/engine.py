@@ -140,16 +140,17 @@ class _Started(Launched):
                 return True
             self.ended = True
             request.started = None
-        shapes: ResultShapes = None
-        if error is None and engine.dynamic_outputs:
-            try:
-                shapes = request.finish(())
-            except Exception as e:  # noqa: BLE001
-                error = e
-        engine.release(request)
         done, self.done = self.done, None  # the job refers to this: no cycle left through its done
         assert done is not None
-        done(None if error is None else engine.translate(error), shapes)
+        shapes: ResultShapes = None
+        try:
+            if error is None and engine.dynamic_outputs:
+                shapes = request.finish(())
+        except Exception as e:  # noqa: BLE001
+            error = e
+        finally:  # whatever happens here (KeyboardInterrupt included), the job ends and the request comes back
+            engine.release(request)
+            done(None if error is None else engine.translate(error), shapes)
         return True
 
 
