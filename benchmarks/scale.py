@@ -1,9 +1,10 @@
 """Throughput that scales with every core: npurt's four ways of keeping N jobs in flight against the engine used
 directly the way a throughput app uses it, for N = 1, 2, 4, ... up to the core count, on both backends, with the
-PP-OCR classifier (1x3x48x192) and recogniser (1x3x48x320), the models' own dynamic dims (no ``shapes``).
+PP-OCR classifier (1x3x48x192) and recogniser (1x3x48x320), input shapes pinned on both sides (npurt: option
+``shapes``; OpenVINO: the model reshaped before compiling; ONNX Runtime runs concrete shapes on its one session).
 
-npurt's side: one runner per (model, N) with ``performance_hint="THROUGHPUT"`` and ``max_concurrent_runs=N``
-(``RunnerFactory.create_runner`` options, device CPU), driven four ways:
+npurt's side: one runner per (model, N) with ``performance_hint="THROUGHPUT"``, ``max_concurrent_runs=N`` and the
+shape pinned (``RunnerFactory.create_runner`` options, device CPU), driven four ways:
 - InferQueue: ``npurt.InferQueue(runner)`` (its default slots: N running, max(N, 4) more waiting) with a callback,
   ``start_async`` on numpy inputs (on a runner with ``callback_order="completion"``, as AsyncInferQueue's
   callbacks run as requests end);
@@ -11,12 +12,14 @@ npurt's side: one runner per (model, N) with ``performance_hint="THROUGHPUT"`` a
   next one to end;
 - callbacks: N chains of ``execute_async`` whose callbacks submit the next job (a runner with
   ``callback_order="completion"``);
-- threads: N threads calling ``execute`` on tensor sets of their own.
+- threads: N threads calling ``execute`` on tensor sets of their own (a runner of its own: on OpenVINO, a compiled
+  model that has started jobs on ``start_async`` runs ``execute`` through it too).
 Each pattern is measured against the raw pattern of the same shape, written the way a Python user of that engine
 writes it, with the runner's own engine settings (threads, spinning, precision; ``NPURT_NUM_THREADS`` is cleared):
 - OpenVINO (``compile_model`` with the THROUGHPUT hint, ``PERFORMANCE_HINT_NUM_REQUESTS=N``, f32, inputs set once):
-  ``AsyncInferQueue(N)`` for the InferQueue, ``wait_any`` and callbacks; N threads calling ``infer()`` on N infer
-  requests of their own for npurt's threads;
+  ``AsyncInferQueue(N)`` for the InferQueue, ``wait_any`` and callbacks, and the same compiled with the THROUGHPUT
+  hint alone (the engine's own stream count for the machine), the faster of the two taken; N threads calling
+  ``infer()`` on N infer requests of their own for npurt's threads;
 - ONNX Runtime (one ``InferenceSession`` with intra-op threads = cores / N, spinning as npurt sets it): one thread
   keeping N runs in flight for the InferQueue, ``wait_any`` and callbacks, the faster of
   ``ThreadPoolExecutor(N)`` + ``wait(..., FIRST_COMPLETED)`` over ``session.run`` and ``session.run_async`` with a
@@ -29,8 +32,9 @@ All subjects take turns in blocks of fixed time; a ratio is the median of per-bl
 it (``npurt.bench.paired_ratio``), over at least 5 blocks.
 
 At one run (N = 1, ``execute`` in a loop, shapes pinned, CPU views) each hint (none, LATENCY, THROUGHPUT) is also
-measured against the engine at its own default settings (ONNX Runtime: a default ``InferenceSession``; OpenVINO:
-``compile_model`` with f32 only), in the same alternating blocks.
+measured against the engine at its own default settings, pinned as npurt is (ONNX Runtime: a default
+``InferenceSession`` run on the concrete shape; OpenVINO: the model reshaped to the shape, ``compile_model`` with f32
+only), in the same alternating blocks.
 
 Targets (issue "Throughput, continued"): on both backends, for every model and N, npurt/raw >= 0.98 against the
 raw pattern of the same shape and >= 0.90 against N bare threads; at one run, every hint >= 0.98x the engine's
@@ -377,16 +381,29 @@ class RawOrtRunAsync(Subject):
         raise NotImplementedError
 
 
+def pinned_model(path: str, feeds: Mapping[str, np.ndarray]) -> Any:
+    """The model as OpenVINO reads it, reshaped to the inputs' shapes (pinned as npurt pins them)."""
+    import openvino as ov
+
+    model = ov.Core().read_model(path)
+    model.reshape({name: list(a.shape) for name, a in feeds.items()})
+    return model
+
+
 def raw_subjects(backend: str, runner: Runner, path: str, feeds: Mapping[str, np.ndarray], n: int
                  ) -> tuple[list[Subject], Subject]:
-    """The engine's same-shape patterns for npurt's asynchronous ones (ONNX Runtime: the candidates, the faster is
-    taken) and its N bare threads, with the runner's engine settings (see the module docstring)."""
+    """The engine's same-shape patterns for npurt's asynchronous ones (the candidates: the faster is taken) and its
+    N bare threads, with the runner's engine settings and shapes pinned (see the module docstring)."""
     settings = dict(runner.device_info.engine_settings)
     if backend == "OPENVINO":
         import openvino as ov
 
-        compiled = ov.Core().compile_model(path, "CPU", settings)
-        return [RawOpenVINOSubject(compiled, feeds, n, label="raw AsyncInferQueue")], \
+        core = ov.Core()
+        compiled = core.compile_model(pinned_model(path, feeds), "CPU", settings)
+        own = {k: v for k, v in settings.items() if k != "PERFORMANCE_HINT_NUM_REQUESTS"}  # its own stream count
+        own_streams = core.compile_model(pinned_model(path, feeds), "CPU", own)
+        return [RawOpenVINOSubject(compiled, feeds, n, label="raw AsyncInferQueue"),
+                RawOpenVINOSubject(own_streams, feeds, n, label="raw AsyncInferQueue, engine's streams")], \
             RawOpenVINOThreads(compiled, feeds, n)
     import onnxruntime as ort
 
@@ -404,7 +421,7 @@ def raw_subjects(backend: str, runner: Runner, path: str, feeds: Mapping[str, np
 def raw_description(backend: str, runner: Runner, n: int) -> str:
     settings = dict(runner.device_info.engine_settings)
     if backend == "OPENVINO":
-        return f"AsyncInferQueue({n}) / {n} threads x infer(), " + ", ".join(
+        return f"AsyncInferQueue({n}) / {n} threads x infer(), shapes pinned, " + ", ".join(
             f"{k}={v}" for k, v in sorted(settings.items()))
     return (f"one thread keeping {n} runs in flight / {n} threads x run, intra_op_num_threads="
             f"{settings['intra_op_num_threads'].split()[0]}, allow_spinning={settings['allow_spinning']}")
@@ -414,9 +431,12 @@ def measure(backend: str, name: str, n: int, block_s: float, blocks: int, table:
     model, shape = MODELS[name]
     path = model_path(model)
     feeds = random_feeds({"x": (shape, "float32")}, seed=0)
-    options: dict[str, Any] = {"performance_hint": "THROUGHPUT", "max_concurrent_runs": n}
+    options: dict[str, Any] = {"performance_hint": "THROUGHPUT", "max_concurrent_runs": n, "shapes": {"x": list(shape)}}
     runner = npurt_runner(backend, path, **options)
     chained = npurt_runner(backend, path, callback_order="completion", **options)
+    # execute from threads on a runner of its own: on OpenVINO a compiled model whose jobs started on start_async
+    # runs execute through start_async + wait too (one kind of execution per compiled model)
+    threaded = npurt_runner(backend, path, **options)
     subjects: list[Subject] = []
     try:
         shapes = output_shapes_of(runner, feeds)
@@ -425,19 +445,20 @@ def measure(backend: str, name: str, n: int, block_s: float, blocks: int, table:
             return [runner_tensors(r, feeds, TensorType.CPU, shapes) for _ in range(n)]
 
         patterns: list[Subject] = [QueuePattern(chained, feeds, n, shapes), WaitAnyPattern(runner, sets(runner)),
-                                   CallbackPattern(chained, sets(chained)), ThreadsPattern(runner, sets(runner))]
+                                   CallbackPattern(chained, sets(chained)), ThreadsPattern(threaded, sets(threaded))]
         same_shape, bare = raw_subjects(backend, runner, path, feeds, n)
         subjects = [*patterns, *same_shape, bare]
         budget = Budget(niter=None, time_s=block_s * blocks, warmup=3, blocks=blocks)
-        before = runner.stats["copies"] + chained.stats["copies"]
+        before = sum(r.stats["copies"] for r in (runner, chained, threaded))
         results = measure_throughput(subjects, budget)
-        copies = runner.stats["copies"] + chained.stats["copies"] - before
+        copies = sum(r.stats["copies"] for r in (runner, chained, threaded)) - before
         description = raw_description(backend, runner, n)
     finally:
         for s in subjects:
             s.close()
         runner.close()
         chained.close()
+        threaded.close()
     by_subject = dict(zip(subjects, results))
     raw_async = max(same_shape, key=lambda s: by_subject[s].fps)  # the faster of the candidates
     bare_stats = by_subject[bare]
@@ -478,8 +499,8 @@ def hints_at_one_run(backend: str, name: str, iterations: int, blocks: int, tabl
     if backend == "OPENVINO":
         import openvino as ov
 
-        raw: Subject = RawOv(ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), feeds,
-                             label="raw, default settings")
+        compiled = ov.Core().compile_model(pinned_model(path, feeds), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        raw: Subject = RawOv(compiled, feeds, label="raw, default settings")
     else:
         import onnxruntime as ort
 

@@ -78,7 +78,28 @@ def test_scale_quick():
                 assert f"{backend} cls N={n} {pattern} npurt/raw threads" in names
         for hint in ("none", "LATENCY", "THROUGHPUT"):
             assert f"{backend} cls one run, hint {hint}: npurt/raw default (jobs/s)" in names
+    notes = [r[0] for r in report["tables"][0]["rows"] if len(r) == 1]
+    for n in (1, 2):  # OpenVINO's own THROUGHPUT stream count is a raw candidate; both sides pinned
+        assert any(f"OPENVINO cls N={n}: same-shape raw candidates" in t and "engine's streams" in t for t in notes)
+        assert any(f"OPENVINO cls N={n}: raw = " in t and "shapes pinned" in t for t in notes)
     assert not report["problems"]  # no host copy on any pattern
+
+
+@pytest.mark.slow
+def test_hostcost_quick():
+    model_or_skip("ocr_cls")
+    report = run_quick("hostcost")
+    names = target_names(report)
+    rows = [r for r in report["tables"][0]["rows"] if len(r) > 1]
+    for backend in ("OPENVINO", "VAIML"):
+        for model in ("digits", "cls"):
+            for pattern, n in (("execute", 1), ("execute_async + wait", 2), ("wait_any", 2), ("InferQueue", 2),
+                               ("callbacks", 2)):
+                assert f"{backend} {model} {pattern} N={n}: npurt/raw jobs/s" in names, names
+                cpu = f"{backend} {model} {pattern} N={n}: npurt CPU/job / (raw + 5 us)"
+                assert (cpu in names) == (pattern not in ("InferQueue", "callbacks")), names  # callbacks: jobs/s
+                assert any(r[:3] == [backend, model, pattern] for r in rows), rows
+    assert not [p for p in report["problems"] if "host copies" in p]  # no host copy on any path
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ OpenVINO's compiled-model cache. The behaviour both backends share is in test_ba
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -38,9 +39,10 @@ def test_requests_point_at_the_tensors_memory():
         assert r.stats["copies"] == 0
 
 
-def test_async_jobs_run_on_runner_workers_over_the_pooled_requests():
-    """Jobs run on the runner's workers, each a synchronous infer on a request of the engine's pool (no thread of
-    npurt's waits in start_async's wait per run); at most max_concurrent_runs requests; results as execute's."""
+def test_async_jobs_start_on_openvino_and_their_waiters_end_them():
+    """A job without a callback starts on a pooled request's start_async and its waiter ends it (no thread of
+    npurt's is woken per job); a job with a callback runs on the runner's workers; at most max_concurrent_runs
+    requests; results as execute's."""
     workers_before = pool_workers()
     with make("ocr_rec", max_concurrent_runs=2) as r:
         sets = []
@@ -51,7 +53,7 @@ def test_async_jobs_run_on_runner_workers_over_the_pooled_requests():
         jobs = [r.execute_async([[xt]], [[y]]) for xt, y in sets]
         for job in jobs:
             assert r.wait(job, 30_000) is StatusCode.SUCCESS, r.last_error
-        assert 0 < pool_workers() - workers_before <= 2
+        assert pool_workers() == workers_before  # started on OpenVINO: no worker of npurt's
         assert len(r.engine_for().requests) <= 2
         for xt, y in sets:
             first = y.numpy().copy()
@@ -59,6 +61,49 @@ def test_async_jobs_run_on_runner_workers_over_the_pooled_requests():
             assert r.execute([[xt]], [[y]]) is StatusCode.SUCCESS
             np.testing.assert_array_equal(y.numpy(), first)
         assert not np.array_equal(sets[0][1].numpy(), sets[1][1].numpy())
+        ended, called = [], threading.Event()
+        xt, y = sets[0]
+        job = r.execute_async([[xt]], [[y]], callback=lambda h: (ended.append(h), called.set()))
+        assert r.wait(job, 30_000) is StatusCode.SUCCESS  # a job with a callback: on a worker, which runs it
+        assert called.wait(30) and [h.job_id for h in ended] == [job.job_id]
+        assert 0 < pool_workers() - workers_before <= 2
+        assert r.stats["copies"] == 0
+
+
+def test_jobs_on_openvino_end_without_a_wait_and_at_close():
+    """Jobs their waiters end: a submission that finds every run busy ends those that have ended; wait_any and a
+    polling wait see them end; close() waits for those never collected."""
+    with make(max_concurrent_runs=1, input_tensor_type="CPU", output_tensor_type="CPU") as r:
+        x = frame(SHAPES["ocr_cls"], seed=4)
+        x_info = r.get_tensor_info_by_name("x", TensorType.CPU)
+        y_info = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        ins, outs = [[NpuTensor(x_info, x)]], [[NpuTensor(y_info, np.zeros((1, 2), np.float32))]]
+        first = r.execute_async(ins, outs)
+        assert first.status is StatusCode.SUCCESS
+        deadline = time.monotonic() + 30
+        while True:  # never waited for: the next submission ends it once its run has ended
+            second = r.execute_async(ins, outs)
+            if second.status is StatusCode.SUCCESS:
+                break
+            assert second.status is StatusCode.RESOURCE_UNAVAILABLE and time.monotonic() < deadline
+        assert r.wait(first, 0) is StatusCode.SUCCESS
+        handle = r.wait_any([second], 30_000)
+        assert handle.status is StatusCode.SUCCESS and handle.job_id == second.job_id
+        third = r.execute_async(ins, outs)
+        while r.wait(third, 0) is StatusCode.JOB_PENDING:
+            pass
+        assert r.wait(third) is StatusCode.INVALID_JOB_ID  # collected by the poll that saw it end
+        last = r.execute_async(ins, outs)
+        assert last.status is StatusCode.SUCCESS
+    assert r.stats["jobs_completed"] == 4 and r.stats["jobs_failed"] == 0  # close() ended the last one
+    np.testing.assert_array_equal(outs[0][0].numpy(), ov_reference(x))
+
+
+def ov_reference(x: np.ndarray) -> np.ndarray:
+    core_ = ov.Core()
+    model = core_.read_model(model_or_skip("ocr_cls"))
+    model.reshape({"x": list(x.shape)})
+    return core_.compile_model(model, "CPU", ov_cpu_properties()).infer_new_request({"x": x})[0]
 
 
 def test_properties_and_engine_options_pass_through():
@@ -119,6 +164,32 @@ def test_an_output_too_small_is_reported_with_one_inference_thread(threads):
         assert "[1, 1, 96, 128]" in r.last_error
         big = NpuTensor(out.replace(shape=(1, 1, 96, 128)), np.zeros((1, 1, 96, 128), np.float32))
         assert r.execute([[NpuTensor(x_info, x)]], [[big]]) is StatusCode.SUCCESS
+        assert big.result_info.shape == (1, 1, 96, 128)
+
+
+@pytest.mark.parametrize("collect", ["wait", "wait_any", "poll"])
+def test_a_job_that_fails_on_openvino_ends_with_its_status(collect):
+    """A run that fails on start_async (an output too small for the shape the run produced) is the job's status,
+    the needed shape in last_error, however the job is collected; the next job runs on the same requests."""
+    with RunnerFactory.create_runner("OPENVINO", model_or_skip("ocr_det"), {"device": "CPU", "num_threads": 2}) as r:
+        x = frame((1, 3, 96, 128), seed=5)
+        ins = [[NpuTensor(r.get_tensor_info_by_name("x", TensorType.CPU).replace(shape=x.shape), x)]]
+        out = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        small = NpuTensor(out.replace(shape=(1, 1, 32, 32)), np.full((1, 1, 32, 32), 7.0, np.float32))
+        job = r.execute_async(ins, [[small]])
+        assert job.status is StatusCode.SUCCESS
+        if collect == "wait":
+            status = r.wait(job, 30_000)
+        elif collect == "wait_any":
+            status = r.wait_any([job], 30_000).status
+        else:
+            while (status := r.wait(job, 0)) is StatusCode.JOB_PENDING:
+                pass
+        assert status is StatusCode.INVALID_OUTPUT, r.last_error
+        assert "[1, 1, 96, 128]" in r.last_error
+        big = NpuTensor(out.replace(shape=(1, 1, 96, 128)), np.zeros((1, 1, 96, 128), np.float32))
+        job = r.execute_async(ins, [[big]])
+        assert r.wait(job, 30_000) is StatusCode.SUCCESS, r.last_error
         assert big.result_info.shape == (1, 1, 96, 128)
 
 

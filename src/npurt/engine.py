@@ -35,6 +35,20 @@ ResultShapes = Sequence[tuple[int, ...] | None] | None  # per output, the shape 
 Done = Callable[[BaseException | None, ResultShapes], None]  # an engine-started run's end: its error, or its shapes
 
 
+class Launched(ABC):
+    """A run an engine started that its waiter ends (``Engine.start`` may return one instead of True): the engine
+    calls no callback of npurt's when it ends; a thread that waits for the job calls ``wait``, which, once the run
+    has ended, frees what it held and calls the ``done`` given to ``start`` (once, whichever thread sees the end
+    first). Nothing is handed between threads per job: the waiter waits in the engine (GIL released)."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` (0: poll; None: no limit) for the run to end; whether it has (``done`` called,
+        or being called by another thread). Never raises but KeyboardInterrupt: the run's error goes to ``done``."""
+
+
 class OutputTooSmallError(NpuError):
     """An output tensor cannot hold what the run produced (StatusCode.INVALID_OUTPUT, with the needed shape)."""
 
@@ -90,10 +104,15 @@ class Engine(ABC):
         """One inference on the calling thread; the output shapes where a port's shape is open (else None).
         Raise on failure. Called from many threads at once (one at a time per context)."""
 
-    def start(self, binding: Any, done: Done, context: Any = None) -> bool:
+    # A job with a callback runs on the runner's workers (not ``start``), which run its callback as they end it and
+    # the next job that callback submits with no thread woken: set where that is faster than the engine's own way.
+    callbacks_on_workers = False
+
+    def start(self, binding: Any, done: Done, context: Any = None) -> bool | Launched:
         """Start one inference on the engine's own asynchronous machinery and return at once; call
-        ``done(error, shapes)`` when it ends (on any thread, quickly: no user code runs there). False when the engine
-        cannot start one now (the runner then runs the job on its own workers with ``run``)."""
+        ``done(error, shapes)`` when it ends (on any thread, quickly: no user code runs there), or return a
+        ``Launched`` whose ``wait`` the job's waiters call, which calls ``done``. False when the engine cannot start
+        one now (the runner then runs the job on its own workers with ``run``)."""
         return False
 
     @abstractmethod

@@ -1,7 +1,11 @@
 """The job scheduler behind ``execute_async`` / ``wait`` / ``wait_any`` and job callbacks.
 
-A job is one asynchronous run. It either starts on the engine's own asynchronous requests (which report its end
-through a completion callback: no runner thread, no polling), or runs on one of the scheduler's worker threads.
+A job is one asynchronous run. It either starts on the engine's own asynchronous requests, or runs on one of the
+scheduler's worker threads. An engine-started job ends through the engine's completion callback, or, where the
+engine returns a ``Launched`` (OpenVINO), through its waiter: ``wait`` waits in the engine itself (GIL released)
+and ends the job there, as a user of the engine waits for a request, with no thread woken for it; ``wait_any``
+over such jobs waits on the oldest in slices of ``ANY_SLICE_S``, looking at the others between slices; a
+submission that finds every run busy first ends those that have ended, and ``close`` waits for them.
 At most ``max_concurrent`` jobs are in flight: beyond that ``submit`` answers RESOURCE_UNAVAILABLE, which is
 transient. Job ids start at 1.
 
@@ -29,10 +33,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
+from .engine import Launched
 from .stats import RunnerStats
 from .status import StatusError, status_of
 from .types import JobHandle, StatusCode
@@ -40,7 +46,7 @@ from .types import JobHandle, StatusCode
 log = logging.getLogger("npurt")
 
 Work = Callable[[], tuple[StatusCode, str]]  # a job run on a worker: never raises
-Start = Callable[[Callable[[BaseException | None], None]], bool]  # start on the engine; False: cannot now
+Start = Callable[[Callable[[BaseException | None], None]], bool | Launched]  # start on the engine; False: cannot now
 Callback = Callable[[JobHandle], Any]
 
 # A worker running the callback of a job it ran: its scheduler, and the continuation that callback submitted (the
@@ -49,12 +55,13 @@ _callback_thread = threading.local()
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
 _SLICE_S = 0.1  # untimed waits block in slices, so that KeyboardInterrupt reaches a waiting main thread
+ANY_SLICE_S = 0.001  # wait_any over jobs ended by their waiter: how long it waits on one before looking at the rest
 
 
 class Job:
     """One asynchronous run and its outcome."""
 
-    __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "ended", "on_worker")
+    __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "ended", "on_worker", "launched")
 
     def __init__(self, job_id: int, callback: Callback | None, seq: int) -> None:
         self.job_id = job_id
@@ -67,6 +74,7 @@ class Job:
         self.state = _QUEUED
         self.ended = 0  # order of ending, for wait_any
         self.on_worker = False  # run by a worker (else started on the engine)
+        self.launched: Launched | None = None  # started on the engine, ended by its waiter
 
     @property
     def finished(self) -> bool:
@@ -74,6 +82,9 @@ class Job:
 
     def block(self, timeout_s: float | None) -> bool:
         """Wait (GIL released) up to ``timeout_s`` (None: no limit) for the job to end; whether it has."""
+        launched = self.launched
+        if launched is not None and not self.finished and not launched.wait(timeout_s):
+            return False  # (an ended one has its status now, or in a moment from the thread that saw its end)
         return _block(self.done, timeout_s) or self.finished
 
 
@@ -127,6 +138,8 @@ class JobScheduler:
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
         its job's place in line there, so that places follow the queue's order). StatusError
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
+        if self._running >= self.max_concurrent:
+            self._reap()  # jobs that ended on the engine with no waiter yet
         with self._lock:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
@@ -152,6 +165,10 @@ class JobScheduler:
             self.finish(job, *status_of(e, 0))
             if not isinstance(e, Exception):
                 raise  # KeyboardInterrupt and the like: the job has ended, the caller is told
+            return job
+        if started is not True and started:  # a Launched: its waiters end it
+            if job.state != _DONE:  # (else ended already, by a thread that found every run busy)
+                job.launched = started
             return job
         if not started:
             with self._lock:
@@ -187,6 +204,15 @@ class JobScheduler:
                 self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
             else:
                 self._to_workers(job, work)
+
+    def _reap(self) -> None:
+        """End the jobs started on the engine whose runs have ended but that no waiter has ended yet."""
+        with self._lock:
+            launched = [j for j in self._jobs.values() if j.launched is not None]
+        for job in launched:
+            started = job.launched
+            if started is not None:
+                started.wait(0)
 
     def _engine_done(self, job: Job, error: BaseException | None) -> None:
         if error is None:
@@ -255,6 +281,7 @@ class JobScheduler:
         if job.state == _DONE:
             return False
         job.status, job.error, job.state = status, message, _DONE
+        job.launched = None  # a Launched refers back to the job (its done): no cycle left
         self._ended += 1
         job.ended = self._ended
         self._running -= 1
@@ -329,7 +356,9 @@ class JobScheduler:
         ended = [j for j in jobs if j.finished]
         if not ended and timeout_s != 0:
             hand_over_continuation()
-        if not ended:
+        if not ended and any(j.launched is not None for j in jobs):
+            ended = self._wait_any_launched(jobs, timeout_s)
+        elif not ended:
             wait = (set(job_ids), threading.Lock())
             wait[1].acquire()
             with self._lock:
@@ -348,6 +377,30 @@ class JobScheduler:
         first = min(ended, key=lambda j: j.ended)
         self._collect(first)
         return first.status, first.job_id, first.error
+
+    @staticmethod
+    def _wait_any_launched(jobs: list[Job], timeout_s: float | None) -> list[Job]:
+        """wait_any where some jobs are ended by their waiter: each looked at (polled), then a wait of
+        ``ANY_SLICE_S`` on the oldest of those still running, until one has ended or the time is up."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            running = []
+            for job in jobs:
+                launched = job.launched
+                if launched is not None and not job.finished:
+                    launched.wait(0)
+                    if not job.finished:
+                        running.append((job.job_id, launched))
+            ended = [j for j in jobs if j.finished]
+            if ended:
+                return ended
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return []
+            if running:  # the oldest: on requests run in turn, the first to end
+                min(running, key=lambda r: r[0])[1].wait(ANY_SLICE_S if left is None else min(ANY_SLICE_S, left))
+            else:  # only jobs that end on their own are left (they were started elsewhere): wait in slices
+                time.sleep(ANY_SLICE_S if left is None else min(ANY_SLICE_S, left))
 
     def _collect(self, job: Job) -> None:
         if job.callback is None:

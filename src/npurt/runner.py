@@ -298,7 +298,7 @@ class Runner:
                 job = self._streams.submit(stream, inputs, outputs, callback)
             else:
                 plan = core.planner.plan(inputs, outputs)
-                start = engine_start(plan, outputs)
+                start = engine_start(plan, outputs, callback is not None)
                 job = core.jobs.submit(lambda: core.execute_plan(plan, inputs, outputs), start, callback)
         except StatusError as e:
             core.fail(e.status, str(e))

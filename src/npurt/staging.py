@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from . import formats
-from .engine import Engine, ResultShapes
+from .engine import Engine, Launched, ResultShapes
 from .plans import Plan, SlotPlan
 from .stats import RunnerStats
 from .status import status_of
@@ -146,16 +146,19 @@ def run_plan(plan: Plan, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequenc
     return StatusCode.SUCCESS, ""
 
 
-def engine_start(plan: Plan, outputs: Sequence[Sequence[NpuTensor]]
-                 ) -> Callable[[Callable[[BaseException | None], None]], bool] | None:
-    """How to start a one-slot job with nothing to convert on the engine's own requests (None: workers)."""
+def engine_start(plan: Plan, outputs: Sequence[Sequence[NpuTensor]], with_callback: bool = False
+                 ) -> Callable[[Callable[[BaseException | None], None]], bool | Launched] | None:
+    """How to start a one-slot job with nothing to convert on the engine's own requests (None: workers; also for a
+    job with a callback on an engine whose ``callbacks_on_workers`` says so)."""
     if len(plan) != 1 or plan[0].binding is None or plan[0].sync:
         return None
     slot = plan[0]
     if type(slot.variant.engine).start is Engine.start:  # the engine has no machinery of its own: workers run it
         return None
+    if with_callback and slot.variant.engine.callbacks_on_workers:
+        return None
 
-    def start(done: Callable[[BaseException | None], None]) -> bool:
+    def start(done: Callable[[BaseException | None], None]) -> bool | Launched:
         def ended(error: BaseException | None, shapes: Any) -> None:
             if error is None and shapes:
                 record_shapes([outputs[0][k] for k in slot.out_order], shapes)

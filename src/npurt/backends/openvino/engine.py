@@ -5,11 +5,17 @@ when it held something else, so a tensor in its port's view is never copied on t
 the run tells are written into the bound memory (OpenVINO reshapes a tensor within its capacity) and their shapes
 reported.
 
-Asynchronous jobs run on the runner's workers, each a synchronous ``infer`` (GIL released) on a pooled request:
-the worker that ran a job ends it, failures included, and runs its "completion" callback. Starting jobs on
-OpenVINO's own ``start_async`` instead needs a thread of npurt's to learn each run's end (OpenVINO's Python
-callbacks are not called when an inference fails), two more thread wake-ups per job: measured on the 2-core VM,
-the PP-OCR classifier at N = 2 ran 4-12 % fewer jobs a second that way (``benchmarks/scale.py``).
+Asynchronous jobs without a callback (``start``) start on a pooled request with OpenVINO's own ``start_async``,
+and their waiters end them (``engine.Launched``): a waiter waits in the request's ``wait_for`` (GIL released), as a
+user of OpenVINO waits for a request, then gives the request back and ends the job; no thread of npurt's is woken
+per job. No Python completion callback is set on the requests: OpenVINO calls one only when a run succeeds, and
+taking the GIL on OpenVINO's thread for it cost ~17 us of CPU per job on the 2-core VM (digits model, N = 2:
+start_async + wait 25 us, with a no-op Python callback set 42 us). Jobs with a callback run on the runner's
+workers (``callbacks_on_workers``), each a synchronous ``infer`` on a pooled request: the worker that ran a job runs
+its "completion" callback and the next job that callback submits, with no thread woken between them.
+
+A compiled model serves one kind of execution (see ``_infer``): once it has started a job on ``start_async``, its
+synchronous runs also go through ``start_async`` + ``wait``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 import openvino as ov
 from openvino import _pyopenvino
 
-from ...engine import Engine, OutputTooSmallError, ResultShapes
+from ...engine import Done, Engine, Launched, OutputTooSmallError, ResultShapes
 from ...ports import Port
 from ...tensor import NpuTensor
 from ...types import padded_box
@@ -34,6 +40,9 @@ from .model_ports import ModelPorts
 # decode_strings) releases the GIL while inferring.
 _infer = _pyopenvino.InferRequest.infer
 _start_async = _pyopenvino.InferRequest.start_async
+_wait_for = _pyopenvino.InferRequest.wait_for  # (timeout ms) -> ended; raises the run's error; GIL released
+_WAIT_MS = 100  # untimed waits wait in slices, so that KeyboardInterrupt reaches a waiting main thread
+_ACQUIRE_SLICE_S = 0.001  # a run waiting for a request held by started jobs looks at them this often
 
 
 def _wrap(t: NpuTensor, element_type: ov.Type) -> ov.Tensor:
@@ -64,13 +73,14 @@ class _Binding:
 class _Request:
     """One InferRequest and the ov.Tensors it holds per port."""
 
-    __slots__ = ("request", "held", "engine", "pooled")
+    __slots__ = ("request", "held", "engine", "pooled", "started")
 
     def __init__(self, engine: OpenVINOEngine, pooled: bool = True) -> None:
         self.engine = engine
         self.pooled = pooled  # in the engine's pool, or a stream's own (its variables are the stream's state)
         self.request = engine.compiled_model.create_infer_request()
         self.held: list[Any] = [None] * len(engine.ov_ports)  # the ov.Tensor each port points at
+        self.started: _Started | None = None  # the job started on it, until a waiter ends it
 
     def point(self, wrapped: Sequence[Any]) -> None:
         """Point the request's ports at a binding's tensors, where it holds others."""
@@ -101,10 +111,54 @@ class _Request:
         return shapes
 
 
+class _Started(Launched):
+    """A job running on a pooled request's ``start_async``; its waiters end it (see the module's docstring)."""
+
+    __slots__ = ("request", "done", "ended")
+
+    def __init__(self, request: _Request, done: Done) -> None:
+        self.request = request
+        self.done: Done | None = done
+        self.ended = False
+
+    def wait(self, timeout_s: float | None) -> bool:
+        if self.ended:
+            return True
+        request = self.request
+        error: BaseException | None = None
+        try:
+            if timeout_s is None:
+                while not _wait_for(request.request, _WAIT_MS):
+                    pass
+            elif not _wait_for(request.request, math.ceil(timeout_s * 1000)):
+                return False
+        except Exception as e:  # noqa: BLE001 - the run's error is the job's
+            error = e
+        engine = request.engine
+        with engine.end_lock:  # one thread ends it, whichever saw the end first
+            if self.ended:
+                return True
+            self.ended = True
+            request.started = None
+        done, self.done = self.done, None  # the job refers to this: no cycle left through its done
+        assert done is not None
+        shapes: ResultShapes = None
+        try:
+            if error is None and engine.dynamic_outputs:
+                shapes = request.finish(())
+        except Exception as e:  # noqa: BLE001
+            error = e
+        finally:  # whatever happens here (KeyboardInterrupt included), the job ends and the request comes back
+            engine.release(request)
+            done(None if error is None else engine.translate(error), shapes)
+        return True
+
+
 class OpenVINOEngine(Engine):
     """A compiled model and its pool of infer requests."""
 
     takes_boxes = True  # a strided plane goes in as a region of the tensor it lies in (_wrap)
+    callbacks_on_workers = True  # see the module's docstring
 
     def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], pm: ModelPorts,
                  device: str, properties: dict[str, Any], limit: int, count_copy: Any) -> None:
@@ -148,6 +202,11 @@ class OpenVINOEngine(Engine):
         self._lock = threading.Lock()
         self._closed = False
         self._state_names: list[str] | None = None
+        self.end_lock = threading.Lock()  # ends each started job once (_Started.wait)
+        # start_async for jobs: not where outputs come from the inputs (filled by the engine) or a run's errors are
+        # lost by the one-thread synchronous path (its engines already run start_async + wait on the caller)
+        self.starts = not self.aliases and not self.sync_loses_errors
+        self.async_used = False  # a job started on start_async: synchronous runs use it too (one kind, _infer)
 
     # A property (asked of a request on first use) in place of Engine's plain attribute, which stays an attribute
     # there so that other engines may simply assign it: hence the override ignore.
@@ -179,7 +238,16 @@ class OpenVINOEngine(Engine):
                 return self._new()
         if not block:
             return None
-        return self._free.get()  # requests of ended asynchronous runs come back by themselves
+        while True:
+            # Requests held by jobs started on start_async come back when a waiter ends the job: where none may
+            # ever wait (jobs not yet collected), this thread ends those that have ended.
+            started = [s for s in (r.started for r in self.made) if s is not None]
+            for s in started:
+                s.wait(0)
+            try:
+                return self._free.get(timeout=_ACQUIRE_SLICE_S if started else _WAIT_MS / 1000)
+            except Empty:
+                pass
 
     def release(self, request: _Request) -> None:
         self._free.put(request)
@@ -201,7 +269,7 @@ class OpenVINOEngine(Engine):
         # threads and start_async() on one compiled model, grows its memory by ~50 MiB steps under CPU contention
         # (seen with plain OpenVINO: +300 to +550 MiB over 20,000 mixed calls beside two busy loops; flat with
         # either kind alone).
-        if self.sync_loses_errors:
+        if self.sync_loses_errors or self.async_used:
             _start_async(request.request, {}, None)
             request.request.wait()
         else:
@@ -221,6 +289,24 @@ class OpenVINOEngine(Engine):
         finally:
             if request.pooled:
                 self.release(request)
+
+    def start(self, binding: _Binding, done: Done, context: _Request | None = None) -> bool | Launched:
+        """A job on a free pooled request's ``start_async``, ended by its waiters (``_Started``). False (the
+        runner's workers run it): a stream's context, an engine that starts none (``starts``), every request busy."""
+        if context is not None or not self.starts or self._closed:
+            return False
+        request = self.acquire(block=False)
+        if request is None:
+            return False
+        self.async_used = True
+        try:
+            request.point(binding.wrapped)
+            _start_async(request.request, {}, None)  # releases the GIL
+        except Exception as e:
+            self.release(request)
+            raise self.translate(e) from None
+        started = request.started = _Started(request, done)
+        return started
 
     def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
         request = context or self.acquire()

@@ -1,0 +1,457 @@
+"""What a job costs the host: process CPU time per job and jobs per second, npurt against the same pattern written
+with the engine directly, side by side in one run.
+
+Models: the embedded digits classifier (``npurt.models.DEFAULT_MODEL``, 10-20 us of compute: the path around the
+engine is most of a job) and the PP-OCR classifier (1x3x48x192, ~0.5 ms), input shapes pinned on both sides
+(npurt: option ``shapes``; OpenVINO: the model reshaped before compiling; ONNX Runtime: IOBinding with the concrete
+shapes), on both backends (OpenVINO CPU, ONNX Runtime CPU as "VAIML"). The raw side is compiled with the runner's own
+engine settings (``device_info.engine_settings``: OpenVINO's threads, hint, streams and precision; ONNX Runtime's
+intra-op threads and spinning), so that neither side's thread settings decide a row.
+
+Rows (npurt on runner-allocated CPU-view tensors / raw on tensors bound once):
+- ``execute``: ``execute`` in a loop (``max_concurrent_runs=1``, hint as the backend's default) / OpenVINO
+  ``InferRequest.infer(share_outputs=True)`` with every tensor set once; ONNX Runtime ``run_with_iobinding``;
+- ``execute_async + wait``, N in flight: ``execute_async`` on N tensor sets, ``wait`` for the oldest / OpenVINO N
+  infer requests, ``start_async`` and ``wait`` on the oldest; ONNX Runtime ``ThreadPoolExecutor(N)`` running
+  ``run_with_iobinding`` on N bindings, ``result()`` of the oldest;
+- ``wait_any``, N in flight: ``wait_any`` for whichever ends / OpenVINO ``AsyncInferQueue(N).start_async`` (which
+  waits for whichever request is idle); ONNX Runtime ``wait(..., FIRST_COMPLETED)``;
+- ``InferQueue``: ``npurt.InferQueue`` with a callback, ``start_async`` on numpy inputs / OpenVINO
+  ``AsyncInferQueue(N)`` with a callback; ONNX Runtime the executor with a done-callback per job;
+- ``callbacks``: N chains of ``execute_async`` whose callbacks submit the next job (``callback_order="completion"``) /
+  the same raw queue with a callback (held to jobs/s only: npurt runs callbacks on its own threads by contract, the
+  engine on its own).
+Asynchronous rows use ``performance_hint="THROUGHPUT"`` and ``max_concurrent_runs=N`` (N = 2: the cores).
+
+Each row alternates npurt and raw blocks of a fixed number of jobs (the order flips every block), at least 7 blocks;
+CPU per job is ``time.process_time()`` over a block (every thread of the process) divided by its jobs; the figures
+are the medians of the paired per-block differences (CPU) and ratios (jobs/s) between neighbouring blocks. The CPU
+target is checked as the median of per-block ratios npurt / (raw + 5 us) <= 1.
+
+Targets (issue 37, 2 cores): in every row npurt's CPU per job <= the engine's + 5 us and jobs/s >= 0.95x the engine's;
+callback rows (InferQueue, callbacks) are held to jobs/s only. On a shared machine the figures are noisy.
+
+    python -m benchmarks.hostcost [--quick] [--json] [--backends OPENVINO,VAIML] [--models digits,cls] [--n N]
+                                  [--blocks K]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from benchmarks import check, finish, parser
+from benchmarks.apps import BACKENDS, model_path, npurt_runner
+from npurt import InferQueue, JobHandle, StatusCode, TensorType
+from npurt.bench import BenchError, Report, Table, Target, random_feeds
+from npurt.bench.subjects import runner_tensors
+from npurt.models import DEFAULT_MODEL
+from npurt.runner import Runner
+
+MODELS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
+    "digits": ("default", {"image": (1, 1, 8, 8)}),
+    "cls": ("ocr_cls", {"x": (1, 3, 48, 192)}),
+}
+JOBS = {"digits": 2000, "cls": 300}  # per block (full run)
+QUICK_JOBS = {"digits": 300, "cls": 60}
+CPU_LIMIT_US, RATE_LIMIT = 5.0, 0.95
+CALLBACK_ROWS = ("InferQueue", "callbacks")
+
+Jobs = Callable[[int], None]  # runs k jobs to their end
+
+
+def path_of(model: str) -> str:
+    return str(DEFAULT_MODEL) if model == "default" else model_path(model)
+
+
+# ---------------------------------------------------------------- npurt's side
+class NpurtSide:
+    """A runner per kind of row and the patterns on it."""
+
+    def __init__(self, backend: str, path: str, shapes: Mapping[str, tuple[int, ...]], n: int) -> None:
+        pinned = {k: list(v) for k, v in shapes.items()}
+        views = {"input_tensor_type": "CPU", "output_tensor_type": "CPU", "shapes": pinned}
+        self.n = n
+        self.sync = npurt_runner(backend, path, max_concurrent_runs=1, **views)
+        self.asyn = npurt_runner(backend, path, performance_hint="THROUGHPUT", max_concurrent_runs=n, **views)
+        self.chained = npurt_runner(backend, path, performance_hint="THROUGHPUT", max_concurrent_runs=n,
+                                    callback_order="completion", **views)
+        self.runners = [self.sync, self.asyn, self.chained]
+        self.feeds = random_feeds({k: (v, "float32") for k, v in shapes.items()}, seed=0)
+        self.one = runner_tensors(self.sync, self.feeds, TensorType.CPU)
+        self.sets = [runner_tensors(self.asyn, self.feeds, TensorType.CPU) for _ in range(n)]
+        self.chain_sets = [runner_tensors(self.chained, self.feeds, TensorType.CPU) for _ in range(n)]
+        self.queue = InferQueue(self.chained)
+        self.queue_failed: list[str] = []
+
+        def slot_ended(slot: Any, _userdata: Any) -> None:
+            if slot.status is not StatusCode.SUCCESS:
+                self.queue_failed.append(f"{slot.status.name}: {slot.error}")
+
+        self.queue.set_callback(slot_ended)
+
+    def copies(self) -> int:
+        return sum(r.stats["copies"] for r in self.runners)
+
+    def execute(self, k: int) -> None:
+        runner, (ins, outs) = self.sync, self.one
+        for _ in range(k):
+            check(runner.execute([ins], [outs]), runner, "execute")
+
+    def async_wait(self, k: int) -> None:
+        runner, sets = self.asyn, self.sets
+        running: deque[JobHandle] = deque()
+        for i in range(k):
+            if len(running) == len(sets):
+                check(runner.wait(running.popleft()), runner, "wait")
+            ins, outs = sets[i % len(sets)]  # the oldest job's set: it has just been collected
+            job = runner.execute_async([ins], [outs])
+            check(job.status, runner, "execute_async")
+            running.append(job)
+        while running:
+            check(runner.wait(running.popleft()), runner, "wait")
+
+    def wait_any(self, k: int) -> None:
+        runner, sets = self.asyn, self.sets
+        free = list(range(len(sets)))
+        running: dict[int, int] = {}
+        for _ in range(k):
+            if not free:
+                handle = runner.wait_any(list(running))
+                check(handle.status, runner, "wait_any")
+                free.append(running.pop(handle.job_id))
+            s = free.pop()
+            ins, outs = sets[s]
+            job = runner.execute_async([ins], [outs])
+            check(job.status, runner, "execute_async")
+            running[job.job_id] = s
+        while running:
+            handle = runner.wait_any(list(running))
+            check(handle.status, runner, "wait_any")
+            running.pop(handle.job_id)
+
+    def infer_queue(self, k: int) -> None:
+        queue, feeds = self.queue, self.feeds
+        for _ in range(k):
+            queue.start_async(feeds)
+        queue.wait_all()
+        if self.queue_failed:
+            raise BenchError(f"InferQueue job failed: {self.queue_failed[0]}")
+
+    def callbacks(self, k: int) -> None:
+        runner, lock, finished = self.chained, threading.Lock(), threading.Event()
+        counts = {"started": 0, "active": len(self.chain_sets)}
+        errors: list[str] = []
+
+        def submit(s: int) -> None:
+            ins, outs = self.chain_sets[s]
+            job = runner.execute_async([ins], [outs], callback=lambda handle: ended(s, handle))
+            if job.status is not StatusCode.SUCCESS:
+                errors.append(f"execute_async: {job.status.name}: {runner.last_error}")
+                stop()
+
+        def stop() -> None:
+            with lock:
+                counts["active"] -= 1
+                if counts["active"] == 0:
+                    finished.set()
+
+        def ended(s: int, handle: JobHandle) -> None:
+            if handle.status is not StatusCode.SUCCESS:
+                errors.append(f"job: {handle.status.name}: {runner.last_error}")
+            with lock:
+                go = not errors and counts["started"] < k
+                if go:
+                    counts["started"] += 1
+            if go:
+                submit(s)
+            else:
+                stop()
+
+        first = min(k, len(self.chain_sets))
+        counts["started"], counts["active"] = first, first
+        for s in range(first):
+            submit(s)
+        finished.wait()
+        if errors:
+            raise BenchError(errors[0])
+
+    def patterns(self) -> dict[str, Jobs]:
+        return {"execute": self.execute, "execute_async + wait": self.async_wait, "wait_any": self.wait_any,
+                "InferQueue": self.infer_queue, "callbacks": self.callbacks}
+
+    def close(self) -> None:
+        for r in self.runners:
+            r.close()
+
+
+# ---------------------------------------------------------------- the engine's side
+class RawOpenVINO:
+    """The same patterns on OpenVINO: the model reshaped to the pinned shapes, compiled with each runner's
+    settings, every tensor set once."""
+
+    def __init__(self, npurt: NpurtSide, path: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+
+        def compiled(runner: Runner) -> Any:
+            model = core.read_model(path)
+            model.reshape({k: list(v) for k, v in shapes.items()})
+            return core.compile_model(model, "CPU", dict(runner.device_info.engine_settings))
+
+        def bound(c: Any) -> Any:
+            request = c.create_infer_request()
+            for port in c.inputs:
+                name = next(n for n in port.get_names() if n in npurt.feeds)
+                request.set_tensor(port, ov.Tensor(npurt.feeds[name].copy(), shared_memory=True))
+            for port in c.outputs:
+                request.set_tensor(port, ov.Tensor(port.get_element_type(), port.get_shape()))
+            return request
+
+        self.request = bound(compiled(npurt.sync))
+        c_async = compiled(npurt.asyn)
+        self.requests = [bound(c_async) for _ in range(npurt.n)]
+        self.queue = ov.AsyncInferQueue(c_async, npurt.n)
+        for request in self.queue:
+            for port in c_async.inputs:
+                name = next(n for n in port.get_names() if n in npurt.feeds)
+                request.set_tensor(port, ov.Tensor(npurt.feeds[name].copy(), shared_memory=True))
+        self.done = 0
+        lock = threading.Lock()
+
+        def on_done(_request: Any, _userdata: Any) -> None:
+            nonlocal lock
+            with lock:
+                self.done += 1
+
+        self.queue.set_callback(on_done)
+        self.plain = ov.AsyncInferQueue(c_async, npurt.n)  # no callback: wait_any's pattern
+        for request in self.plain:
+            for port in c_async.inputs:
+                name = next(n for n in port.get_names() if n in npurt.feeds)
+                request.set_tensor(port, ov.Tensor(npurt.feeds[name].copy(), shared_memory=True))
+
+    def execute(self, k: int) -> None:
+        infer = self.request.infer
+        for _ in range(k):
+            infer(share_outputs=True)
+
+    def async_wait(self, k: int) -> None:
+        requests = self.requests
+        running: deque[Any] = deque()
+        for i in range(k):
+            if len(running) == len(requests):
+                running.popleft().wait()
+            request = requests[i % len(requests)]
+            request.start_async()
+            running.append(request)
+        while running:
+            running.popleft().wait()
+
+    def wait_any(self, k: int) -> None:
+        queue = self.plain
+        for _ in range(k):
+            queue.start_async()  # waits for whichever request is idle
+        queue.wait_all()
+
+    def infer_queue(self, k: int) -> None:
+        queue, before = self.queue, self.done
+        for _ in range(k):
+            queue.start_async()
+        queue.wait_all()
+        if self.done - before != k:
+            raise BenchError(f"AsyncInferQueue: {self.done - before} callbacks for {k} jobs")
+
+    def patterns(self) -> dict[str, Jobs]:
+        return {"execute": self.execute, "execute_async + wait": self.async_wait, "wait_any": self.wait_any,
+                "InferQueue": self.infer_queue, "callbacks": self.infer_queue}
+
+    def close(self) -> None:
+        for name in ("queue", "plain"):
+            queue = self.__dict__.pop(name, None)
+            if queue is not None:  # the callback refers back to this object: break the cycle before exit
+                queue.wait_all()
+                queue.set_callback(lambda *_: None)
+
+
+class RawOnnxRuntime:
+    """The same patterns on ONNX Runtime: one session with each runner's intra-op threads and spinning, IOBindings
+    made once (N for N in flight), jobs on a ``ThreadPoolExecutor(N)``."""
+
+    def __init__(self, npurt: NpurtSide, path: str) -> None:
+        import onnxruntime as ort
+
+        def session(runner: Runner) -> Any:
+            settings = dict(runner.device_info.engine_settings)
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
+            so.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
+            return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+        self.keep: list[np.ndarray] = []
+
+        def binding(s: Any) -> Any:
+            io = s.io_binding()
+            for port in s.get_inputs():
+                a = npurt.feeds[port.name].copy()
+                self.keep.append(a)
+                io.bind_input(port.name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+            for port, out in zip(s.get_outputs(), s.run(None, npurt.feeds)):
+                a = np.empty_like(out)
+                self.keep.append(a)
+                io.bind_output(port.name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+            return io
+
+        self.session = session(npurt.sync)
+        self.binding = binding(self.session)
+        self.async_session = session(npurt.asyn)
+        self.bindings = [binding(self.async_session) for _ in range(npurt.n)]
+        self.pool = ThreadPoolExecutor(max_workers=npurt.n, thread_name_prefix="raw-ort")
+        self.done = 0
+        self.lock = threading.Lock()
+
+    def execute(self, k: int) -> None:
+        run, binding = self.session.run_with_iobinding, self.binding
+        for _ in range(k):
+            run(binding)
+
+    def async_wait(self, k: int) -> None:
+        run, bindings, submit = self.async_session.run_with_iobinding, self.bindings, self.pool.submit
+        running: deque[Future[Any]] = deque()
+        for i in range(k):
+            if len(running) == len(bindings):
+                running.popleft().result()
+            running.append(submit(run, bindings[i % len(bindings)]))
+        while running:
+            running.popleft().result()
+
+    def wait_any(self, k: int, on_done: Callable[[Future[Any]], None] | None = None) -> None:
+        run, bindings, submit = self.async_session.run_with_iobinding, self.bindings, self.pool.submit
+        free = list(range(len(bindings)))
+        pending: dict[Future[Any], int] = {}
+        for _ in range(k):
+            if not free:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    f.result()
+                    free.append(pending.pop(f))
+            s = free.pop()
+            f = submit(run, bindings[s])
+            if on_done is not None:
+                f.add_done_callback(on_done)
+            pending[f] = s
+        for f in pending:
+            f.result()
+
+    def infer_queue(self, k: int) -> None:
+        before = self.done
+
+        def on_done(_f: Future[Any]) -> None:
+            with self.lock:
+                self.done += 1
+
+        self.wait_any(k, on_done)
+        while self.done - before < k:  # done-callbacks run after result() is available
+            time.sleep(0)
+
+    def patterns(self) -> dict[str, Jobs]:
+        return {"execute": self.execute, "execute_async + wait": self.async_wait, "wait_any": self.wait_any,
+                "InferQueue": self.infer_queue, "callbacks": self.infer_queue}
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+# ---------------------------------------------------------------- measurement
+def paired(npurt: Jobs, raw: Jobs, jobs: int, blocks: int) -> tuple[list[tuple[float, float]], ...]:
+    """(CPU us per job, jobs/s) per block of each side, blocks alternating (the order flips every block)."""
+    for _ in range(2):  # warm-up: threads started, plans made, each engine past its first slower runs
+        npurt(jobs)
+        raw(jobs)
+    samples: tuple[list[tuple[float, float]], list[tuple[float, float]]] = ([], [])
+    for b in range(blocks):
+        order = ((0, npurt), (1, raw)) if b % 2 == 0 else ((1, raw), (0, npurt))
+        for side, fn in order:
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn(jobs)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            samples[side].append((cpu / jobs * 1e6, jobs / wall))
+    return samples
+
+
+def measure(backend: str, name: str, n: int, jobs: int, blocks: int, table: Table, report: Report) -> None:
+    model, shapes = MODELS[name]
+    path = path_of(model)
+    npurt = NpurtSide(backend, path, shapes, n)
+    raw: RawOpenVINO | RawOnnxRuntime | None = None
+    try:
+        raw = RawOpenVINO(npurt, path, shapes) if backend == "OPENVINO" else RawOnnxRuntime(npurt, path)
+        before = npurt.copies()
+        raw_patterns = raw.patterns()
+        for row, fn in npurt.patterns().items():
+            a, b = paired(fn, raw_patterns[row], jobs, blocks)
+            cpu_added = statistics.median(x[0] - y[0] for x, y in zip(a, b))
+            ratio = statistics.median(x[1] / y[1] for x, y in zip(a, b))
+            rows_n = 1 if row == "execute" else n
+            table.add(backend, name, row, rows_n, statistics.median(x[0] for x in a),
+                      statistics.median(y[0] for y in b), cpu_added, statistics.median(x[1] for x in a),
+                      statistics.median(y[1] for y in b), ratio)
+            what = f"{backend} {name} {row} N={rows_n}"
+            if row not in CALLBACK_ROWS:  # npurt <= raw + 5 us, as a ratio (a difference may be negative)
+                over = statistics.median(x[0] / (y[0] + CPU_LIMIT_US) for x, y in zip(a, b))
+                report.targets.append(Target(f"{what}: npurt CPU/job / (raw + {CPU_LIMIT_US:g} us)", over, 1.0))
+            report.targets.append(Target(f"{what}: npurt/raw jobs/s", ratio, RATE_LIMIT, at_most=False))
+        copies = npurt.copies() - before
+        if copies:
+            report.problems.append(f"{backend} {name}: {copies} host copies on the zero-copy paths")
+        settings = ", ".join(f"{k}={v}" for k, v in npurt.asyn.device_info.engine_settings)
+        table.add(f"  {backend} {name}: shapes {dict(shapes)} on both sides; asynchronous rows' engine settings, "
+                  f"both sides: {settings}")
+    finally:
+        if raw is not None:
+            raw.close()
+        npurt.close()
+
+
+def main() -> int:
+    p = parser(__doc__)
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: OPENVINO, VAIML")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of digits,cls")
+    p.add_argument("--n", type=int, default=2, help="jobs in flight in the asynchronous rows (default 2)")
+    p.add_argument("--blocks", type=int, default=None, help="alternating blocks per row (default 9; at least 7)")
+    args = p.parse_args()
+    wanted = {b.strip().upper() for b in args.backends.split(",") if b.strip()}
+    if wanted - set(BACKENDS):
+        p.error(f"unknown backends {sorted(wanted - set(BACKENDS))}; known: {', '.join(BACKENDS)}")
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    if set(names) - set(MODELS) or args.n < 1:
+        p.error(f"--models takes {', '.join(MODELS)}; --n >= 1")
+    blocks = args.blocks or (7 if args.quick else 9)
+    if blocks < 7:
+        p.error("--blocks >= 7: the figures are medians of at least 7 paired blocks")
+    report = Report(f"Host cost per job, npurt against the same pattern on the engine directly, CPU, shapes pinned "
+                    f"({'quick' if args.quick else 'full'} run, {blocks} alternating blocks per row)")
+    table = Table(["backend", "model", "pattern", "N", "npurt CPU us/job", "raw CPU us/job", "CPU added us",
+                   "npurt jobs/s", "raw jobs/s", "npurt/raw jobs/s"],
+                  formats=["", "", "", "", "{:.1f}", "{:.1f}", "{:+.1f}", "{:.0f}", "{:.0f}", "{:.3f}"],
+                  title="process CPU time per job (every thread) and jobs/s: medians of blocks; 'added' and the "
+                        "ratio: medians of paired per-block differences and ratios")
+    report.tables.append(table)
+    for backend in (b for b in BACKENDS if b in wanted):  # OpenVINO first: before anything imports onnxruntime
+        for name in names:
+            jobs = (QUICK_JOBS if args.quick else JOBS)[name]
+            measure(backend, name, args.n, jobs, blocks, table, report)
+    return finish(report, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
