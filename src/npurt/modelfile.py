@@ -26,7 +26,44 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from .protowire import LEN, MAX_DEPTH, VARINT, Span, field_tag, fields, int32, int64, text
+from .onnx_fields import (
+    ATTR_G,
+    ATTR_GRAPHS,
+    ATTR_SPARSE_TENSOR,
+    ATTR_SPARSE_TENSORS,
+    ATTR_T,
+    ATTR_TENSORS,
+    DIM_PARAM,
+    DIM_VALUE,
+    ENTRY_KEY,
+    ENTRY_VALUE,
+    FUNCTION_NODE,
+    GRAPH_INITIALIZER,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    GRAPH_OUTPUT,
+    GRAPH_SPARSE_INITIALIZER,
+    MODEL_FUNCTIONS,
+    MODEL_GRAPH,
+    MODEL_IR_VERSION,
+    MODEL_METADATA_PROPS,
+    MODEL_OPSET_IMPORT,
+    NODE_ATTRIBUTE,
+    NODE_DOMAIN,
+    NODE_OP_TYPE,
+    OPSET_DOMAIN,
+    OPSET_VERSION,
+    SHAPE_DIM,
+    SPARSE_INDICES,
+    SPARSE_VALUES,
+    TENSOR_DATA_LOCATION,
+    TENSOR_NAME,
+    TENSOR_TYPE_ELEM_TYPE,
+    TENSOR_TYPE_SHAPE,
+    VALUE_NAME,
+    VALUE_TYPE,
+)
+from .protowire import LEN, MAX_DEPTH, Span, field_tag, fields, int32, int64, text
 
 __all__ = [
     "ELEMENT_TYPE_NAMES",
@@ -142,77 +179,42 @@ def read_onnx_ports_from_bytes(data: bytes | bytearray | memoryview) -> OnnxMode
 
 
 # --- ONNX messages ---------------------------------------------------------------------------------------------------
-# Tags of the fields read, by message (field numbers from onnx/onnx.proto).
+# The fields each message is read for (the tags: onnx_fields).
 
 # ModelProto
-_MODEL_IR_VERSION = field_tag(1, VARINT)
-_MODEL_GRAPH = field_tag(7, LEN)
-_MODEL_OPSET_IMPORT = field_tag(8, LEN)
-_MODEL_METADATA_PROPS = field_tag(14, LEN)
-_MODEL_FUNCTIONS = field_tag(25, LEN)
-_MODEL_FIELDS = frozenset((_MODEL_IR_VERSION, _MODEL_GRAPH, _MODEL_OPSET_IMPORT, _MODEL_METADATA_PROPS,
-                           _MODEL_FUNCTIONS))
+_MODEL_FIELDS = frozenset((MODEL_IR_VERSION, MODEL_GRAPH, MODEL_OPSET_IMPORT, MODEL_METADATA_PROPS,
+                           MODEL_FUNCTIONS))
 # FunctionProto (a model-local function): its nodes (field 7; a GraphProto's are field 1)
-_FUNCTION_NODE = field_tag(7, LEN)
-_FUNCTION_FIELDS = frozenset((_FUNCTION_NODE,))
+_FUNCTION_FIELDS = frozenset((FUNCTION_NODE,))
 # OperatorSetIdProto
-_OPSET_DOMAIN = field_tag(1, LEN)
-_OPSET_VERSION = field_tag(2, VARINT)
-_OPSET_FIELDS = frozenset((_OPSET_DOMAIN, _OPSET_VERSION))
+_OPSET_FIELDS = frozenset((OPSET_DOMAIN, OPSET_VERSION))
 # StringStringEntryProto
-_ENTRY_KEY = field_tag(1, LEN)
-_ENTRY_VALUE = field_tag(2, LEN)
-_ENTRY_FIELDS = frozenset((_ENTRY_KEY, _ENTRY_VALUE))
+_ENTRY_FIELDS = frozenset((ENTRY_KEY, ENTRY_VALUE))
 # GraphProto
-_GRAPH_NODE = field_tag(1, LEN)
-_GRAPH_INITIALIZER = field_tag(5, LEN)
-_GRAPH_INPUT = field_tag(11, LEN)
-_GRAPH_OUTPUT = field_tag(12, LEN)
-_GRAPH_SPARSE_INITIALIZER = field_tag(15, LEN)
-_GRAPH_FIELDS = frozenset((_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE_INITIALIZER))
-_SUBGRAPH_FIELDS = frozenset((_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE_INITIALIZER))
+_GRAPH_FIELDS = frozenset((GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_SPARSE_INITIALIZER))
+_SUBGRAPH_FIELDS = frozenset((GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_SPARSE_INITIALIZER))
 # NodeProto
-_NODE_OP_TYPE = field_tag(4, LEN)
-_NODE_ATTRIBUTE = field_tag(5, LEN)
-_NODE_DOMAIN = field_tag(7, LEN)
-_NODE_FIELDS = frozenset((_NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN))
+_NODE_FIELDS = frozenset((NODE_OP_TYPE, NODE_ATTRIBUTE, NODE_DOMAIN))
 # AttributeProto
-_ATTR_T = field_tag(5, LEN)
-_ATTR_G = field_tag(6, LEN)
-_ATTR_TENSORS = field_tag(10, LEN)
-_ATTR_GRAPHS = field_tag(11, LEN)
-_ATTR_SPARSE_TENSOR = field_tag(22, LEN)
-_ATTR_SPARSE_TENSORS = field_tag(23, LEN)
-_ATTR_FIELDS = frozenset((_ATTR_T, _ATTR_G, _ATTR_TENSORS, _ATTR_GRAPHS, _ATTR_SPARSE_TENSOR, _ATTR_SPARSE_TENSORS))
+_ATTR_FIELDS = frozenset((ATTR_T, ATTR_G, ATTR_TENSORS, ATTR_GRAPHS, ATTR_SPARSE_TENSOR, ATTR_SPARSE_TENSORS))
 # TensorProto
-_TENSOR_NAME = field_tag(8, LEN)
-_TENSOR_DATA_LOCATION = field_tag(14, VARINT)
-_TENSOR_FIELDS = frozenset((_TENSOR_NAME, _TENSOR_DATA_LOCATION))
+_TENSOR_FIELDS = frozenset((TENSOR_NAME, TENSOR_DATA_LOCATION))
 _DATA_LOCATIONS = (0, 1)  # DEFAULT, EXTERNAL: the values of this closed enum
 _EXTERNAL = 1
 # SparseTensorProto
-_SPARSE_VALUES = field_tag(1, LEN)
-_SPARSE_INDICES = field_tag(2, LEN)
-_SPARSE_FIELDS = frozenset((_SPARSE_VALUES, _SPARSE_INDICES))
+_SPARSE_FIELDS = frozenset((SPARSE_VALUES, SPARSE_INDICES))
 # ValueInfoProto
-_VALUE_NAME = field_tag(1, LEN)
-_VALUE_TYPE = field_tag(2, LEN)
-_VALUE_FIELDS = frozenset((_VALUE_NAME, _VALUE_TYPE))
+_VALUE_FIELDS = frozenset((VALUE_NAME, VALUE_TYPE))
 # TypeProto: the members of its oneof value (7 is an opaque type)
 _TYPE_KINDS: dict[int, PortKind] = {
     field_tag(1, LEN): "tensor", field_tag(4, LEN): "sequence", field_tag(5, LEN): "map",
     field_tag(9, LEN): "optional", field_tag(8, LEN): "sparse_tensor", field_tag(7, LEN): "unknown"}
 _TYPE_FIELDS = frozenset(_TYPE_KINDS)
 # TypeProto.Tensor and TypeProto.SparseTensor
-_TENSOR_TYPE_ELEM_TYPE = field_tag(1, VARINT)
-_TENSOR_TYPE_SHAPE = field_tag(2, LEN)
-_TENSOR_TYPE_FIELDS = frozenset((_TENSOR_TYPE_ELEM_TYPE, _TENSOR_TYPE_SHAPE))
+_TENSOR_TYPE_FIELDS = frozenset((TENSOR_TYPE_ELEM_TYPE, TENSOR_TYPE_SHAPE))
 # TensorShapeProto and its Dimension
-_SHAPE_DIM = field_tag(1, LEN)
-_SHAPE_FIELDS = frozenset((_SHAPE_DIM,))
-_DIM_VALUE = field_tag(1, VARINT)
-_DIM_PARAM = field_tag(2, LEN)
-_DIM_FIELDS = frozenset((_DIM_VALUE, _DIM_PARAM))
+_SHAPE_FIELDS = frozenset((SHAPE_DIM,))
+_DIM_FIELDS = frozenset((DIM_VALUE, DIM_PARAM))
 
 
 class _Walk:
@@ -244,13 +246,13 @@ def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
     opsets: dict[str, int] = {}
     metadata: dict[str, str] = {}
     for tag, a, b in fields(buf, 0, len(buf), 0, _MODEL_FIELDS):
-        if tag == _MODEL_GRAPH:
+        if tag == MODEL_GRAPH:
             graph.append((a, b))
-        elif tag == _MODEL_FUNCTIONS:
+        elif tag == MODEL_FUNCTIONS:
             functions.append((a, b))
-        elif tag == _MODEL_IR_VERSION:
+        elif tag == MODEL_IR_VERSION:
             ir_version = int64(a)
-        elif tag == _MODEL_OPSET_IMPORT:
+        elif tag == MODEL_OPSET_IMPORT:
             domain, version = _opset(buf, a, b)
             opsets[domain] = version
         else:
@@ -289,7 +291,7 @@ def _opset(buf: memoryview, start: int, end: int) -> tuple[str, int]:
     domain = ""
     version = 0
     for tag, a, b in fields(buf, start, end, 1, _OPSET_FIELDS):
-        if tag == _OPSET_DOMAIN:
+        if tag == OPSET_DOMAIN:
             domain = text(buf, a, b, "opset domain")
         else:
             version = int64(a)
@@ -299,7 +301,7 @@ def _opset(buf: memoryview, start: int, end: int) -> tuple[str, int]:
 def _string_pair(buf: memoryview, start: int, end: int) -> tuple[str, str]:
     key = value = ""
     for tag, a, b in fields(buf, start, end, 1, _ENTRY_FIELDS):
-        if tag == _ENTRY_KEY:
+        if tag == ENTRY_KEY:
             key = text(buf, a, b, "metadata key")
         else:
             value = text(buf, a, b, "metadata value")
@@ -320,17 +322,17 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
     outputs: list[OnnxPort] = []
     for start, end in spans:
         for tag, a, b in fields(buf, start, end, depth, _GRAPH_FIELDS if main else _SUBGRAPH_FIELDS):
-            if tag == _GRAPH_NODE:
+            if tag == GRAPH_NODE:
                 nodes += 1
                 if walk.nodes:
                     _walk_node(buf, a, b, depth + 1, walk)
-            elif tag == _GRAPH_INITIALIZER:
+            elif tag == GRAPH_INITIALIZER:
                 name, external = _tensor_name_location(buf, [(a, b)], depth + 1, main)
                 walk.uses_external_data |= external
                 initializers.add(name)
-            elif tag == _GRAPH_SPARSE_INITIALIZER:
+            elif tag == GRAPH_SPARSE_INITIALIZER:
                 initializers.add(_sparse_tensor(buf, a, b, depth + 1, walk, main))
-            elif tag == _GRAPH_INPUT:
+            elif tag == GRAPH_INPUT:
                 inputs.append(_value_info(buf, a, b, depth + 1))
             else:
                 outputs.append(_value_info(buf, a, b, depth + 1))
@@ -340,9 +342,9 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
 def _walk_node(buf: memoryview, start: int, end: int, depth: int, walk: _Walk) -> None:
     domain = op_type = ""  # absent: protobuf's default, the empty string
     for tag, a, b in fields(buf, start, end, depth, _NODE_FIELDS):
-        if tag == _NODE_ATTRIBUTE:
+        if tag == NODE_ATTRIBUTE:
             _walk_attribute(buf, a, b, depth + 1, walk)
-        elif tag == _NODE_OP_TYPE:
+        elif tag == NODE_OP_TYPE:
             op_type = text(buf, a, b, "node op_type")
         else:
             domain = text(buf, a, b, "node domain")
@@ -354,13 +356,13 @@ def _walk_attribute(buf: memoryview, start: int, end: int, depth: int, walk: _Wa
     tensor: list[Span] = []  # the attribute's t, merged when repeated
     graph: list[Span] = []  # the attribute's g, merged when repeated
     for tag, a, b in fields(buf, start, end, depth, _ATTR_FIELDS):
-        if tag == _ATTR_T:
+        if tag == ATTR_T:
             tensor.append((a, b))
-        elif tag == _ATTR_G:
+        elif tag == ATTR_G:
             graph.append((a, b))
-        elif tag == _ATTR_TENSORS:
+        elif tag == ATTR_TENSORS:
             walk.uses_external_data |= _tensor_name_location(buf, [(a, b)], depth + 1, False)[1]
-        elif tag == _ATTR_GRAPHS:
+        elif tag == ATTR_GRAPHS:
             walk.has_subgraphs = True
             _walk_graph(buf, [(a, b)], depth + 1, walk, main=False)
         else:
@@ -378,7 +380,7 @@ def _tensor_name_location(buf: memoryview, spans: list[Span], depth: int, named:
     location = 0
     for start, end in spans:
         for tag, a, b in fields(buf, start, end, depth, _TENSOR_FIELDS):
-            if tag == _TENSOR_NAME:
+            if tag == TENSOR_NAME:
                 name = (a, b)
             elif int32(a) in _DATA_LOCATIONS:  # an unknown value of a closed enum leaves the field as it was
                 location = int32(a)
@@ -390,7 +392,7 @@ def _sparse_tensor(buf: memoryview, start: int, end: int, depth: int, walk: _Wal
     values: list[Span] = []
     indices: list[Span] = []
     for tag, a, b in fields(buf, start, end, depth, _SPARSE_FIELDS):
-        (values if tag == _SPARSE_VALUES else indices).append((a, b))
+        (values if tag == SPARSE_VALUES else indices).append((a, b))
     name, external = _tensor_name_location(buf, values, depth + 1, named)
     walk.uses_external_data |= external or _tensor_name_location(buf, indices, depth + 1, False)[1]
     return name
@@ -400,7 +402,7 @@ def _value_info(buf: memoryview, start: int, end: int, depth: int) -> OnnxPort:
     name = ""
     type_spans: list[Span] = []
     for tag, a, b in fields(buf, start, end, depth, _VALUE_FIELDS):
-        if tag == _VALUE_NAME:
+        if tag == VALUE_NAME:
             name = text(buf, a, b, "port name")
         else:
             type_spans.append((a, b))
@@ -426,7 +428,7 @@ def _port_type(buf: memoryview, spans: list[Span], depth: int) -> tuple[PortKind
     shape_spans: list[Span] = []
     for start, end in member_spans:
         for tag, a, b in fields(buf, start, end, depth + 1, _TENSOR_TYPE_FIELDS):
-            if tag == _TENSOR_TYPE_ELEM_TYPE:
+            if tag == TENSOR_TYPE_ELEM_TYPE:
                 elem_type = int32(a)
             else:
                 shape_spans.append((a, b))
@@ -442,5 +444,5 @@ def _port_type(buf: memoryview, spans: list[Span], depth: int) -> tuple[PortKind
 def _dim(buf: memoryview, start: int, end: int, depth: int) -> Dim:
     value: Dim = None
     for tag, a, b in fields(buf, start, end, depth, _DIM_FIELDS):
-        value = int64(a) if tag == _DIM_VALUE else text(buf, a, b, "dim_param")
+        value = int64(a) if tag == DIM_VALUE else text(buf, a, b, "dim_param")
     return value

@@ -22,6 +22,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .onnx_fields import (
+    ATTR_NAME,
+    ATTR_T,
+    GRAPH_INITIALIZER,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    MODEL_GRAPH,
+    NODE_ATTRIBUTE,
+    NODE_DOMAIN,
+    NODE_OP_TYPE,
+    NODE_OUTPUT,
+    TENSOR_DATA_LOCATION,
+    TENSOR_DATA_TYPE,
+    TENSOR_DIMS,
+    TENSOR_DIMS_PACKED,
+    TENSOR_DOUBLE_DATA,
+    TENSOR_FLOAT_DATA,
+    TENSOR_NAME,
+    TENSOR_RAW_DATA,
+    VALUE_NAME,
+)
 from .protowire import LEN, VARINT, field_tag, fields, varint
 
 if TYPE_CHECKING:
@@ -30,30 +51,11 @@ if TYPE_CHECKING:
 MIN_WEIGHT_BYTES = 1024  # initializers from this size up are weights: left out of the skeleton
 _KEPT_TYPES = frozenset((6, 7))  # TensorProto INT32, INT64: shape and index tensors, always kept
 
-_MODEL_GRAPH = field_tag(7, LEN)
-_GRAPH_NODE = field_tag(1, LEN)
-_GRAPH_INITIALIZER = field_tag(5, LEN)
-_GRAPH_INPUT = field_tag(11, LEN)
-_VALUE_NAME = field_tag(1, LEN)
-_NODE_OUTPUT = field_tag(2, LEN)
-_NODE_OP_TYPE = field_tag(4, LEN)
-_NODE_ATTRIBUTE = field_tag(5, LEN)
-_NODE_DOMAIN = field_tag(7, LEN)
-_NODE_FIELDS = frozenset((_NODE_OUTPUT, _NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN))
-_ATTR_NAME = field_tag(1, LEN)
-_ATTR_T = field_tag(5, LEN)
-_ATTR_FIELDS = frozenset((_ATTR_NAME, _ATTR_T))
-_TENSOR_DIMS = field_tag(1, VARINT)
-_TENSOR_DIMS_PACKED = field_tag(1, LEN)
-_TENSOR_DATA_TYPE = field_tag(2, VARINT)
-_TENSOR_FLOAT_DATA = field_tag(4, LEN)  # packed: the same little-endian bytes as raw_data
-_TENSOR_NAME = field_tag(8, LEN)
-_TENSOR_RAW_DATA = field_tag(9, LEN)
-_TENSOR_DOUBLE_DATA = field_tag(10, LEN)  # packed, likewise
-_TENSOR_DATA_LOCATION = field_tag(14, VARINT)
+_NODE_FIELDS = frozenset((NODE_OUTPUT, NODE_OP_TYPE, NODE_ATTRIBUTE, NODE_DOMAIN))
+_ATTR_FIELDS = frozenset((ATTR_NAME, ATTR_T))
 _TENSOR_PAYLOADS = frozenset(field_tag(n, LEN) for n in (4, 5, 6, 7, 9, 10, 11)) | {field_tag(13, LEN)}
-_TENSOR_FIELDS = frozenset((_TENSOR_DIMS, _TENSOR_DIMS_PACKED, _TENSOR_DATA_TYPE, _TENSOR_NAME,
-                            _TENSOR_DATA_LOCATION)) | _TENSOR_PAYLOADS
+_TENSOR_FIELDS = frozenset((TENSOR_DIMS, TENSOR_DIMS_PACKED, TENSOR_DATA_TYPE, TENSOR_NAME,
+                            TENSOR_DATA_LOCATION)) | _TENSOR_PAYLOADS
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,10 @@ class Skeleton:
         ``pinned`` ({name: (element type, shape)}) at those shapes: what a session that only tells shapes needs."""
         buf = memoryview(self.data)
         start, end = self.graph
-        cuts = [(_field_start(buf, a, b, _GRAPH_INPUT), b) for _, a, b in
-                fields(buf, start, end, 1, frozenset((_GRAPH_INPUT,))) if _value_name(buf, a, b) in pinned]
-        added = b"".join(_field(_GRAPH_INPUT, _value_info(name, elem, dims)) for name, (elem, dims) in pinned.items())
-        added += b"".join(_field(_GRAPH_INPUT, _value_info(w.name, w.elem_type, w.dims))
+        cuts = [(_field_start(buf, a, b, GRAPH_INPUT), b) for _, a, b in
+                fields(buf, start, end, 1, frozenset((GRAPH_INPUT,))) if _value_name(buf, a, b) in pinned]
+        added = b"".join(_field(GRAPH_INPUT, _value_info(name, elem, dims)) for name, (elem, dims) in pinned.items())
+        added += b"".join(_field(GRAPH_INPUT, _value_info(w.name, w.elem_type, w.dims))
                           for w in self.weights.values())
         return _without(buf, [self.graph], cuts, added)
 
@@ -114,10 +116,10 @@ def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIG
             memoryview(mapped) as buf:
         cuts: list[tuple[int, int]] = []  # [start, end) of each field removed, tag included
         weights: dict[str, Weight] = {}
-        graphs = [(a, b) for _, a, b in fields(buf, 0, len(buf), 0, frozenset((_MODEL_GRAPH,)))]
+        graphs = [(a, b) for _, a, b in fields(buf, 0, len(buf), 0, frozenset((MODEL_GRAPH,)))]
         for start, end in graphs:
-            for tag, a, b in fields(buf, start, end, 1, frozenset((_GRAPH_INITIALIZER, _GRAPH_NODE))):
-                if tag == _GRAPH_INITIALIZER:
+            for tag, a, b in fields(buf, start, end, 1, frozenset((GRAPH_INITIALIZER, GRAPH_NODE))):
+                if tag == GRAPH_INITIALIZER:
                     weight = _weight(buf, a, b, path, min_weight_bytes)
                 else:  # a Constant node holding a weight (as some exporters write every weight): its value
                     weight = _constant_weight(buf, a, b, path, min_weight_bytes)
@@ -130,7 +132,7 @@ def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIG
 
 def skeleton_of_bytes(data: bytes, path: Path, weights: dict[str, Weight] | None = None) -> Skeleton:
     """A serialized model (weights in it, or cut out and listed in ``weights``) as a Skeleton."""
-    graphs = [(a, b) for _, a, b in fields(memoryview(data), 0, len(data), 0, frozenset((_MODEL_GRAPH,)))]
+    graphs = [(a, b) for _, a, b in fields(memoryview(data), 0, len(data), 0, frozenset((MODEL_GRAPH,)))]
     if len(graphs) != 1:
         raise ValueError(f"{path}: an ONNX model has one graph field, this one has {len(graphs)}")
     return Skeleton(data, weights or {}, path, graphs[0])
@@ -142,16 +144,16 @@ def _constant_weight(buf: memoryview, start: int, end: int, path: Path, min_byte
     op_type = domain = ""
     value: tuple[int, int] | None = None
     for tag, a, b in fields(buf, start, end, 2, _NODE_FIELDS):
-        if tag == _NODE_OUTPUT:
+        if tag == NODE_OUTPUT:
             outputs.append(str(buf[a:b], "utf-8"))
-        elif tag == _NODE_OP_TYPE:
+        elif tag == NODE_OP_TYPE:
             op_type = str(buf[a:b], "utf-8")
-        elif tag == _NODE_DOMAIN:
+        elif tag == NODE_DOMAIN:
             domain = str(buf[a:b], "utf-8")
         else:  # an attribute: a Constant's weight is the tensor of the one named "value"
             attr_name, tensor = "", None
             for attr_tag, c, d in fields(buf, a, b, 3, _ATTR_FIELDS):
-                if attr_tag == _ATTR_T:
+                if attr_tag == ATTR_T:
                     tensor = (c, d)
                 else:
                     attr_name = str(buf[c:d], "utf-8")
@@ -168,22 +170,22 @@ def _weight(buf: memoryview, start: int, end: int, path: Path, min_bytes: int, n
     payload = 0
     raw: tuple[int, int] | None = None
     for tag, a, b in fields(buf, start, end, 2, _TENSOR_FIELDS):
-        if tag == _TENSOR_DIMS:
+        if tag == TENSOR_DIMS:
             dims.append(a)
-        elif tag == _TENSOR_DIMS_PACKED:
+        elif tag == TENSOR_DIMS_PACKED:
             pos = a
             while pos < b:
                 d, pos = varint(buf, pos, b)
                 dims.append(d)
-        elif tag == _TENSOR_DATA_TYPE:
+        elif tag == TENSOR_DATA_TYPE:
             elem_type = a
-        elif tag == _TENSOR_NAME:
+        elif tag == TENSOR_NAME:
             name = name or str(buf[a:b], "utf-8")
-        elif tag == _TENSOR_DATA_LOCATION:
+        elif tag == TENSOR_DATA_LOCATION:
             location = a
         else:
             payload += b - a
-            if tag in (_TENSOR_RAW_DATA, _TENSOR_FLOAT_DATA, _TENSOR_DOUBLE_DATA):
+            if tag in (TENSOR_RAW_DATA, TENSOR_FLOAT_DATA, TENSOR_DOUBLE_DATA):
                 raw = (a, b - a)
     if not name or elem_type in _KEPT_TYPES or (payload < min_bytes and location != 1):
         return None
@@ -225,7 +227,7 @@ def _without(buf: memoryview, graphs: list[tuple[int, int]], cuts: list[tuple[in
     out = bytearray()
     pos = 0
     for start, end in graphs:
-        field_start = _field_start(buf, start, end, _MODEL_GRAPH)
+        field_start = _field_start(buf, start, end, MODEL_GRAPH)
         out += buf[pos:field_start]
         body = bytearray()
         at = start
@@ -235,7 +237,7 @@ def _without(buf: memoryview, graphs: list[tuple[int, int]], cuts: list[tuple[in
         body += buf[at:end]
         if (start, end) == graphs[-1]:
             body += added
-        out += _field(_MODEL_GRAPH, bytes(body))
+        out += _field(MODEL_GRAPH, bytes(body))
         pos = end
     out += buf[pos:]
     return bytes(out)
@@ -274,7 +276,7 @@ def output_shapes(skeleton: Skeleton, pinned: Mapping[str, tuple[int, Sequence[i
 
 
 def _value_name(buf: memoryview, start: int, end: int) -> str:
-    for _, a, b in fields(buf, start, end, 2, frozenset((_VALUE_NAME,))):
+    for _, a, b in fields(buf, start, end, 2, frozenset((VALUE_NAME,))):
         return str(buf[a:b], "utf-8")
     return ""
 
