@@ -289,13 +289,13 @@ def test_qnn_compiles_the_preprocessing_onto_the_npu():
 @pytest.mark.parametrize("resize", ["linear", "nearest"])
 @pytest.mark.parametrize("fmt", ["BGR", "GRAY", "NV12"])
 def test_the_npu_path_resizes_in_float_after_the_colour(identity, resize, fmt):
-    """The graph an NPU compiler gets (``uint8_resize=False``: the frame to float first, the colour steps, then the
+    """The graph an NPU compiler gets (``resize_first=False``: the frame to float first, the colour steps, then the
     Resize in float NCHW), run on ONNX Runtime's CPU provider against OpenCV's float resize of the converted frame:
     down and up, odd sizes. A float resize has no rounding of its own: the two agree to float32's."""
     interp = cv2.INTER_LINEAR if resize == "linear" else cv2.INTER_NEAREST
     spec = FrameSpec(fmt, model_color="RGB", model_size=MODEL_HW, resize=resize, mean=tuple(MEAN), std=tuple(STD))
     frame = frame_input(PortSpec("x", DataType.FLOAT32, (None, 3, None, None)), spec)
-    graph = prepend(onnx.load(identity), [frame], uint8_resize=False)
+    graph = prepend(onnx.load(identity), [frame], resize_first=False)
     assert "Resize" in [n.op_type for n in graph.graph.node]
     session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(13)

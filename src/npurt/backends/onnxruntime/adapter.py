@@ -155,7 +155,7 @@ class OrtBackend(Backend):
                 decided = self._decided_shapes(outs, {item.name: shape for item, shape in zip(plan, sizes)})
                 outs = [spec.with_shape(shape) for spec, shape in zip(outs, decided)]
             via_fp16 = self.provider is not None and self.provider.casts_uint8_wrong
-            self._model = onnx_frames.prepend(model, fed, uint8_resize=sel.attached != "NPU", cast_via_fp16=via_fp16)
+            self._model = onnx_frames.prepend(model, fed, resize_first=sel.attached != "NPU", cast_via_fp16=via_fp16)
         if self.npu_views:
             # The NPU's views are built into the graph: read it (QDQ boundaries give quantized HW views).
             from ... import qdq
