@@ -86,14 +86,14 @@ def test_static_form_logits_equal_the_export_at_every_step(models, shape, chunk)
     form = static_form.derive(onnx.load(str(path)), 32)
     session = ort.InferenceSession(form.model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    cache = {p.past: np.zeros(p.shape, np.float32) for p in form.pairs}
+    cache = {p.past: np.zeros(p.shape, np.float32) for p in form.layout.pairs}
 
     def run(tokens, position, length):
         ids = np.zeros((1, length), np.int64)
         ids[0, :len(tokens)] = tokens
         out = dict(zip(names, session.run(None, {"input_ids": ids, "position": np.array([position], np.int64),
                                                  **cache})))
-        for p in form.pairs:
+        for p in form.layout.pairs:
             cache[p.past] = out[p.present]
         return out["logits"][0]
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .. import onnx_graph
 from ..options import DecoderSpec, RunnerOptions
 from ..types import NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from . import static_form
@@ -101,8 +102,6 @@ def _config_names(config: dict[str, Any]) -> None:
 def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> PreparedDecoder:
     """The decoder's static form for ``backend_name``, written once (into ``cache_dir`` where there is one, else a
     folder that goes with the runner) and the options the runner then runs with."""
-    import onnx
-
     spec = options.decoder
     assert spec is not None
     if model_path.suffix.lower() != ".onnx":
@@ -115,17 +114,16 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     if isinstance(context, int) and spec.max_length > context:
         raise ValueError(f"option 'decoder': max_length {spec.max_length} is beyond the model's context length "
                          f"{context} (genai_config.json)")
+    # what the runner needs is read from the graph without its weights; the weights are loaded only where the
+    # static form's file is not there yet (npurt's cache_dir keeps it)
     try:
-        model = onnx.load(str(model_path))
-    except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
-        raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
-    try:
-        form = static_form.derive(model, spec.max_length)
+        weightless = onnx_graph.read_skeleton(model_path).model
+        shape = static_form.layout(weightless, spec.max_length)
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
-    del model
-    contrib = tuple(sorted({n.op_type for n in form.model.graph.node if n.domain == "com.microsoft"}))
-    if form.vocab is None:
+    contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
+    del weightless
+    if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
     openvino = backend_name == "OPENVINO"
     if openvino and contrib:
@@ -140,28 +138,28 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     folder = _folder(model_path, spec, backend_name, options)
     pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
     if openvino:
-        path = _openvino_stateful(form, folder)
+        path = _openvino_stateful(model_path, shape, folder)
         derived = replace(options, tensor_types={**options.tensor_types,
                                                  (TensorDirection.OUTPUT, static_form.LOGITS): TensorType.CPU})
         cache = "OpenVINO state (the compiled model's variables, one set per stream)"
     else:
-        path = _onnx_file(form, folder)
+        path = _onnx_file(model_path, shape, folder)
         views = {**options.tensor_types, (TensorDirection.OUTPUT, static_form.LOGITS): TensorType.CPU}
-        for pair in form.pairs:
+        for pair in shape.pairs:
             views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
             views[(TensorDirection.OUTPUT, pair.present)] = TensorType.CPU
         shape_sets: tuple[dict[str, tuple[int, ...]], ...] = ()
         if pinned:
             shape_sets = tuple({static_form.INPUT_IDS: (1, s), static_form.POSITION: (1,)}
                                for s in dict.fromkeys((spec.prefill_chunk, 1)))
-        derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in form.pairs},
+        derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in shape.pairs},
                           shape_sets=shape_sets, shapes=shape_sets[0] if shape_sets else {})
         cache = "stream buffers, written in place (past and present bound to one buffer)"
     eos = model_facts.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (eos,) if isinstance(eos, int) else ()
-    first = form.pairs[0]
-    facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=form.vocab,
-                         layers=len(form.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
+    first = shape.pairs[0]
+    facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=shape.vocab,
+                         layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
                          context_length=context if isinstance(context, int) else None, eos_token_ids=eos_ids,
                          bos_token_id=model_facts.get("bos_token_id"),
                          pad_token_id=int(model_facts.get("pad_token_id") or 0), pinned=pinned and not openvino,
@@ -192,11 +190,18 @@ def remove_with(owner: object, path: Path, options: RunnerOptions) -> None:
         weakref.finalize(owner, shutil.rmtree, path.parent, True)
 
 
-def _onnx_file(form: static_form.StaticForm, folder: Path) -> Path:
+def _onnx_file(model_path: Path, shape: static_form.Layout, folder: Path) -> Path:
+    """The static form as an ONNX file in ``folder``, derived from the export (loaded whole) where it is not there."""
     import onnx
 
     path = folder / "decoder_static.onnx"
     if not path.exists():
+        try:
+            model = onnx.load(str(model_path))
+        except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
+            raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
+        form = static_form.derive(model, shape.max_length)
+        del model
         partial = folder / "decoder_static.onnx.partial"
         if form.model.ByteSize() > MAX_PROTOBUF:
             onnx.save_model(form.model, str(partial), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -221,14 +226,14 @@ ov.save_model(model, target, compress_to_fp16=False)
 """
 
 
-def _openvino_stateful(form: static_form.StaticForm, folder: Path) -> Path:
+def _openvino_stateful(model_path: Path, shape: static_form.Layout, folder: Path) -> Path:
     """The static form as OpenVINO IR with the cache as the model's variables (past -> present)."""
     path = folder / "decoder_stateful.xml"
     if path.exists():
         return path
-    onnx_path = _onnx_file(form, folder)
+    onnx_path = _onnx_file(model_path, shape, folder)
     partial = folder / "decoder_stateful.partial.xml"
-    pairs = json.dumps({p.past: p.present for p in form.pairs})
+    pairs = json.dumps({p.past: p.present for p in shape.pairs})
     done = subprocess.run([sys.executable, "-c", _STATEFUL_IR, str(onnx_path), str(partial), pairs],
                           capture_output=True, text=True)
     if done.returncode != 0:

@@ -53,17 +53,28 @@ class CachePair:
 
 
 @dataclass(frozen=True)
-class StaticForm:
-    model: onnx.ModelProto
+class Layout:
+    """What the static form of an export is made of: its cache tensors at ``max_length`` rows, whether the export
+    takes position ids, its vocabulary (None where the logits leave it open). Read from the graph alone (a model
+    without its weights will do)."""
+
     max_length: int
-    vocab: int | None
     pairs: tuple[CachePair, ...]
     has_position_ids: bool
+    vocab: int | None
 
 
-def decoder_layout(model: onnx.ModelProto) -> tuple[list[CachePair], bool]:
-    """The export's KV pairs (past_key_values.{i}.key/value -> present.{i}.key/value), checked; raises ValueError
-    naming what does not fit the layout (no past / present, names that do not pair, a missing input)."""
+@dataclass(frozen=True)
+class StaticForm:
+    model: onnx.ModelProto
+    layout: Layout
+
+
+def layout(model: onnx.ModelProto, max_length: int) -> Layout:
+    """The export's layout (see Layout), checked; raises ValueError naming what does not fit it (no past / present,
+    names that do not pair, a missing input, a max_length below 1)."""
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, not {max_length}")
     inputs = {v.name: v for v in graph_inputs(model.graph)}
     outputs = {v.name for v in model.graph.output}
     for name in (INPUT_IDS, ATTENTION_MASK):
@@ -85,7 +96,7 @@ def decoder_layout(model: onnx.ModelProto) -> tuple[list[CachePair], bool]:
         if len(dims) != 4 or not (dims[1].HasField("dim_value") and dims[3].HasField("dim_value")):
             raise ValueError(f"past input {name!r} is not [batch, kv_heads, past, head_dim] with kv_heads and "
                              "head_dim fixed")
-        pairs.append(CachePair(name, present, (1, dims[1].dim_value, 0, dims[3].dim_value),
+        pairs.append(CachePair(name, present, (1, dims[1].dim_value, max_length, dims[3].dim_value),
                                value.type.tensor_type.elem_type))
     if not pairs:
         raise ValueError("not a decoder with a KV cache: no past_key_values.{i}.key / .value inputs")
@@ -97,7 +108,8 @@ def decoder_layout(model: onnx.ModelProto) -> tuple[list[CachePair], bool]:
     if extra:
         raise ValueError(f"decoder input {extra[0]!r} is not one npurt can feed (known: input_ids, attention_mask, "
                          "position_ids, past_key_values.{i}.key/value)")
-    return sorted(pairs, key=lambda p: _order(p.past)), POSITION_IDS in inputs
+    return Layout(max_length, tuple(sorted(pairs, key=lambda p: _order(p.past))), POSITION_IDS in inputs,
+                  _vocab(model.graph))
 
 
 def _order(name: str) -> tuple[int, str]:
@@ -109,14 +121,12 @@ def _order(name: str) -> tuple[int, str]:
 def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None) -> StaticForm:
     """The static form of ``model`` (see the module) with a cache of ``max_length`` rows; ``sequence`` pins S
     (None leaves it open). ``model`` is not changed."""
-    if max_length < 1:
-        raise ValueError(f"max_length must be >= 1, not {max_length}")
-    pairs, has_position_ids = decoder_layout(model)
+    shape = layout(model, max_length)
+    pairs, has_position_ids = shape.pairs, shape.has_position_ids
     form = onnx.ModelProto()
     form.CopyFrom(model)
     graph = form.graph
     b = GraphBuilder(graph, PREFIX)
-    pairs = [CachePair(p.past, p.present, (1, p.shape[1], max_length, p.shape[3]), p.elem_type) for p in pairs]
 
     # the export's own inputs that the position replaces become tensors computed in front of it
     kept = [v for v in graph.input if v.name not in (ATTENTION_MASK, POSITION_IDS)]
@@ -165,8 +175,7 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None)
         pair_of = next((p for p in pairs if p.present == value.name), None)
         if pair_of is not None:
             set_shape(value, pair_of.shape)
-    vocab = _vocab(graph)
-    return StaticForm(form, max_length, vocab, tuple(pairs), has_position_ids)
+    return StaticForm(form, shape)
 
 
 def _rename_output(graph: onnx.GraphProto, old: str, new: str) -> None:
