@@ -46,22 +46,14 @@ OPTIMIZATION_LEVELS = {
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
 
 
-def _arg_shape(spec: PortSpec, arg: Any) -> tuple[int | None, ...]:
-    """An output's dims as a session knows them (None where the run decides)."""
-    if arg.shape is None:
+def _decided(spec: PortSpec, shape: Sequence[Any] | None) -> tuple[int | None, ...]:
+    """An output's dims as ONNX Runtime tells them (a session's NodeArg shape, or the shape probe's), the model's
+    own where it knows no more: the spec's known dims stand where it leaves one open (frames' resize, read from
+    the model itself), and the spec's rank where the ranks differ (a shape ONNX Runtime does not know shows as
+    rank 0, like a scalar)."""
+    if shape is None or len(shape) != len(spec.shape):
         return spec.shape
-    if len(arg.shape) != len(spec.shape):
-        return tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
-    # the spec's known dims stand where the session leaves one open (frames' resize, read from the model itself)
-    return tuple(d if isinstance(d, int) and d >= 0 else k for d, k in zip(arg.shape, spec.shape))
-
-
-def _decided(spec: PortSpec, shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
-    """An output's dims as the graph decides them; the spec's known dims stand where it leaves one open, and the
-    spec's own where the ranks differ (ONNX Runtime shows a shape it does not know as rank 0)."""
-    if len(shape) != len(spec.shape):
-        return spec.shape
-    return tuple(d if d is not None else k for d, k in zip(shape, spec.shape))
+    return tuple(d if isinstance(d, int) and d >= 0 else k for d, k in zip(shape, spec.shape))
 
 
 def cores() -> int:
@@ -151,8 +143,7 @@ class OrtBackend(Backend):
             ins = frames.port_specs(plan)
             if any(None in s.shape for s in outs):  # the output dims decided by the model's size, resized to
                 sizes = frames.model_shapes(plan, [tuple(-1 if d is None else d for d in s.shape) for s in ins])
-                self._model = model  # (the graph the model's sizes are decided over, before frames go in front)
-                decided = self._decided_shapes(outs, {item.name: shape for item, shape in zip(plan, sizes)})
+                decided = self._decided_shapes(outs, {item.name: shape for item, shape in zip(plan, sizes)}, model)
                 outs = [spec.with_shape(shape) for spec, shape in zip(outs, decided)]
             via_fp16 = self.provider is not None and self.provider.casts_uint8_wrong
             self._model = onnx_frames.prepend(model, fed, resize_first=sel.attached != "NPU", cast_via_fp16=via_fp16)
@@ -198,7 +189,7 @@ class OrtBackend(Backend):
     def _engine(self, session: ort.InferenceSession, inputs: list[Port], ports: PortFactory, store: Path | None,
                 outputs: list[Port] | None = None) -> OrtEngine:
         if outputs is None:
-            shapes = [_arg_shape(spec, arg) for spec, arg in zip(self._out_specs, session.get_outputs())]
+            shapes = [_decided(spec, arg.shape) for spec, arg in zip(self._out_specs, session.get_outputs())]
             if all(p.is_static for p in inputs) and any(None in s for s in shapes):
                 shapes = self._pinned_shapes(inputs)
             outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
@@ -218,16 +209,16 @@ class OrtBackend(Backend):
         shapes = self._pinned_outputs.get(signature)
         if shapes is None:
             pinned = {p.name: p.cpu.shape for p in inputs}
-            shapes = self._pinned_outputs[signature] = self._decided_shapes(self._out_specs, pinned)
+            shapes = self._pinned_outputs[signature] = self._decided_shapes(self._out_specs, pinned, self._model)
         return shapes
 
-    def _decided_shapes(self, specs: list[PortSpec], pinned: Mapping[str, Sequence[int | None]]
+    def _decided_shapes(self, specs: list[PortSpec], pinned: Mapping[str, Sequence[int | None]], model: Any
                         ) -> list[tuple[int | None, ...]]:
-        """Output dims for pinned inputs, over the edited graph where there is one, else the file's skeleton."""
+        """Output dims for pinned inputs, over ``model`` (a graph in memory) where given, else the file's skeleton."""
         from ... import onnx_graph
 
-        if self._model is not None:
-            skeleton = onnx_graph.skeleton_of_bytes(self._model.SerializeToString(), self.model_path)
+        if model is not None:
+            skeleton = onnx_graph.skeleton_of_bytes(model.SerializeToString(), self.model_path)
         else:
             if self._skeleton is None:
                 try:
