@@ -1,9 +1,12 @@
 """The package's structure: imports point downward only (no cycles, type-only imports included), and no module
-reaches into another module's private names. Read from the source with ast; nothing is imported."""
+reaches into another module's private names. Read from the source with ast; nothing is imported (but by the last
+test, which imports the package in a child process to see what it pulls in)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -346,3 +349,11 @@ def test_no_module_reaches_into_another_objects_privates():
             owners.setdefault(name, set()).add(path)
     found = [use for path in paths for use in private_uses(path, owners)]
     assert not found, "private names used across objects or modules:\n" + "\n".join(found)
+
+
+def test_importing_npurt_leaves_onnx_and_the_engines_unimported():
+    """``import npurt`` is what every app pays: the onnx package (~30 ms and its protobuf classes) is imported only
+    where a graph is edited, and no engine before a backend is asked for."""
+    code = ("import sys, npurt; print(sorted(m for m in ('onnx', 'openvino', 'onnxruntime') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

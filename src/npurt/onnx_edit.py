@@ -18,6 +18,7 @@ from onnx import TensorProto
 
 from . import formats, qdq
 from .onnx_build import GraphBuilder, Step
+from .onnx_graph import graph_inputs
 from .ports import Port
 from .types import DataType, NpuUnsupportedError, TensorType
 
@@ -40,11 +41,6 @@ ONNX_TO_DTYPE: dict[int, DataType] = {
     TensorProto.DOUBLE: DataType.FLOAT64,
 }
 DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
-
-
-def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
-    initializers = {i.name for i in graph.initializer}
-    return [v for v in graph.input if v.name not in initializers]
 
 
 def opset(model: onnx.ModelProto) -> int:

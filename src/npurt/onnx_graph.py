@@ -106,6 +106,12 @@ class Skeleton:
         return _without(buf, [self.graph], cuts, added)
 
 
+def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """A graph's inputs that are not initializers (what a caller feeds)."""
+    initializers = {i.name for i in graph.initializer}
+    return [v for v in graph.input if v.name not in initializers]
+
+
 def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIGHT_BYTES) -> Skeleton:
     """The model at ``path`` without the initializers of its main graph that hold ``min_weight_bytes`` or more
     (integer ones kept). Raises ValueError for a file that is not an ONNX model."""

@@ -255,7 +255,8 @@ class Engines:
         input dims pinned to the case's feeds, without the Python API's retry on the CPU provider."""
         import onnx
 
-        from npurt.onnx_edit import graph_inputs, with_input_shapes
+        from npurt.onnx_edit import with_input_shapes
+        from npurt.onnx_graph import graph_inputs
         from tests.helpers.qnn import raw_qnn_session
 
         model = onnx.load(str(case.model_path))

@@ -26,7 +26,7 @@ from ..bound import BoundRun
 from ..runner import Runner
 from ..tensor import NpuTensor
 from ..types import NpuError, StatusCode, TensorType
-from . import static_form
+from . import layout
 
 
 class Generator:
@@ -43,9 +43,9 @@ class Generator:
         self.facts = facts
         self._stream = runner.open_stream()
         self._lock = threading.Lock()  # one loop at a time per Generator (its cache is one sequence)
-        ids_info = runner.get_tensor_info_by_name(static_form.INPUT_IDS, TensorType.CPU)
-        pos_info = runner.get_tensor_info_by_name(static_form.POSITION, TensorType.CPU)
-        logits_info = runner.get_tensor_info_by_name(static_form.LOGITS, TensorType.CPU)
+        ids_info = runner.get_tensor_info_by_name(layout.INPUT_IDS, TensorType.CPU)
+        pos_info = runner.get_tensor_info_by_name(layout.POSITION, TensorType.CPU)
+        logits_info = runner.get_tensor_info_by_name(layout.LOGITS, TensorType.CPU)
         self._position = np.zeros(1, np.int64)
         self._position_tensor = NpuTensor(pos_info.replace(shape=(1,)), self._position)
         # per sequence length: the ids array, the logits' rows and the run bound to them, made once each

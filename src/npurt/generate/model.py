@@ -32,7 +32,7 @@ from typing import Any
 from .. import onnx_graph
 from ..options import DecoderSpec, RunnerOptions
 from ..types import NpuError, NpuUnsupportedError, TensorDirection, TensorType
-from . import static_form
+from . import layout
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
@@ -118,7 +118,7 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     # static form's file is not there yet (npurt's cache_dir keeps it)
     try:
         weightless = onnx_graph.read_skeleton(model_path).model
-        shape = static_form.layout(weightless, spec.max_length)
+        shape = layout.read(weightless, spec.max_length)
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
@@ -140,17 +140,17 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     if openvino:
         path = _openvino_stateful(model_path, shape, folder)
         derived = replace(options, tensor_types={**options.tensor_types,
-                                                 (TensorDirection.OUTPUT, static_form.LOGITS): TensorType.CPU})
+                                                 (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU})
         cache = "OpenVINO state (the compiled model's variables, one set per stream)"
     else:
         path = _onnx_file(model_path, shape, folder)
-        views = {**options.tensor_types, (TensorDirection.OUTPUT, static_form.LOGITS): TensorType.CPU}
+        views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
         for pair in shape.pairs:
             views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
             views[(TensorDirection.OUTPUT, pair.present)] = TensorType.CPU
         shape_sets: tuple[dict[str, tuple[int, ...]], ...] = ()
         if pinned:
-            shape_sets = tuple({static_form.INPUT_IDS: (1, s), static_form.POSITION: (1,)}
+            shape_sets = tuple({layout.INPUT_IDS: (1, s), layout.POSITION: (1,)}
                                for s in dict.fromkeys((spec.prefill_chunk, 1)))
         derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in shape.pairs},
                           shape_sets=shape_sets, shapes=shape_sets[0] if shape_sets else {})
@@ -190,9 +190,11 @@ def remove_with(owner: object, path: Path, options: RunnerOptions) -> None:
         weakref.finalize(owner, shutil.rmtree, path.parent, True)
 
 
-def _onnx_file(model_path: Path, shape: static_form.Layout, folder: Path) -> Path:
+def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
     """The static form as an ONNX file in ``folder``, derived from the export (loaded whole) where it is not there."""
     import onnx
+
+    from . import static_form  # onnx and the graph builder: imported only where a static form is made
 
     path = folder / "decoder_static.onnx"
     if not path.exists():
@@ -226,7 +228,7 @@ ov.save_model(model, target, compress_to_fp16=False)
 """
 
 
-def _openvino_stateful(model_path: Path, shape: static_form.Layout, folder: Path) -> Path:
+def _openvino_stateful(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
     """The static form as OpenVINO IR with the cache as the model's variables (past -> present)."""
     path = folder / "decoder_stateful.xml"
     if path.exists():
