@@ -201,15 +201,16 @@ class CompiledModelCache:
                     entry = Entry(path, entry.manifest, "its directory name does not match its key")
                 yield entry
 
-    def read(self, entry: Entry) -> bytes:
-        """An entry's blob, checked against its manifest (ValueError naming what is wrong)."""
-        data = entry.blob.read_bytes()
+    def checked_blob(self, entry: Entry) -> Path:
+        """An entry's blob, checked against its manifest (ValueError naming what is wrong): the engine then reads
+        the file itself, as it reads its own cache (no copy of it held in Python's heap on the way)."""
         want = (entry.manifest or {}).get("blob", {})
-        if len(data) != want.get("size"):
-            raise ValueError(f"its blob has {len(data)} bytes, the manifest says {want.get('size')} (truncated)")
-        if zlib.crc32(data) != want.get("crc32"):
+        size = entry.blob.stat().st_size
+        if size != want.get("size"):
+            raise ValueError(f"its blob has {size} bytes, the manifest says {want.get('size')} (truncated)")
+        if _crc32(entry.blob) != want.get("crc32"):
             raise ValueError("its blob's CRC-32 differs from the manifest's (corrupted)")
-        return data
+        return entry.blob
 
     def verify(self, entry: Entry) -> str:
         """Why an entry is unsound ("" if sound), its blob's CRC-32 checked."""

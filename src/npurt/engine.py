@@ -188,10 +188,10 @@ class Backend(ABC):
         the result, every setting that changes compilation (JSON-able). None: nothing goes into npurt's cache."""
         return None
 
-    def load_compiled(self, stored: bytes, metadata: Mapping[str, Any], inputs: list[Port],
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
-        """The engine from what ``compile(..., store=...)`` wrote (its bytes, checked); raise if it cannot be loaded
-        (the runner then compiles again and replaces the entry)."""
+        """The engine from the file ``compile(..., store=...)`` wrote (checked against the cache's manifest); raise
+        if it cannot be loaded (the runner then compiles again and replaces the entry)."""
         raise NpuError(f"{self.name} keeps nothing in npurt's cache")
 
     def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:

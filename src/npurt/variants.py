@@ -210,7 +210,7 @@ class ShapeVariants:
         refused = entry.problem if entry is not None else ""
         if entry is not None and not refused:
             try:
-                blob = cache.read(entry)
+                blob = cache.checked_blob(entry)
             except (OSError, ValueError) as e:
                 refused = str(e)
             else:

@@ -293,10 +293,12 @@ class OrtBackend(Backend):
             parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
         return parts
 
-    def load_compiled(self, stored: bytes, metadata: Mapping[str, Any], inputs: list[Port],
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
-        key = str(self.model_path) if self._model is None else f"cache:{hashlib.sha256(stored).hexdigest()}"
-        session = self._session(stored, key, optimized=True)
+        # by path, as ONNX Runtime loads a model of the user's: bytes handed over would be a copy of the model
+        # that glibc keeps (1.37x the engine's memory on the recognizer)
+        key = str(self.model_path) if self._model is None else f"cache:{stored}"
+        session = self._session(str(stored), key, optimized=True)
         if metadata.get("placement") and len(self._placement.assigned) <= 1:  # an EPContext model's one node
             self._placement = Placement(tuple(tuple(n) for n in metadata["placement"]), self._placement.asked)
         # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again

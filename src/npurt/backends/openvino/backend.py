@@ -307,10 +307,10 @@ class OpenVINOBackend(Backend):
                                               p.engine.describe()] for p in inputs],
                 "properties": {k: str(v) for k, v in sorted(self.properties().items()) if k != "CACHE_DIR"}}
 
-    def load_compiled(self, stored: bytes, metadata: Mapping[str, Any], inputs: list[Port],
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
         properties = self.properties()
-        compiled_model = core().import_model(stored, self.device, properties)
+        compiled_model = core().import_model(stored.read_bytes(), self.device, properties)
         pm = ModelPorts(list(metadata["param_of"]), list(metadata["result_of"]), list(metadata["alias_of"]))
         outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
                    for spec, shape in zip(self.out_specs, metadata["outputs"], strict=True)]
