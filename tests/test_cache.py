@@ -59,7 +59,7 @@ def test_a_second_load_comes_from_the_cache_with_the_same_results(backend, tmp_p
     assert manifest["key"]["backend"] == backend and manifest["blob"]["size"] == (entry / "blob").stat().st_size
 
 
-@pytest.mark.parametrize("damage", ["truncated", "corrupted", "foreign", "garbage manifest"])
+@pytest.mark.parametrize("damage", ["truncated", "corrupted", "corrupted weights", "foreign", "garbage manifest"])
 def test_a_damaged_entry_is_refused_compiled_again_and_replaced(backend, tmp_path, caplog, damage):
     with load(backend, tmp_path):
         pass
@@ -70,6 +70,9 @@ def test_a_damaged_entry_is_refused_compiled_again_and_replaced(backend, tmp_pat
         blob.write_bytes(data[: len(data) // 2])
     elif damage == "corrupted":  # the same size, one byte flipped
         blob.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    elif damage == "corrupted weights":  # a byte in the middle of the weights: the engine would load it happily
+        at = len(data) // 2
+        blob.write_bytes(data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:])
     elif damage == "foreign":  # a manifest written by another engine version (forged)
         m = json.loads(manifest.read_text())
         m["key"]["engine"] = "0.0.1-another"
@@ -80,6 +83,8 @@ def test_a_damaged_entry_is_refused_compiled_again_and_replaced(backend, tmp_pat
         assert step(r).startswith("compiled (cache entry refused:")
         np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))
     assert "refused" in caplog.text
+    if damage.startswith("corrupted"):  # the CRC says so, whether or not the engine could read the blob
+        assert "CRC-32 differs" in caplog.text
     with load(backend, tmp_path) as r:  # the entry was replaced by a sound one
         assert step(r) == "loaded from the cache"
         np.testing.assert_array_equal(r.run({"image": X})["scores"], reference(backend))

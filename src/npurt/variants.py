@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .cache import CompiledModelCache
+from .cache import CompiledModelCache, Entry
 from .engine import Backend, Engine, OpenedModel
 from .logs import LOGGER
 from .options import RunnerOptions
@@ -197,6 +197,19 @@ class ShapeVariants:
         weakref.finalize(variant, engine.close)  # an evicted engine closes once no plan uses it any more
         return variant
 
+    def _load_checked(self, cache: CompiledModelCache, entry: Entry, ports: list[Port]) -> tuple[Engine | None, str]:
+        """The engine from a cache entry whose blob is sound, else None and why not. The blob's CRC is taken on a
+        thread while the backend reads the file where it chooses to (``load_compiled`` asks ``sound`` before it
+        keeps or returns what it loaded)."""
+        try:
+            check = cache.check_blob(entry)
+        except (OSError, ValueError) as e:
+            return None, str(e)
+        try:
+            return self._backend.load_compiled(entry.blob, entry.metadata, ports, self._ports, check.problem), ""
+        except Exception as e:  # noqa: BLE001 - a refused entry is compiled again and replaced
+            return None, check.problem() or f"the engine could not load it ({type(e).__name__}: {e})"
+
     def _compile_or_load(self, ports: list[Port]) -> tuple[Engine, str]:
         """An engine for these input ports: from npurt's compiled-model cache where it holds one (option
         cache_dir), else compiled (and stored there)."""
@@ -209,15 +222,9 @@ class ShapeVariants:
         entry = cache.find(key)
         refused = entry.problem if entry is not None else ""
         if entry is not None and not refused:
-            try:
-                blob = cache.checked_blob(entry)
-            except (OSError, ValueError) as e:
-                refused = str(e)
-            else:
-                try:
-                    return backend.load_compiled(blob, entry.metadata, ports, self._ports), "loaded from the cache"
-                except Exception as e:  # noqa: BLE001 - a refused entry is compiled again and replaced
-                    refused = f"the engine could not load it ({type(e).__name__}: {e})"
+            engine, refused = self._load_checked(cache, entry, ports)
+            if engine is not None:
+                return engine, "loaded from the cache"
         if refused:
             LOGGER.warning("npurt: cache entry %s for %s refused: %s; compiling again", key.id,
                            backend.model_path.name, refused)
