@@ -11,7 +11,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory, TensorDirection
+from npurt import (
+    Generator,
+    NpuError,
+    NpuTensor,
+    NpuUnsupportedError,
+    RunnerFactory,
+    StatusCode,
+    TensorDirection,
+    TensorType,
+)
 from npurt.generate import static_form
 from npurt.models import DEFAULT_MODEL
 from tests.helpers.decoders import (
@@ -141,6 +150,45 @@ def test_the_cache_is_written_in_place(models):
             assert past_in.get_virtual_address() == present_out.get_virtual_address()
         assert np.abs(next(iter(state.current.values()))[0].numpy()[0, :, :len(PROMPT) + 7]).sum() > 0
         assert not np.any(next(iter(state.current.values()))[0].numpy()[0, :, len(PROMPT) + 7:])
+
+
+def test_a_bound_stream_run_follows_the_stream_s_state(models):
+    """Runner.bind on a decoder's stream: what reset_stream, set_stream_state and run() do to the stream's cache is
+    what the bound run reads next, and what the bound run writes is what the stream's state shows (they once
+    diverged: the bound run kept writing the buffers it was bound to, the stream had new ones)."""
+    key = "past_key_values.0.key"
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        ids_info = r.get_tensor_info_by_name("input_ids", TensorType.CPU).replace(shape=(1, 1))
+        pos_info = r.get_tensor_info_by_name("position", TensorType.CPU).replace(shape=(1,))
+        logits_info = r.get_tensor_info_by_name("logits", TensorType.CPU).replace(shape=(1, 1, 512))
+
+        def bound_step(stream):
+            ids, position, logits = np.zeros((1, 1), np.int64), np.zeros(1, np.int64), r.allocate_npu_tensor(
+                logits_info)
+            run = r.bind([[NpuTensor(ids_info, ids), NpuTensor(pos_info, position)]], [[logits]], stream=stream)
+
+            def step(token, at):
+                ids[0, 0], position[0] = token, at
+                assert run.execute() is StatusCode.SUCCESS, r.last_error
+                return logits.numpy()[0, 0].copy()
+            return step
+
+        a, b = r.open_stream(), r.open_stream()
+        step_a, step_b = bound_step(a), bound_step(b)
+        for at, token in enumerate(PROMPT):
+            step_a(token, at)
+        for at, token in enumerate([5, 6, 7, 8, 9, 10]):
+            step_b(token, at)
+        saved = a.state()
+        want = step_a(11, len(PROMPT))
+        assert np.abs(a.state()[key][0, :, len(PROMPT)]).sum() > 0  # the bound run's row, in the stream's state
+        assert b.set_state(saved) is StatusCode.SUCCESS  # b's cache is now a's (the prompt's)
+        np.testing.assert_array_equal(step_b(11, len(PROMPT)), want)
+        assert a.reset() is StatusCode.SUCCESS
+        step_a(PROMPT[0], 0)
+        assert np.abs(a.state()[key][0, :, 0]).sum() > 0
+        a.run({"input_ids": np.array([PROMPT[1:]], np.int64), "position": np.array([1], np.int64)})
+        np.testing.assert_allclose(step_a(11, len(PROMPT)), want, atol=1e-5, rtol=0)  # on run()'s rows
 
 
 def test_sampling_is_seeded(models, references):
