@@ -4,6 +4,7 @@ logits step by step, the cache kept in place, and bad input."""
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -189,6 +190,29 @@ def test_a_bound_stream_run_follows_the_stream_s_state(models):
         assert np.abs(a.state()[key][0, :, 0]).sum() > 0
         a.run({"input_ids": np.array([PROMPT[1:]], np.int64), "position": np.array([1], np.int64)})
         np.testing.assert_allclose(step_a(11, len(PROMPT)), want, atol=1e-5, rtol=0)  # on run()'s rows
+
+
+def test_a_generator_dropped_unclosed_releases_its_cache(models, references):
+    """``Generator(runner).generate(...)`` (the README's form, no close): the Generator's stream (its cache:
+    layers x 2 x max_length rows) goes with the Generator, not with the runner; close() is idempotent and a closed
+    Generator says so."""
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        ids = []
+        for _ in range(3):
+            g = Generator(r)
+            assert g.generate(PROMPT, 4) == references["gqa"].tokens[:4]
+            ids.append(g._stream.stream_id)  # noqa: SLF001 - the stream the Generator opened
+            del g
+        gc.collect()
+        for stream_id in ids:
+            with pytest.raises(ValueError, match="unknown to this runner or was closed"):
+                r.get_stream_state(stream_id)
+        g = Generator(r)
+        g.close()
+        g.close()
+        assert r.last_error == ""
+        with pytest.raises(NpuError, match="Generator is closed"):
+            g.generate(PROMPT, 4)
 
 
 def test_sampling_is_seeded(models, references):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from ..bound import BoundRun
 from ..runner import Runner
+from ..streams import Stream
 from ..tensor import NpuTensor
 from ..types import NpuError, StatusCode, TensorType
 from . import layout
@@ -42,6 +44,9 @@ class Generator:
         self.runner = runner
         self.facts = facts
         self._stream = runner.open_stream()
+        # the stream (this Generator's cache) is closed by close(), or when the Generator is collected unclosed
+        self._release = weakref.finalize(self, _close_stream, runner, self._stream)
+        self._release.atexit = False  # at exit the runner goes anyway
         self._lock = threading.Lock()  # one loop at a time per Generator (its cache is one sequence)
         ids_info = runner.get_tensor_info_by_name(layout.INPUT_IDS, TensorType.CPU)
         pos_info = runner.get_tensor_info_by_name(layout.POSITION, TensorType.CPU)
@@ -143,6 +148,8 @@ class Generator:
                  top_p: float) -> list[int]:
         if self.runner.closed:
             raise NpuError("the runner is closed")
+        if not self._release.alive:
+            raise NpuError("this Generator is closed (its cache was released)")
         try:
             prompt = [int(t) for t in prompt_ids]
         except (TypeError, ValueError):
@@ -168,15 +175,20 @@ class Generator:
         return prompt
 
     def close(self) -> None:
-        """Release this Generator's cache (its stream on the runner)."""
-        if not self.runner.closed:
-            self.runner.close_stream(self._stream)
+        """Release this Generator's cache (its stream on the runner); idempotent. A Generator collected unclosed
+        releases it then."""
+        self._release()
 
     def __enter__(self) -> Generator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_stream(runner: Runner, stream: Stream) -> None:
+    if not runner.closed:
+        runner.close_stream(stream)
 
 
 class _Sampler:
