@@ -279,6 +279,22 @@ def test_bad_input_is_refused_clearly(models, tmp_path):
         RunnerFactory.create_runner("VAIML", bad, {"device": "CPU", "decoder": {"max_length": 8}})
 
 
+def test_an_export_that_lists_its_weights_as_inputs(models, references, tmp_path):
+    """An export whose initializers are also graph inputs (overridable defaults: torch's
+    keep_initializers_as_inputs, older exporters) is a decoder like any other; it was refused, its weights taken
+    for inputs npurt cannot feed."""
+    model = onnx.load(str(models["gqa"] / MODEL_FILE))
+    model.graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                             for i in model.graph.initializer)
+    folder = tmp_path / "listed"
+    folder.mkdir()
+    onnx.save(model, str(folder / MODEL_FILE))
+    for backend in ("VAIML", "OPENVINO"):
+        with decoder_runner(backend, folder) as r:
+            assert [i.name for i in r.get_tensors_info(TensorDirection.INPUT)] == ["input_ids", "position"]
+            assert Generator(r).generate(PROMPT, 8) == references["gqa"].tokens[:8]
+
+
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)
 
 
