@@ -295,6 +295,20 @@ def test_an_export_that_lists_its_weights_as_inputs(models, references, tmp_path
             assert Generator(r).generate(PROMPT, 8) == references["gqa"].tokens[:8]
 
 
+def test_a_malformed_export_is_an_npu_error(models, tmp_path):
+    """A file whose graph protobuf cannot parse (an input's type malformed, every length intact): NpuError 'cannot
+    read ONNX model', as without option decoder (it was protobuf's own DecodeError)."""
+    model = onnx.load(str(models["gqa"] / MODEL_FILE))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "QQQQ"
+    data = model.SerializeToString()
+    folder = tmp_path / "malformed"
+    folder.mkdir()
+    (folder / MODEL_FILE).write_bytes(data.replace(b"\x12\x04QQQQ", b"\x0f" + b"\x00" * 5))
+    with pytest.raises(NpuError, match="cannot read ONNX model") as raised:
+        decoder_runner("VAIML", folder)
+    assert not isinstance(raised.value, NpuUnsupportedError)
+
+
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)
 
 

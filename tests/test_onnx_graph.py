@@ -118,3 +118,17 @@ def test_initializers_listed_as_inputs_are_cut_with_their_input(tmp_path):
     pinned = {"x": (TensorProto.FLOAT, [3, 64])}
     assert onnx_graph.output_shapes(skeleton, pinned) == [(3, 16, 16), (2, None)]
 
+
+def test_a_malformed_message_inside_the_graph_is_a_value_error(tmp_path):
+    """A message the skeleton's walk does not open (an input's type) malformed: parsing the weightless model is a
+    ValueError naming the file, not protobuf's DecodeError."""
+    path = tmp_path / "net.onnx"
+    small_net(path)
+    model = onnx.load(str(path))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "QQQQ"
+    data = model.SerializeToString()
+    assert data.count(b"\x12\x04QQQQ") == 1
+    path.write_bytes(data.replace(b"\x12\x04QQQQ", b"\x0f" + b"\x00" * 5))  # same length: wire type 7 inside
+    skeleton = onnx_graph.read_skeleton(path)
+    with pytest.raises(ValueError, match="not an ONNX model"):
+        _ = skeleton.model

@@ -86,11 +86,14 @@ class Skeleton:
 
     @property
     def model(self) -> onnx.ModelProto:
-        """The weightless model as protobuf objects (imports onnx)."""
+        """The weightless model as protobuf objects (imports onnx). ValueError where protobuf cannot parse it."""
         import onnx
 
         model = onnx.ModelProto()
-        model.ParseFromString(self.data)
+        try:
+            model.ParseFromString(self.data)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError: a message the skeleton's walk did not open
+            raise ValueError(f"{self.path} is not an ONNX model: {e}") from None
         return model
 
     def probe_model(self, pinned: Mapping[str, tuple[int, Sequence[int | None]]]) -> bytes:

@@ -118,6 +118,9 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     # static form's file is not there yet (npurt's cache_dir keeps it)
     try:
         weightless = onnx_graph.read_skeleton(model_path).model
+    except ValueError as e:
+        raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
+    try:
         shape = layout.read(weightless, spec.max_length)
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
