@@ -31,6 +31,7 @@ from tests.helpers.decoders import (
     PROMPT,
     TEST_SHAPES,
     assert_tokens_agree,
+    build_decoder,
     decoder_folder,
     greedy_genai,
     greedy_onnxruntime,
@@ -307,6 +308,22 @@ def test_a_malformed_export_is_an_npu_error(models, tmp_path):
     with pytest.raises(NpuError, match="cannot read ONNX model") as raised:
         decoder_runner("VAIML", folder)
     assert not isinstance(raised.value, NpuUnsupportedError)
+
+
+def test_a_failed_derivation_leaves_no_temporary_folder(models, tmp_path, monkeypatch):
+    """An export whose external data is missing: NpuError on both derivations (ONNX, OpenVINO IR), and the
+    temporary folder made for the static form is removed (it stayed, one per attempt)."""
+    import tempfile
+
+    folder = build_decoder(tmp_path / "external", "gqa", external_data=True).parent
+    (folder / "model.onnx.data").unlink()
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    for backend in ("VAIML", "OPENVINO"):
+        with pytest.raises(NpuError, match="cannot read ONNX model"):
+            decoder_runner(backend, folder)
+    assert list(temporary.iterdir()) == []
 
 
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)

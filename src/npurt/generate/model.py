@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -141,12 +142,12 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     folder = _folder(model_path, spec, backend_name, options)
     pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
     if openvino:
-        path = _openvino_stateful(model_path, shape, folder)
+        path = _derived(_openvino_stateful, model_path, shape, folder, options)
         derived = replace(options, tensor_types={**options.tensor_types,
                                                  (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU})
         cache = "OpenVINO state (the compiled model's variables, one set per stream)"
     else:
-        path = _onnx_file(model_path, shape, folder)
+        path = _derived(_onnx_file, model_path, shape, folder, options)
         views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
         for pair in shape.pairs:
             views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
@@ -184,11 +185,22 @@ def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: Run
     return Path(tempfile.mkdtemp(prefix="npurt-decoder-"))
 
 
+def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path, shape: layout.Layout, folder: Path,
+             options: RunnerOptions) -> Path:
+    """``make``'s file in ``folder``; a temporary folder goes where it fails (no runner is there to remove it)."""
+    try:
+        return make(model_path, shape, folder)
+    except BaseException:
+        if options.cache_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
 _VERSION = 1  # of the derivation: a change to static_form makes new cache entries
 
 
 def remove_with(owner: object, path: Path, options: RunnerOptions) -> None:
-    """Remove a temporary derived model's folder once ``owner`` (the runner) is gone or closed."""
+    """Remove a temporary derived model's folder once ``owner`` (the runner) is collected (not at its close())."""
     if options.cache_dir is None:
         weakref.finalize(owner, shutil.rmtree, path.parent, True)
 
