@@ -216,6 +216,20 @@ def test_a_generator_dropped_unclosed_releases_its_cache(models, references):
             g.generate(PROMPT, 4)
 
 
+def test_prompts_of_every_length_keep_three_bound_runs(models):
+    """Prompts whose last chunk is 1, 2, 3 tokens long (chunks of 4, shapes open): the tokens are the engine's for
+    each, and the Generator keeps the runs of the chunk, the step and the last short chunk only (it kept one per
+    length: [length, vocab] logits each, 68 MB over lengths 1 .. 64 of a vocabulary of 8192)."""
+    path = models["gqa"] / MODEL_FILE
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        g = Generator(r)
+        for n in (5, 6, 7, 9, 6):
+            prompt = [(7 * i + 3) % 512 for i in range(n)]
+            assert g.generate(prompt, 6) == greedy_onnxruntime(path, prompt, 6).tokens, n
+            bound = set(g._io)  # noqa: SLF001 - the runs bound, by length
+            assert {4, 1, (n - 1) % 4 + 1} <= bound and len(bound) <= 3, bound
+
+
 def test_sampling_is_seeded(models, references):
     """The same seed draws the same ids; another temperature and seed others; greedy stays the reference's."""
     with decoder_runner("VAIML", models["gqa"]) as r:

@@ -53,7 +53,9 @@ class Generator:
         logits_info = runner.get_tensor_info_by_name(layout.LOGITS, TensorType.CPU)
         self._position = np.zeros(1, np.int64)
         self._position_tensor = NpuTensor(pos_info.replace(shape=(1,)), self._position)
-        # per sequence length: the ids array, the logits' rows and the run bound to them, made once each
+        # per sequence length: the ids array, the logits' rows and the run bound to them; the prefill chunk and the
+        # step are kept, and the one other length a prompt's short last chunk had (each holds [length, vocab] logits:
+        # one per length 1 .. prefill_chunk would add up to prefill_chunk^2 / 2 rows of the vocabulary)
         self._io: dict[int, tuple[np.ndarray, np.ndarray, BoundRun]] = {}
         self._infos = (ids_info, logits_info)
         self.stats: dict[str, Any] = {}
@@ -63,6 +65,8 @@ class Generator:
         """The run of ``length`` tokens, bound once: a step writes its ids and position in place and runs it."""
         io = self._io.get(length)
         if io is None:
+            for other in [k for k in self._io if k not in (1, self.facts.prefill_chunk)]:
+                del self._io[other]
             ids_info, logits_info = self._infos
             ids = np.zeros((1, length), np.int64)
             logits = self.runner.allocate_npu_tensor(logits_info.replace(shape=(1, length, self.facts.vocab_size)))
