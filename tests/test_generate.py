@@ -340,6 +340,22 @@ def test_a_failed_derivation_leaves_no_temporary_folder(models, tmp_path, monkey
     assert list(temporary.iterdir()) == []
 
 
+def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp_path, monkeypatch):
+    """A static form past protobuf's limit goes to external data (the limit lowered here so the small decoder
+    crosses it): each backend generates the reference's tokens from it, and OpenVINO's cache entry keeps its IR
+    alone (the ONNX form's external weights, a model's whole size, stayed beside it)."""
+    from npurt.generate import model as decoder_model
+
+    monkeypatch.setattr(decoder_model, "MAX_PROTOBUF", 1000)
+    for backend in ("VAIML", "OPENVINO"):
+        cache = tmp_path / backend
+        with decoder_runner(backend, models["gqa"], cache_dir=str(cache)) as r:
+            assert Generator(r).generate(PROMPT, 8) == references["gqa"].tokens[:8]
+        files = sorted(p.name for p in (cache / "decoders").glob("*/*"))
+        assert files == (["decoder_stateful.bin", "decoder_stateful.xml"] if backend == "OPENVINO" else
+                         ["decoder_static.onnx", "decoder_static.onnx.data"])
+
+
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)
 
 

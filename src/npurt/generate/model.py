@@ -37,6 +37,7 @@ from . import layout
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
+_EXTERNAL_DATA = "decoder_static.onnx.data"  # the static form's weights past MAX_PROTOBUF
 
 
 @dataclass(frozen=True)
@@ -221,8 +222,9 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
         del model
         partial = folder / "decoder_static.onnx.partial"
         if form.model.ByteSize() > MAX_PROTOBUF:
+            (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # (a failed attempt's: onnx would append to it)
             onnx.save_model(form.model, str(partial), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location="decoder_static.onnx.data")
+                            location=_EXTERNAL_DATA)
         else:
             partial.write_bytes(form.model.SerializeToString())
         partial.replace(path)
@@ -259,4 +261,5 @@ def _openvino_stateful(model_path: Path, shape: layout.Layout, folder: Path) -> 
     partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
     partial.replace(path)
     onnx_path.unlink(missing_ok=True)
+    (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # the ONNX form's weights, where they were external
     return path
