@@ -356,6 +356,30 @@ def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp
                          ["decoder_static.onnx", "decoder_static.onnx.data"])
 
 
+def test_every_eos_id_of_the_config_ends_the_loop(models, references, tmp_path, capsys):
+    """genai_config.json's eos_token_id may be a list (Llama 3: end of text, end of turn, ...), as onnxruntime-genai
+    reads it: `npurt generate` stops at any of them (it stopped at the first only), and generate() takes several."""
+    import json
+    import shutil
+
+    from npurt.cli import main
+
+    ref = references["gqa"].tokens
+    stop = next(t for t in ref[3:] if t not in ref[:3] and t != EOS_TOKEN_ID)  # an id first made at step >= 3
+    folder = tmp_path / "eos"
+    shutil.copytree(models["gqa"], folder)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = [EOS_TOKEN_ID, stop]
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    want = ref[:ref.index(stop) + 1]
+    assert main(["generate", str(folder / MODEL_FILE), "--prompt-ids", ",".join(map(str, PROMPT)),
+                 "--max-new-tokens", "32", "--backend", "vaiml", "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"] == want
+    with decoder_runner("VAIML", folder) as r:
+        assert r.decoder.eos_token_ids == (EOS_TOKEN_ID, stop)
+        assert Generator(r).generate(PROMPT, 32, eos_token_id=r.decoder.eos_token_ids) == want
+
+
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)
 
 

@@ -88,21 +88,24 @@ class Generator:
                            f"{self.runner.last_error}")
         return rows
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None,
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                 eos_token_id: int | Sequence[int] | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None) -> list[int]:
-        """The new ids (the eos id included where it ended the loop)."""
+        """The new ids (the eos id included where it ended the loop; ``eos_token_id``: one id or several, as
+        ``runner.decoder.eos_token_ids``)."""
         return list(self.stream(prompt_ids, max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
 
-    def stream(self, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None,
+    def stream(self, prompt_ids: Sequence[int], max_new_tokens: int, *,
+               eos_token_id: int | Sequence[int] | None = None,
                do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None) -> Iterator[int]:
         """Each new id as it is made (see ``generate``). Raises ValueError for a bad prompt or settings before
         anything runs, NpuError where a run fails or the runner was closed."""
         prompt = self._checked(prompt_ids, max_new_tokens, temperature, top_k, top_p)
         pick = _Sampler(do_sample, temperature, top_k, top_p, seed)
-        eos = {eos_token_id} if eos_token_id is not None else set()
+        eos = _eos_ids(eos_token_id)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this Generator is already running a loop; make one Generator per concurrent loop")
         try:
@@ -188,6 +191,15 @@ class Generator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    try:
+        return {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer)) else {int(t) for t in eos_token_id}
+    except (TypeError, ValueError):
+        raise ValueError(f"eos_token_id: an id or a sequence of ids, got {eos_token_id!r}") from None
 
 
 def _close_stream(runner: Runner, stream: Stream) -> None:
