@@ -380,6 +380,27 @@ def test_every_eos_id_of_the_config_ends_the_loop(models, references, tmp_path, 
         assert Generator(r).generate(PROMPT, 32, eos_token_id=r.decoder.eos_token_ids) == want
 
 
+def test_new_external_weights_are_not_served_from_the_cache(tmp_path):
+    """A model with external data whose data file alone is replaced (other weights, same layout): a runner made
+    over npurt's cache_dir generates from the new weights (the static form in the cache, keyed by model.onnx alone,
+    held the old ones: the old model's tokens, SUCCESS)."""
+    import shutil
+
+    model = build_decoder(tmp_path / "model", "gqa", 0, external_data=True)
+    other = build_decoder(tmp_path / "other", "gqa", 1, external_data=True)
+    cache = tmp_path / "cache"
+    before = greedy_onnxruntime(model, PROMPT, 8).tokens
+    for backend in ("VAIML", "OPENVINO"):
+        with decoder_runner(backend, model.parent, cache_dir=str(cache)) as r:
+            assert Generator(r).generate(PROMPT, 8) == before
+    shutil.copy(other.parent / "model.onnx.data", model.parent / "model.onnx.data")
+    want = greedy_onnxruntime(model, PROMPT, 8).tokens
+    assert want != before
+    for backend in ("VAIML", "OPENVINO"):
+        with decoder_runner(backend, model.parent, cache_dir=str(cache)) as r:
+            assert Generator(r).generate(PROMPT, 8) == want, backend
+
+
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)
 
 

@@ -119,7 +119,8 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     # what the runner needs is read from the graph without its weights; the weights are loaded only where the
     # static form's file is not there yet (npurt's cache_dir keeps it)
     try:
-        weightless = onnx_graph.read_skeleton(model_path).model
+        skeleton = onnx_graph.read_skeleton(model_path)
+        weightless = skeleton.model
     except ValueError as e:
         raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
     try:
@@ -127,7 +128,8 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
-    del weightless
+    external = any(w.external for w in skeleton.weights.values())
+    del weightless, skeleton
     if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
     openvino = backend_name == "OPENVINO"
@@ -140,7 +142,7 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
             "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
             "(OpenVINO GenAI's NPUW), which npurt does not drive yet (untested here: no Intel NPU); use device='CPU' "
             "or 'GPU', or an ONNX Runtime backend")
-    folder = _folder(model_path, spec, backend_name, options)
+    folder = _folder(model_path, spec, backend_name, options, external)
     pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
     if openvino:
         path = _derived(_openvino_stateful, model_path, shape, folder, options)
@@ -173,13 +175,18 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     return PreparedDecoder(path, derived, facts)
 
 
-def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions) -> Path:
+def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, external: bool) -> Path:
     """Where the derived model goes: a folder of npurt's cache (kept, keyed by the model and the decoder's
-    settings), else a temporary one removed with the process's last reference to the runner."""
+    settings), else a temporary one removed with the process's last reference to the runner. A model with external
+    data is keyed by the files beside it too (its weights are in them; the static form holds a copy), as
+    ``cache.ModelCache.content_hash`` keys it."""
     if options.cache_dir is not None:
         stat = model_path.stat()
+        siblings = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_path.parent.iterdir()
+                          if p.is_file() and p != model_path) if external else []
         key = hashlib.sha256(json.dumps([str(model_path.resolve()), stat.st_size, stat.st_mtime_ns,
-                                         spec.max_length, backend_name == "OPENVINO", _VERSION]).encode())
+                                         spec.max_length, backend_name == "OPENVINO", _VERSION,
+                                         *([siblings] if siblings else [])]).encode())
         folder = options.cache_dir / "decoders" / key.hexdigest()[:32]
         folder.mkdir(parents=True, exist_ok=True)
         return folder
