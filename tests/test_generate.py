@@ -401,6 +401,31 @@ def test_new_external_weights_are_not_served_from_the_cache(tmp_path):
             assert Generator(r).generate(PROMPT, 8) == want, backend
 
 
+def test_runners_made_at_once_over_one_cache_derive_once(models, references, tmp_path):
+    """Three threads make the same decoder runner at once over a new cache_dir (a server's pool starting): each
+    generates the reference's tokens (they wrote one partial file together: FileNotFoundError or a truncated model,
+    in most tries)."""
+    want = references["gqa"].tokens[:4]
+    for backend in ("VAIML", "OPENVINO"):
+        for attempt in range(3):
+            cache, results, start = tmp_path / f"{backend}{attempt}", [], threading.Barrier(3)
+
+            def make(cache=cache, results=results, start=start, backend=backend):
+                start.wait()
+                try:
+                    with decoder_runner(backend, models["gqa"], cache_dir=str(cache)) as r:
+                        results.append(Generator(r).generate(PROMPT, 4))
+                except Exception as e:  # noqa: BLE001 - reported below
+                    results.append(f"{type(e).__name__}: {e}")
+
+            threads = [threading.Thread(target=make) for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert results == [want] * 3, (backend, attempt)
+
+
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)
 
 

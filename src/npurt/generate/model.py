@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -195,14 +197,21 @@ def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: Run
 
 def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path, shape: layout.Layout, folder: Path,
              options: RunnerOptions) -> Path:
-    """``make``'s file in ``folder``; a temporary folder goes where it fails (no runner is there to remove it)."""
+    """``make``'s file in ``folder``, made by one thread at a time (runners made at once over one cache_dir wrote
+    the same partial file); a temporary folder goes where it fails (no runner is there to remove it)."""
+    with _FOLDERS_LOCK:
+        lock = _FOLDER_LOCKS.setdefault(folder, threading.Lock())
     try:
-        return make(model_path, shape, folder)
+        with lock:
+            return make(model_path, shape, folder)
     except BaseException:
         if options.cache_dir is None:
             shutil.rmtree(folder, ignore_errors=True)
         raise
 
+
+_FOLDERS_LOCK = threading.Lock()
+_FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
 _VERSION = 1  # of the derivation: a change to static_form makes new cache entries
 
@@ -227,7 +236,7 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
             raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
         form = static_form.derive(model, shape.max_length)
         del model
-        partial = folder / "decoder_static.onnx.partial"
+        partial = folder / f"decoder_static.onnx.{os.getpid()}.partial"  # (other processes may write theirs)
         if form.model.ByteSize() > MAX_PROTOBUF:
             (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # (a failed attempt's: onnx would append to it)
             onnx.save_model(form.model, str(partial), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -258,7 +267,7 @@ def _openvino_stateful(model_path: Path, shape: layout.Layout, folder: Path) -> 
     if path.exists():
         return path
     onnx_path = _onnx_file(model_path, shape, folder)
-    partial = folder / "decoder_stateful.partial.xml"
+    partial = folder / f"decoder_stateful.{os.getpid()}.partial.xml"
     pairs = json.dumps({p.past: p.present for p in shape.pairs})
     done = subprocess.run([sys.executable, "-c", _STATEFUL_IR, str(onnx_path), str(partial), pairs],
                           capture_output=True, text=True)
