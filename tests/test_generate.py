@@ -378,6 +378,10 @@ def test_every_eos_id_of_the_config_ends_the_loop(models, references, tmp_path, 
     with decoder_runner("VAIML", folder) as r:
         assert r.decoder.eos_token_ids == (EOS_TOKEN_ID, stop)
         assert Generator(r).generate(PROMPT, 32, eos_token_id=r.decoder.eos_token_ids) == want
+        assert Generator(r).generate(PROMPT, 32, eos_token_id=np.int64(stop)) == want
+        for bad in ("12", [1, "x"]):
+            with pytest.raises(ValueError, match="eos_token_id"):
+                Generator(r).generate(PROMPT, 4, eos_token_id=bad)
 
 
 def test_new_external_weights_are_not_served_from_the_cache(tmp_path):

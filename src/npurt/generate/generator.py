@@ -196,6 +196,8 @@ class Generator:
 def _eos_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
     if eos_token_id is None:
         return set()
+    if isinstance(eos_token_id, (str, bytes)):
+        raise ValueError(f"eos_token_id: an id or a sequence of ids, got {eos_token_id!r}")
     try:
         return {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer)) else {int(t) for t in eos_token_id}
     except (TypeError, ValueError):
