@@ -65,8 +65,10 @@ class Generator:
         """The run of ``length`` tokens, bound once: a step writes its ids and position in place and runs it."""
         io = self._io.get(length)
         if io is None:
-            for other in [k for k in self._io if k not in (1, self.facts.prefill_chunk)]:
-                del self._io[other]
+            kept = (1, self.facts.prefill_chunk)
+            if length not in kept:  # a short last chunk of another length: it takes the place of the one before
+                for other in [k for k in self._io if k not in kept]:
+                    del self._io[other]
             ids_info, logits_info = self._infos
             ids = np.zeros((1, length), np.int64)
             logits = self.runner.allocate_npu_tensor(logits_info.replace(shape=(1, length, self.facts.vocab_size)))
