@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npurt import NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType
+from npurt import NpuError, NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType
 from npurt.models import DEFAULT_MODEL, default_samples
 
 
@@ -27,6 +27,8 @@ def test_a_bound_run_gives_execute_s_results(backend):
             r.bind([[y]], [[y]])
     assert executes >= 5
     assert bound.execute() is StatusCode.FAILURE and "closed" in r.last_error
+    with pytest.raises(NpuError, match="closed"):  # as every other call of a closed runner (not an internal error)
+        r.bind([[NpuTensor(x_info, x)]], [[y]])
 
 
 def test_a_stream_whose_state_changes_buffers_cannot_be_bound():

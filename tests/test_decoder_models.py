@@ -247,6 +247,12 @@ def test_builds_are_deterministic(tmp_path):
     assert build_decoder(tmp_path / "b", "gqa", seed=3).read_bytes() == a
     assert build_decoder(tmp_path / "c", "gqa", seed=4).read_bytes() != a
     assert (tmp_path / "a" / "genai_config.json").read_bytes() == (tmp_path / "b" / "genai_config.json").read_bytes()
+    # with external data, built again into the same folder: the same two files (onnx's save appends to a data file
+    # that is there: the weights were written twice and the offsets moved)
+    model = build_decoder(tmp_path / "d", "gqa", external_data=True)
+    files = (model.read_bytes(), (model.parent / "model.onnx.data").read_bytes())
+    build_decoder(tmp_path / "d", "gqa", external_data=True)
+    assert (model.read_bytes(), (model.parent / "model.onnx.data").read_bytes()) == files
 
 
 def test_cli(tmp_path, capsys):

@@ -4,6 +4,7 @@ logits step by step, the cache kept in place, and bad input."""
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -11,7 +12,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory, TensorDirection
+from npurt import (
+    Generator,
+    NpuError,
+    NpuTensor,
+    NpuUnsupportedError,
+    RunnerFactory,
+    StatusCode,
+    TensorDirection,
+    TensorType,
+)
 from npurt.generate import static_form
 from npurt.models import DEFAULT_MODEL
 from tests.helpers.decoders import (
@@ -21,6 +31,7 @@ from tests.helpers.decoders import (
     PROMPT,
     TEST_SHAPES,
     assert_tokens_agree,
+    build_decoder,
     decoder_folder,
     greedy_genai,
     greedy_onnxruntime,
@@ -143,6 +154,86 @@ def test_the_cache_is_written_in_place(models):
         assert not np.any(next(iter(state.current.values()))[0].numpy()[0, :, len(PROMPT) + 7:])
 
 
+def test_a_bound_stream_run_follows_the_stream_s_state(models):
+    """Runner.bind on a decoder's stream: what reset_stream, set_stream_state and run() do to the stream's cache is
+    what the bound run reads next, and what the bound run writes is what the stream's state shows (they once
+    diverged: the bound run kept writing the buffers it was bound to, the stream had new ones)."""
+    key = "past_key_values.0.key"
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        ids_info = r.get_tensor_info_by_name("input_ids", TensorType.CPU).replace(shape=(1, 1))
+        pos_info = r.get_tensor_info_by_name("position", TensorType.CPU).replace(shape=(1,))
+        logits_info = r.get_tensor_info_by_name("logits", TensorType.CPU).replace(shape=(1, 1, 512))
+
+        def bound_step(stream):
+            ids, position, logits = np.zeros((1, 1), np.int64), np.zeros(1, np.int64), r.allocate_npu_tensor(
+                logits_info)
+            run = r.bind([[NpuTensor(ids_info, ids), NpuTensor(pos_info, position)]], [[logits]], stream=stream)
+
+            def step(token, at):
+                ids[0, 0], position[0] = token, at
+                assert run.execute() is StatusCode.SUCCESS, r.last_error
+                return logits.numpy()[0, 0].copy()
+            return step
+
+        a, b = r.open_stream(), r.open_stream()
+        step_a, step_b = bound_step(a), bound_step(b)
+        for at, token in enumerate(PROMPT):
+            step_a(token, at)
+        for at, token in enumerate([5, 6, 7, 8, 9, 10]):
+            step_b(token, at)
+        saved = a.state()
+        want = step_a(11, len(PROMPT))
+        assert np.abs(a.state()[key][0, :, len(PROMPT)]).sum() > 0  # the bound run's row, in the stream's state
+        assert b.set_state(saved) is StatusCode.SUCCESS  # b's cache is now a's (the prompt's)
+        np.testing.assert_array_equal(step_b(11, len(PROMPT)), want)
+        assert a.reset() is StatusCode.SUCCESS
+        step_a(PROMPT[0], 0)
+        assert np.abs(a.state()[key][0, :, 0]).sum() > 0
+        a.run({"input_ids": np.array([PROMPT[1:]], np.int64), "position": np.array([1], np.int64)})
+        np.testing.assert_allclose(step_a(11, len(PROMPT)), want, atol=1e-5, rtol=0)  # on run()'s rows
+
+
+def test_a_generator_dropped_unclosed_releases_its_cache(models, references):
+    """``Generator(runner).generate(...)`` (the README's form, no close): the Generator's stream (its cache:
+    layers x 2 x max_length rows) goes with the Generator, not with the runner; close() is idempotent and a closed
+    Generator says so."""
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        ids = []
+        for _ in range(3):
+            g = Generator(r)
+            assert g.generate(PROMPT, 4) == references["gqa"].tokens[:4]
+            ids.append(g._stream.stream_id)  # noqa: SLF001 - the stream the Generator opened
+            del g
+        gc.collect()
+        for stream_id in ids:
+            with pytest.raises(ValueError, match="unknown to this runner or was closed"):
+                r.get_stream_state(stream_id)
+        g = Generator(r)
+        g.close()
+        g.close()
+        assert r.last_error == ""
+        with pytest.raises(NpuError, match="Generator is closed"):
+            g.generate(PROMPT, 4)
+
+
+def test_prompts_of_every_length_keep_three_bound_runs(models):
+    """Prompts whose last chunk is 1, 2, 3 tokens long (chunks of 4, shapes open): the tokens are the engine's for
+    each, and the Generator keeps the runs of the chunk, the step and the last short chunk only (it kept one per
+    length: [length, vocab] logits each, 68 MB over lengths 1 .. 64 of a vocabulary of 8192)."""
+    path = models["gqa"] / MODEL_FILE
+    with decoder_runner("VAIML", models["gqa"]) as r:
+        g = Generator(r)
+        for n in (6, 6, 5, 7, 9, 6, 6):
+            prompt = [(7 * i + 3) % 512 for i in range(n)]
+            last = (n - 1) % 4 + 1  # the last chunk's length
+            before = dict(g._io)  # noqa: SLF001 - the runs bound, by length
+            assert g.generate(prompt, 6) == greedy_onnxruntime(path, prompt, 6).tokens, n
+            bound = g._io  # noqa: SLF001
+            assert {4, 1, last} <= set(bound) and len(bound) <= 3, set(bound)
+            # never bound again: the chunk's and the step's runs, and the last chunk's run of the call before
+            assert all(bound[k] is before[k] for k in {4, 1, last} if k in before)
+
+
 def test_sampling_is_seeded(models, references):
     """The same seed draws the same ids; another temperature and seed others; greedy stays the reference's."""
     with decoder_runner("VAIML", models["gqa"]) as r:
@@ -205,6 +296,142 @@ def test_bad_input_is_refused_clearly(models, tmp_path):
     onnx.save(model, str(bad))
     with pytest.raises(NpuUnsupportedError, match="has no present output"):
         RunnerFactory.create_runner("VAIML", bad, {"device": "CPU", "decoder": {"max_length": 8}})
+
+
+def test_an_export_that_lists_its_weights_as_inputs(models, references, tmp_path):
+    """An export whose initializers are also graph inputs (overridable defaults: torch's
+    keep_initializers_as_inputs, older exporters) is a decoder like any other; it was refused, its weights taken
+    for inputs npurt cannot feed."""
+    model = onnx.load(str(models["gqa"] / MODEL_FILE))
+    model.graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                             for i in model.graph.initializer)
+    folder = tmp_path / "listed"
+    folder.mkdir()
+    onnx.save(model, str(folder / MODEL_FILE))
+    for backend in ("VAIML", "OPENVINO"):
+        with decoder_runner(backend, folder) as r:
+            assert [i.name for i in r.get_tensors_info(TensorDirection.INPUT)] == ["input_ids", "position"]
+            assert Generator(r).generate(PROMPT, 8) == references["gqa"].tokens[:8]
+
+
+def test_a_malformed_export_is_an_npu_error(models, tmp_path):
+    """A file whose graph protobuf cannot parse (an input's type malformed, every length intact): NpuError 'cannot
+    read ONNX model', as without option decoder (it was protobuf's own DecodeError)."""
+    model = onnx.load(str(models["gqa"] / MODEL_FILE))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "QQQQ"
+    data = model.SerializeToString()
+    folder = tmp_path / "malformed"
+    folder.mkdir()
+    (folder / MODEL_FILE).write_bytes(data.replace(b"\x12\x04QQQQ", b"\x0f" + b"\x00" * 5))
+    with pytest.raises(NpuError, match="cannot read ONNX model") as raised:
+        decoder_runner("VAIML", folder)
+    assert not isinstance(raised.value, NpuUnsupportedError)
+
+
+def test_a_failed_derivation_leaves_no_temporary_folder(models, tmp_path, monkeypatch):
+    """An export whose external data is missing: NpuError on both derivations (ONNX, OpenVINO IR), and the
+    temporary folder made for the static form is removed (it stayed, one per attempt)."""
+    import tempfile
+
+    folder = build_decoder(tmp_path / "external", "gqa", external_data=True).parent
+    (folder / "model.onnx.data").unlink()
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    for backend in ("VAIML", "OPENVINO"):
+        with pytest.raises(NpuError, match="cannot read ONNX model"):
+            decoder_runner(backend, folder)
+    assert list(temporary.iterdir()) == []
+
+
+def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp_path, monkeypatch):
+    """A static form past protobuf's limit goes to external data (the limit lowered here so the small decoder
+    crosses it): each backend generates the reference's tokens from it, and OpenVINO's cache entry keeps its IR
+    alone (the ONNX form's external weights, a model's whole size, stayed beside it)."""
+    from npurt.generate import model as decoder_model
+
+    monkeypatch.setattr(decoder_model, "MAX_PROTOBUF", 1000)
+    for backend in ("VAIML", "OPENVINO"):
+        cache = tmp_path / backend
+        with decoder_runner(backend, models["gqa"], cache_dir=str(cache)) as r:
+            assert Generator(r).generate(PROMPT, 8) == references["gqa"].tokens[:8]
+        files = sorted(p.name for p in (cache / "decoders").glob("*/*"))
+        assert files == (["decoder_stateful.bin", "decoder_stateful.xml"] if backend == "OPENVINO" else
+                         ["decoder_static.onnx", "decoder_static.onnx.data"])
+
+
+def test_every_eos_id_of_the_config_ends_the_loop(models, references, tmp_path, capsys):
+    """genai_config.json's eos_token_id may be a list (Llama 3: end of text, end of turn, ...), as onnxruntime-genai
+    reads it: `npurt generate` stops at any of them (it stopped at the first only), and generate() takes several."""
+    import json
+    import shutil
+
+    from npurt.cli import main
+
+    ref = references["gqa"].tokens
+    stop = next(t for t in ref[3:] if t not in ref[:3] and t != EOS_TOKEN_ID)  # an id first made at step >= 3
+    folder = tmp_path / "eos"
+    shutil.copytree(models["gqa"], folder)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = [EOS_TOKEN_ID, stop]
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    want = ref[:ref.index(stop) + 1]
+    assert main(["generate", str(folder / MODEL_FILE), "--prompt-ids", ",".join(map(str, PROMPT)),
+                 "--max-new-tokens", "32", "--backend", "vaiml", "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"] == want
+    with decoder_runner("VAIML", folder) as r:
+        assert r.decoder.eos_token_ids == (EOS_TOKEN_ID, stop)
+        assert Generator(r).generate(PROMPT, 32, eos_token_id=r.decoder.eos_token_ids) == want
+        assert Generator(r).generate(PROMPT, 32, eos_token_id=np.int64(stop)) == want
+        for bad in ("12", [1, "x"]):
+            with pytest.raises(ValueError, match="eos_token_id"):
+                Generator(r).generate(PROMPT, 4, eos_token_id=bad)
+
+
+def test_new_external_weights_are_not_served_from_the_cache(tmp_path):
+    """A model with external data whose data file alone is replaced (other weights, same layout): a runner made
+    over npurt's cache_dir generates from the new weights (the static form in the cache, keyed by model.onnx alone,
+    held the old ones: the old model's tokens, SUCCESS)."""
+    import shutil
+
+    model = build_decoder(tmp_path / "model", "gqa", 0, external_data=True)
+    other = build_decoder(tmp_path / "other", "gqa", 1, external_data=True)
+    cache = tmp_path / "cache"
+    before = greedy_onnxruntime(model, PROMPT, 8).tokens
+    for backend in ("VAIML", "OPENVINO"):
+        with decoder_runner(backend, model.parent, cache_dir=str(cache)) as r:
+            assert Generator(r).generate(PROMPT, 8) == before
+    shutil.copy(other.parent / "model.onnx.data", model.parent / "model.onnx.data")
+    want = greedy_onnxruntime(model, PROMPT, 8).tokens
+    assert want != before
+    for backend in ("VAIML", "OPENVINO"):
+        with decoder_runner(backend, model.parent, cache_dir=str(cache)) as r:
+            assert Generator(r).generate(PROMPT, 8) == want, backend
+
+
+def test_runners_made_at_once_over_one_cache_derive_once(models, references, tmp_path):
+    """Three threads make the same decoder runner at once over a new cache_dir (a server's pool starting): each
+    generates the reference's tokens (they wrote one partial file together: FileNotFoundError or a truncated model,
+    in most tries)."""
+    want = references["gqa"].tokens[:4]
+    for backend in ("VAIML", "OPENVINO"):
+        for attempt in range(3):
+            cache, results, start = tmp_path / f"{backend}{attempt}", [], threading.Barrier(3)
+
+            def make(cache=cache, results=results, start=start, backend=backend):
+                start.wait()
+                try:
+                    with decoder_runner(backend, models["gqa"], cache_dir=str(cache)) as r:
+                        results.append(Generator(r).generate(PROMPT, 4))
+                except Exception as e:  # noqa: BLE001 - reported below
+                    results.append(f"{type(e).__name__}: {e}")
+
+            threads = [threading.Thread(target=make) for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert results == [want] * 3, (backend, attempt)
 
 
 FP16_LOGITS = 0.06  # measured: at most 0.047 over 64 steps of the three test decoders (logits up to ~13)

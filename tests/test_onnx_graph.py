@@ -98,3 +98,37 @@ def test_an_input_left_open_stays_open(tmp_path):
     for open_dim in (None, -1):
         shapes = onnx_graph.output_shapes(skeleton, {"x": (TensorProto.FLOAT, [open_dim, 64])})
         assert shapes == [(), (2, None)]
+
+
+def test_initializers_listed_as_inputs_are_cut_with_their_input(tmp_path):
+    """A model that also lists its initializers among the graph's inputs (ONNX allows it: overridable defaults, as
+    older exporters and torch's keep_initializers_as_inputs write): the skeleton drops a weight's input entry with
+    it, so the weightless graph's inputs are the ones a caller feeds and the probe declares each weight once (it
+    declared it twice, and ONNX Runtime refused the probe: no output dims decided)."""
+    plain, listed = tmp_path / "net.onnx", tmp_path / "listed.onnx"
+    small_net(plain)
+    model = onnx.load(str(plain))
+    model.graph.input.extend(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                             for i in model.graph.initializer)
+    onnx.save(model, str(listed))
+    skeleton = onnx_graph.read_skeleton(listed)
+    assert set(skeleton.weights) == {"w", "bias"}
+    assert [v.name for v in onnx_graph.graph_inputs(skeleton.model.graph)] == ["x"]
+    assert [v.name for v in skeleton.model.graph.input] == ["x", "zero", "one", "tail"]  # the kept ones stay listed
+    pinned = {"x": (TensorProto.FLOAT, [3, 64])}
+    assert onnx_graph.output_shapes(skeleton, pinned) == [(3, 16, 16), (2, None)]
+
+
+def test_a_malformed_message_inside_the_graph_is_a_value_error(tmp_path):
+    """A message the skeleton's walk does not open (an input's type) malformed: parsing the weightless model is a
+    ValueError naming the file, not protobuf's DecodeError."""
+    path = tmp_path / "net.onnx"
+    small_net(path)
+    model = onnx.load(str(path))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "QQQQ"
+    data = model.SerializeToString()
+    assert data.count(b"\x12\x04QQQQ") == 1
+    path.write_bytes(data.replace(b"\x12\x04QQQQ", b"\x0f" + b"\x00" * 5))  # same length: wire type 7 inside
+    skeleton = onnx_graph.read_skeleton(path)
+    with pytest.raises(ValueError, match="not an ONNX model"):
+        _ = skeleton.model

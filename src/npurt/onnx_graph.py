@@ -86,11 +86,14 @@ class Skeleton:
 
     @property
     def model(self) -> onnx.ModelProto:
-        """The weightless model as protobuf objects (imports onnx)."""
+        """The weightless model as protobuf objects (imports onnx). ValueError where protobuf cannot parse it."""
         import onnx
 
         model = onnx.ModelProto()
-        model.ParseFromString(self.data)
+        try:
+            model.ParseFromString(self.data)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError: a message the skeleton's walk did not open
+            raise ValueError(f"{self.path} is not an ONNX model: {e}") from None
         return model
 
     def probe_model(self, pinned: Mapping[str, tuple[int, Sequence[int | None]]]) -> bytes:
@@ -98,8 +101,17 @@ class Skeleton:
         ``pinned`` ({name: (element type, shape)}) at those shapes: what a session that only tells shapes needs."""
         buf = memoryview(self.data)
         start, end = self.graph
-        cuts = [(_field_start(buf, a, b, GRAPH_INPUT), b) for _, a, b in
-                fields(buf, start, end, 1, frozenset((GRAPH_INPUT,))) if _value_name(buf, a, b) in pinned]
+        inputs: list[tuple[int, int, str]] = []
+        constants: set[str] = set()
+        for tag, a, b in fields(buf, start, end, 1, frozenset((GRAPH_INPUT, GRAPH_INITIALIZER))):
+            if tag == GRAPH_INPUT:
+                inputs.append((a, b, _value_name(buf, a, b)))
+            else:
+                constants.add(_tensor_name(buf, a, b))
+        # an initializer also listed as an input is one ONNX Runtime would let a caller override, and so does not
+        # fold: the probe takes it as the constant a runner gives it (npurt feeds none)
+        cuts = [(_field_start(buf, a, b, GRAPH_INPUT), b) for a, b, name in inputs
+                if name in pinned or name in constants]
         added = b"".join(_field(GRAPH_INPUT, _value_info(name, elem, dims)) for name, (elem, dims) in pinned.items())
         added += b"".join(_field(GRAPH_INPUT, _value_info(w.name, w.elem_type, w.dims))
                           for w in self.weights.values())
@@ -123,8 +135,12 @@ def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIG
         cuts: list[tuple[int, int]] = []  # [start, end) of each field removed, tag included
         weights: dict[str, Weight] = {}
         graphs = [(a, b) for _, a, b in fields(buf, 0, len(buf), 0, frozenset((MODEL_GRAPH,)))]
+        inputs: list[tuple[int, int]] = []
         for start, end in graphs:
-            for tag, a, b in fields(buf, start, end, 1, frozenset((GRAPH_INITIALIZER, GRAPH_NODE))):
+            for tag, a, b in fields(buf, start, end, 1, frozenset((GRAPH_INITIALIZER, GRAPH_NODE, GRAPH_INPUT))):
+                if tag == GRAPH_INPUT:
+                    inputs.append((a, b))
+                    continue
                 if tag == GRAPH_INITIALIZER:
                     weight = _weight(buf, a, b, path, min_weight_bytes)
                 else:  # a Constant node holding a weight (as some exporters write every weight): its value
@@ -132,6 +148,8 @@ def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIG
                 if weight is not None:
                     weights[weight.name] = weight
                     cuts.append((_field_start(buf, a, b, tag), b))
+        # an initializer may also be listed as a graph input (an overridable default): that entry goes with it
+        cuts += [(_field_start(buf, a, b, GRAPH_INPUT), b) for a, b in inputs if _value_name(buf, a, b) in weights]
         data = _without(buf, graphs, cuts)
     return skeleton_of_bytes(data, path, weights)
 
@@ -283,6 +301,12 @@ def output_shapes(skeleton: Skeleton, pinned: Mapping[str, tuple[int, Sequence[i
 
 def _value_name(buf: memoryview, start: int, end: int) -> str:
     for _, a, b in fields(buf, start, end, 2, frozenset((VALUE_NAME,))):
+        return str(buf[a:b], "utf-8")
+    return ""
+
+
+def _tensor_name(buf: memoryview, start: int, end: int) -> str:
+    for _, a, b in fields(buf, start, end, 2, frozenset((TENSOR_NAME,))):
         return str(buf[a:b], "utf-8")
     return ""
 

@@ -152,18 +152,29 @@ class StreamRuns:
 
     def bound(self, stream: StreamRef, inputs: Any, outputs: Any) -> Callable[[], tuple[StatusCode, str]]:
         """A stream's run planned once (``Runner.bind``): its carried state must stay in the same buffers, as pairs
-        kept in place do (ping-pong pairs change buffers every run). StatusError for what execute would refuse."""
+        kept in place do (ping-pong pairs change buffers every run); where a reset, set_state or run() gave the
+        stream new buffers, the next run binds those. StatusError for what execute would refuse."""
         state = self._state_or_status(stream)
         if self.table.pairs and not self.table.in_place:
             raise StatusError(StatusCode.INVALID_INPUT, "a bound run cannot carry state that changes buffers every "
                                                         "run (option state_pairs): use execute")
+        pairs = tuple(self.table.pairs)
         ins, outs = self._full_lists(state, inputs, outputs)
         plan = self.core.planner.plan([ins], [outs])
+        held = [state.current.get(name) for name in pairs]  # the state buffers bound
 
         def run() -> tuple[StatusCode, str]:
+            nonlocal ins, outs, plan, held
             try:
                 with state.turn():
+                    # a reset, set_stream_state or run() since gave the stream other buffers: bound to them anew
+                    if any(state.current.get(name) is not buffers for name, buffers in zip(pairs, held)):
+                        ins, outs = self._full_lists(state, inputs, outputs)
+                        plan = self.core.planner.plan([ins], [outs])
+                        held = [state.current.get(name) for name in pairs]
                     return self.core.execute_plan(plan, [ins], [outs], state)
+            except StatusError as e:
+                return e.status, str(e)
             except NpuError as e:
                 return StatusCode.FAILURE, str(e)
 

@@ -27,7 +27,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help=f"rows of the KV cache (default: the prompt and the new ids, at least {DEFAULT_MAX_LENGTH}, "
                         "at most the model's context length)")
     p.add_argument("--prefill-chunk", type=int, default=16, metavar="C", help="prompt tokens per run (default 16)")
-    p.add_argument("--eos", type=int, metavar="ID", help="stop after this id (default: genai_config.json's eos)")
+    p.add_argument("--eos", type=int, metavar="ID",
+                   help="stop after this id (default: any of genai_config.json's eos ids)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -71,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = create_runner(resolve_backend(args.backend), path, options)
     runner = loaded.runner
     try:
-        eos = args.eos
-        if eos is None and runner.decoder.eos_token_ids:
-            eos = runner.decoder.eos_token_ids[0]
+        eos = args.eos if args.eos is not None else runner.decoder.eos_token_ids  # each of the config's ends it
         with Generator(runner) as gen:
             try:
                 ids = gen.generate(prompt, args.max_new_tokens, eos_token_id=eos, do_sample=args.sample,

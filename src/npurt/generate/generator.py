@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from ..bound import BoundRun
 from ..runner import Runner
+from ..streams import Stream
 from ..tensor import NpuTensor
 from ..types import NpuError, StatusCode, TensorType
 from . import layout
@@ -42,13 +44,18 @@ class Generator:
         self.runner = runner
         self.facts = facts
         self._stream = runner.open_stream()
+        # the stream (this Generator's cache) is closed by close(), or when the Generator is collected unclosed
+        self._release = weakref.finalize(self, _close_stream, runner, self._stream)
+        self._release.atexit = False  # at exit the runner goes anyway
         self._lock = threading.Lock()  # one loop at a time per Generator (its cache is one sequence)
         ids_info = runner.get_tensor_info_by_name(layout.INPUT_IDS, TensorType.CPU)
         pos_info = runner.get_tensor_info_by_name(layout.POSITION, TensorType.CPU)
         logits_info = runner.get_tensor_info_by_name(layout.LOGITS, TensorType.CPU)
         self._position = np.zeros(1, np.int64)
         self._position_tensor = NpuTensor(pos_info.replace(shape=(1,)), self._position)
-        # per sequence length: the ids array, the logits' rows and the run bound to them, made once each
+        # per sequence length: the ids array, the logits' rows and the run bound to them; the prefill chunk and the
+        # step are kept, and the one other length a prompt's short last chunk had (each holds [length, vocab] logits:
+        # one per length 1 .. prefill_chunk would add up to prefill_chunk^2 / 2 rows of the vocabulary)
         self._io: dict[int, tuple[np.ndarray, np.ndarray, BoundRun]] = {}
         self._infos = (ids_info, logits_info)
         self.stats: dict[str, Any] = {}
@@ -58,6 +65,10 @@ class Generator:
         """The run of ``length`` tokens, bound once: a step writes its ids and position in place and runs it."""
         io = self._io.get(length)
         if io is None:
+            kept = (1, self.facts.prefill_chunk)
+            if length not in kept:  # a short last chunk of another length: it takes the place of the one before
+                for other in [k for k in self._io if k not in kept]:
+                    del self._io[other]
             ids_info, logits_info = self._infos
             ids = np.zeros((1, length), np.int64)
             logits = self.runner.allocate_npu_tensor(logits_info.replace(shape=(1, length, self.facts.vocab_size)))
@@ -79,21 +90,24 @@ class Generator:
                            f"{self.runner.last_error}")
         return rows
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None,
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                 eos_token_id: int | Sequence[int] | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None) -> list[int]:
-        """The new ids (the eos id included where it ended the loop)."""
+        """The new ids (the eos id included where it ended the loop; ``eos_token_id``: one id or several, as
+        ``runner.decoder.eos_token_ids``)."""
         return list(self.stream(prompt_ids, max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
 
-    def stream(self, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None,
+    def stream(self, prompt_ids: Sequence[int], max_new_tokens: int, *,
+               eos_token_id: int | Sequence[int] | None = None,
                do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None) -> Iterator[int]:
         """Each new id as it is made (see ``generate``). Raises ValueError for a bad prompt or settings before
         anything runs, NpuError where a run fails or the runner was closed."""
         prompt = self._checked(prompt_ids, max_new_tokens, temperature, top_k, top_p)
         pick = _Sampler(do_sample, temperature, top_k, top_p, seed)
-        eos = {eos_token_id} if eos_token_id is not None else set()
+        eos = _eos_ids(eos_token_id)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this Generator is already running a loop; make one Generator per concurrent loop")
         try:
@@ -143,6 +157,8 @@ class Generator:
                  top_p: float) -> list[int]:
         if self.runner.closed:
             raise NpuError("the runner is closed")
+        if not self._release.alive:
+            raise NpuError("this Generator is closed (its cache was released)")
         try:
             prompt = [int(t) for t in prompt_ids]
         except (TypeError, ValueError):
@@ -168,15 +184,31 @@ class Generator:
         return prompt
 
     def close(self) -> None:
-        """Release this Generator's cache (its stream on the runner)."""
-        if not self.runner.closed:
-            self.runner.close_stream(self._stream)
+        """Release this Generator's cache (its stream on the runner); idempotent. A Generator collected unclosed
+        releases it then."""
+        self._release()
 
     def __enter__(self) -> Generator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, (str, bytes)):
+        raise ValueError(f"eos_token_id: an id or a sequence of ids, got {eos_token_id!r}")
+    try:
+        return {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer)) else {int(t) for t in eos_token_id}
+    except (TypeError, ValueError):
+        raise ValueError(f"eos_token_id: an id or a sequence of ids, got {eos_token_id!r}") from None
+
+
+def _close_stream(runner: Runner, stream: Stream) -> None:
+    if not runner.closed:
+        runner.close_stream(stream)
 
 
 class _Sampler:

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from . import layout
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
+_EXTERNAL_DATA = "decoder_static.onnx.data"  # the static form's weights past MAX_PROTOBUF
 
 
 @dataclass(frozen=True)
@@ -117,12 +121,17 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     # what the runner needs is read from the graph without its weights; the weights are loaded only where the
     # static form's file is not there yet (npurt's cache_dir keeps it)
     try:
-        weightless = onnx_graph.read_skeleton(model_path).model
+        skeleton = onnx_graph.read_skeleton(model_path)
+        weightless = skeleton.model
+    except ValueError as e:
+        raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
+    try:
         shape = layout.read(weightless, spec.max_length)
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
-    del weightless
+    external = any(w.external for w in skeleton.weights.values())
+    del weightless, skeleton
     if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
     openvino = backend_name == "OPENVINO"
@@ -135,15 +144,15 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
             "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
             "(OpenVINO GenAI's NPUW), which npurt does not drive yet (untested here: no Intel NPU); use device='CPU' "
             "or 'GPU', or an ONNX Runtime backend")
-    folder = _folder(model_path, spec, backend_name, options)
+    folder = _folder(model_path, spec, backend_name, options, external)
     pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
     if openvino:
-        path = _openvino_stateful(model_path, shape, folder)
+        path = _derived(_openvino_stateful, model_path, shape, folder, options)
         derived = replace(options, tensor_types={**options.tensor_types,
                                                  (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU})
         cache = "OpenVINO state (the compiled model's variables, one set per stream)"
     else:
-        path = _onnx_file(model_path, shape, folder)
+        path = _derived(_onnx_file, model_path, shape, folder, options)
         views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
         for pair in shape.pairs:
             views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
@@ -168,24 +177,47 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     return PreparedDecoder(path, derived, facts)
 
 
-def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions) -> Path:
+def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, external: bool) -> Path:
     """Where the derived model goes: a folder of npurt's cache (kept, keyed by the model and the decoder's
-    settings), else a temporary one removed with the process's last reference to the runner."""
+    settings), else a temporary one removed with the process's last reference to the runner. A model with external
+    data is keyed by the files beside it too (its weights are in them; the static form holds a copy), as
+    ``cache.ModelCache.content_hash`` keys it."""
     if options.cache_dir is not None:
         stat = model_path.stat()
+        siblings = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_path.parent.iterdir()
+                          if p.is_file() and p != model_path) if external else []
         key = hashlib.sha256(json.dumps([str(model_path.resolve()), stat.st_size, stat.st_mtime_ns,
-                                         spec.max_length, backend_name == "OPENVINO", _VERSION]).encode())
+                                         spec.max_length, backend_name == "OPENVINO", _VERSION,
+                                         *([siblings] if siblings else [])]).encode())
         folder = options.cache_dir / "decoders" / key.hexdigest()[:32]
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     return Path(tempfile.mkdtemp(prefix="npurt-decoder-"))
 
 
+def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path, shape: layout.Layout, folder: Path,
+             options: RunnerOptions) -> Path:
+    """``make``'s file in ``folder``, made by one thread at a time (runners made at once over one cache_dir wrote
+    the same partial file); a temporary folder goes where it fails (no runner is there to remove it)."""
+    with _FOLDERS_LOCK:
+        lock = _FOLDER_LOCKS.setdefault(folder, threading.Lock())
+    try:
+        with lock:
+            return make(model_path, shape, folder)
+    except BaseException:
+        if options.cache_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+_FOLDERS_LOCK = threading.Lock()
+_FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
+
 _VERSION = 1  # of the derivation: a change to static_form makes new cache entries
 
 
 def remove_with(owner: object, path: Path, options: RunnerOptions) -> None:
-    """Remove a temporary derived model's folder once ``owner`` (the runner) is gone or closed."""
+    """Remove a temporary derived model's folder once ``owner`` (the runner) is collected (not at its close())."""
     if options.cache_dir is None:
         weakref.finalize(owner, shutil.rmtree, path.parent, True)
 
@@ -204,10 +236,11 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
             raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
         form = static_form.derive(model, shape.max_length)
         del model
-        partial = folder / "decoder_static.onnx.partial"
+        partial = folder / f"decoder_static.onnx.{os.getpid()}.partial"  # (other processes may write theirs)
         if form.model.ByteSize() > MAX_PROTOBUF:
+            (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # (a failed attempt's: onnx would append to it)
             onnx.save_model(form.model, str(partial), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location="decoder_static.onnx.data")
+                            location=_EXTERNAL_DATA)
         else:
             partial.write_bytes(form.model.SerializeToString())
         partial.replace(path)
@@ -234,7 +267,7 @@ def _openvino_stateful(model_path: Path, shape: layout.Layout, folder: Path) -> 
     if path.exists():
         return path
     onnx_path = _onnx_file(model_path, shape, folder)
-    partial = folder / "decoder_stateful.partial.xml"
+    partial = folder / f"decoder_stateful.{os.getpid()}.partial.xml"
     pairs = json.dumps({p.past: p.present for p in shape.pairs})
     done = subprocess.run([sys.executable, "-c", _STATEFUL_IR, str(onnx_path), str(partial), pairs],
                           capture_output=True, text=True)
@@ -244,4 +277,5 @@ def _openvino_stateful(model_path: Path, shape: layout.Layout, folder: Path) -> 
     partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
     partial.replace(path)
     onnx_path.unlink(missing_ok=True)
+    (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # the ONNX form's weights, where they were external
     return path

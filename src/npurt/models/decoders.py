@@ -383,6 +383,7 @@ def build_decoder(folder: str | Path, shape: DecoderShape | str, seed: int = 0, 
     model = build_model(shape, seed)
     path = folder / MODEL_FILE
     if external_data:
+        (folder / EXTERNAL_DATA_FILE).unlink(missing_ok=True)  # onnx appends to a data file that is there
         onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=EXTERNAL_DATA_FILE, size_threshold=1024)
     else:
