@@ -225,12 +225,22 @@ def _array_from_json(data: Any, data_type: DataType, shape: tuple[int, ...], wha
     return _check_values(values, data_type, what).reshape(shape)
 
 
-def array_over(buffer: memoryview | bytes, offset: int, data_type: DataType, shape: tuple[int, ...]) -> np.ndarray:
-    """An array over ``buffer`` at ``offset`` (no copy), or a copy where the bytes are not aligned for the type."""
+def array_over(buffer: memoryview | bytes, offset: int, data_type: DataType, shape: tuple[int, ...],
+               what: str = "tensor") -> np.ndarray:
+    """An array over ``buffer`` at ``offset`` (no copy), or a copy where the bytes are not aligned for the type;
+    BOOL bytes checked (``check_bool``)."""
     count = math.prod(shape)
     array = np.frombuffer(buffer, dtype=data_type.numpy, count=count, offset=offset).reshape(shape)
     if not array.flags.aligned:
         array = array.copy()  # engines read elements in place: a misaligned one is copied, once
+    return check_bool(array, what)
+
+
+def check_bool(array: np.ndarray, what: str) -> np.ndarray:
+    """BOOL data in bytes (binary, raw or shared memory) is one byte per element, 0 or 1 (OipError 400 otherwise):
+    numpy and the engines take any other byte for a bool that is neither (ONNX Runtime's Not of a 2 is true)."""
+    if array.dtype == np.bool_ and array.size and int(array.view(np.uint8).max()) > 1:
+        raise bad(f"{what}: BOOL data holds a byte other than 0 and 1 (byte {int(array.view(np.uint8).max())})")
     return array
 
 
@@ -339,7 +349,7 @@ def _http_data(tensor: InputTensor, item: dict[str, Any], parameters: dict[str, 
         if offset + size > len(body):
             raise bad(f"{what}: the binary data is truncated: {size} bytes declared, {len(body) - offset} left "
                       "in the body")
-        tensor.array = array_over(body, offset, tensor.data_type, tensor.shape)
+        tensor.array = array_over(body, offset, tensor.data_type, tensor.shape, what)
         offset += size
     elif "data" in item:
         tensor.array = _array_from_json(item["data"], tensor.data_type, tensor.shape, what)
@@ -446,7 +456,7 @@ def parse_grpc(message: Any, limits: OipLimits, model: str = "") -> InferRequest
             if len(blob) != tensor.nbytes:
                 raise bad(f"{what}: {len(blob)} bytes of raw contents, shape {list(shape)} of "
                           f"{datatype_name(data_type)} needs {tensor.nbytes}")
-            tensor.array = array_over(blob, 0, data_type, shape)
+            tensor.array = array_over(blob, 0, data_type, shape, what)
         else:
             raise bad(f"{what}: no data (neither contents, raw_input_contents nor shared memory)")
         request.inputs.append(tensor)
@@ -492,5 +502,5 @@ def fill_grpc_response(response: Any, model: str, version: str, request_id: str,
 
 
 __all__ = ["DATATYPE_OF", "DATA_TYPE_OF", "InferRequest", "InputTensor", "OipError", "OipLimits", "OutputTensor",
-           "RequestedOutput", "ShmRef", "array_over", "datatype_name", "fill_grpc_response",
+           "RequestedOutput", "ShmRef", "array_over", "check_bool", "datatype_name", "fill_grpc_response",
            "grpc_parameters", "http_response", "parse_grpc", "parse_http", "tensor_metadata"]

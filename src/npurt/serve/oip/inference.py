@@ -36,6 +36,7 @@ from .codec import (
     OipLimits,
     OutputTensor,
     RequestedOutput,
+    check_bool,
     datatype_name,
     tensor_metadata,
 )
@@ -346,7 +347,7 @@ class InferenceFront:
             array = array.copy()
             if self.metrics is not None:
                 self.metrics.copied(call.entry.name, array.nbytes)
-        return array
+        return check_bool(array, what)
 
     def _shm_job(self, call: InferCall, given: Mapping[str, InputTensor], feeds: dict[str, np.ndarray]) -> Job:
         """Outputs into shared memory: a job that executes on tensors over the regions where the engine's output
