@@ -113,3 +113,12 @@ def test_bool_bytes_other_than_0_and_1_are_refused(svc):
         http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/boolin/unregister")
         os.close(fd)
         os.unlink(f"/dev/shm{key}")
+
+
+def test_json_numbers_past_the_float_range_are_refused(svc):
+    """70000 is no FP16 value and 1e39 no FP32 one: refused, not turned into infinity."""
+    for inputs, name in ((json_inputs(c=[1.0, 70000.0]), "'c'"), (json_inputs(a=[1e39] + [1.0] * 7), "'a'")):
+        status, doc = infer(svc, {"inputs": inputs})
+        assert status == 400 and name in doc["error"] and "range" in doc["error"], doc
+    status, doc = infer(svc, {"inputs": json_inputs(c=[65504.0, -65504.0]), "outputs": [{"name": "c1"}]})
+    assert status == 200 and doc["outputs"][0]["data"] == [65504.0, -65504.0], doc  # the largest FP16, rounded

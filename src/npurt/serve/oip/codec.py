@@ -211,9 +211,17 @@ def _check_values(values: Sequence[Any], data_type: DataType, what: str) -> np.n
         if low < info.min or high > info.max:
             raise bad(f"{what}: {name} data holds {low if low < info.min else high}, outside {info.min}..{info.max}")
     try:
-        return np.asarray(values, dtype=dtype)
+        with np.errstate(over="ignore"):
+            array = np.asarray(values, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:
         raise bad(f"{what}: data is not a list of {name} values: {str(e)[:120]}") from None
+    if allowed == {int, float} and array.size and not np.isfinite(array).all():
+        wide = np.asarray(values, dtype=np.float64)
+        past = np.isinf(array) & np.isfinite(wide)  # a finite number no value of the type holds (not rounded: inf)
+        if past.any():
+            raise bad(f"{what}: {name} data holds {float(wide[past][0])!r}, outside {name}'s range "
+                      f"(+-{float(np.finfo(dtype).max)!r})")
+    return array
 
 
 def _array_from_json(data: Any, data_type: DataType, shape: tuple[int, ...], what: str) -> np.ndarray:
