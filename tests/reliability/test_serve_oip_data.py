@@ -122,3 +122,10 @@ def test_json_numbers_past_the_float_range_are_refused(svc):
         assert status == 400 and name in doc["error"] and "range" in doc["error"], doc
     status, doc = infer(svc, {"inputs": json_inputs(c=[65504.0, -65504.0]), "outputs": [{"name": "c1"}]})
     assert status == 200 and doc["outputs"][0]["data"] == [65504.0, -65504.0], doc  # the largest FP16, rounded
+
+
+def test_data_given_both_in_json_and_as_binary_is_refused(svc):
+    inputs = json_inputs()
+    inputs[0]["parameters"] = {"binary_data_size": 32}
+    status, doc = infer(svc, {"inputs": inputs}, np.full(8, 9, np.float32).tobytes())
+    assert status == 400 and "'a'" in doc["error"], doc

@@ -350,6 +350,8 @@ def _http_data(tensor: InputTensor, item: dict[str, Any], parameters: dict[str, 
         if size is not None or "data" in item:
             raise bad(f"{what}: data given both in shared memory and in the request")
     elif size is not None:
+        if "data" in item:
+            raise bad(f"{what}: data given both in 'data' and as binary data (binary_data_size)")
         size = _int(size, f"{what}: binary_data_size")
         if size != tensor.nbytes:
             raise bad(f"{what}: binary_data_size {size}, shape {list(tensor.shape)} of "
