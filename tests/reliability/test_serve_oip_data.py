@@ -129,3 +129,22 @@ def test_data_given_both_in_json_and_as_binary_is_refused(svc):
     inputs[0]["parameters"] = {"binary_data_size": 32}
     status, doc = infer(svc, {"inputs": inputs}, np.full(8, 9, np.float32).tobytes())
     assert status == 400 and "'a'" in doc["error"], doc
+
+
+def test_a_zero_sized_shape_with_dims_past_the_limits_is_a_400(svc):
+    """[0, 2**61] holds no element, but no array of it can be made: a clear 4xx, not a 500 from numpy."""
+    inputs = json_inputs()
+    inputs[0] = {"name": "a", "datatype": "FP32", "shape": [0, 1 << 61], "data": []}
+    status, doc = infer(svc, {"inputs": inputs})
+    assert 400 <= status < 500 and "'a'" in doc["error"], (status, doc)
+    tc_grpc = require_module("tritonclient.grpc", "needs the 'test' extra")
+    from tritonclient.utils import InferenceServerException
+
+    grpc_inputs = triton_inputs(tc_grpc, np.zeros(A_SHAPE, bool))
+    grpc_inputs[0] = tc_grpc.InferInput("a", [0, 1 << 61], "FP32")
+    grpc_inputs[0]._raw_content = b""
+    with pytest.raises(InferenceServerException) as e:
+        tc_grpc.InferenceServerClient(svc.grpc_address).infer("m", grpc_inputs)
+    assert "INTERNAL" not in str(e.value) and "'a'" in str(e.value), e.value
+    status, doc = infer(svc, {"inputs": json_inputs()})
+    assert status == 200, doc

@@ -165,9 +165,12 @@ def _parameters(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _count_elements(total: int, shape: tuple[int, ...], limits: OipLimits) -> int:
+def _count_elements(total: int, shape: tuple[int, ...], limits: OipLimits, what: str) -> int:
     """The request's elements so far, with one more input's (OipError 413 past the limit: before any data is
-    decoded)."""
+    decoded). A zero-sized shape's other dims count too: [0, 2**61] holds nothing, but no array of it can be made."""
+    if math.prod(max(d, 1) for d in shape) > limits.max_elements:
+        raise OipError(413, f"{what}: shape {list(shape)[:MAX_RANK]} has dims past this server's limit of "
+                            f"{limits.max_elements} elements per request (--max-elements)")
     total += math.prod(shape)
     if total > limits.max_elements:
         raise OipError(413, f"the request's inputs hold {total} elements or more; this server takes at most "
@@ -264,7 +267,7 @@ def parse_http(body: bytes, header_length: str | None, limits: OipLimits) -> Inf
     elements = 0
     for k, item in enumerate(inputs):
         tensor, parameters = _http_input(k, item)
-        elements = _count_elements(elements, tensor.shape, limits)  # before its data is decoded
+        elements = _count_elements(elements, tensor.shape, limits, f"input {tensor.name!r}")  # before its data
         offset = _http_data(tensor, item, parameters, view, offset)
         request.inputs.append(tensor)
     if offset != len(body):
@@ -445,7 +448,7 @@ def parse_grpc(message: Any, limits: OipLimits, model: str = "") -> InferRequest
             raise bad("an input without a name")
         data_type = _data_type(item.datatype, what)
         shape = _shape(list(item.shape), what)
-        elements = _count_elements(elements, shape, limits)
+        elements = _count_elements(elements, shape, limits, what)
         tensor = InputTensor(item.name, data_type, shape)
         tensor.shm = _shm_ref(grpc_parameters(item.parameters), what)
         contents = _grpc_contents(item, data_type)
