@@ -148,3 +148,17 @@ def test_a_zero_sized_shape_with_dims_past_the_limits_is_a_400(svc):
     assert "INTERNAL" not in str(e.value) and "'a'" in str(e.value), e.value
     status, doc = infer(svc, {"inputs": json_inputs()})
     assert status == 200, doc
+
+
+def test_classification_is_refused_not_ignored(svc):
+    """Triton's classification extension (top-k labels as BYTES) is not served: asked for, it is refused, not
+    answered with the raw tensor."""
+    tc_http = require_module("tritonclient.http", "needs the 'test' extra")
+    tc_grpc = require_module("tritonclient.grpc", "needs the 'test' extra")
+    from tritonclient.utils import InferenceServerException
+
+    for module, address in ((tc_http, svc.http_address), (tc_grpc, svc.grpc_address)):
+        client = module.InferenceServerClient(address)
+        with pytest.raises(InferenceServerException, match="classification"):
+            client.infer("m", triton_inputs(module, np.zeros(A_SHAPE, bool)),
+                         outputs=[module.InferRequestedOutput("a2", class_count=2)])

@@ -379,7 +379,15 @@ def _http_output(k: int, item: Any) -> RequestedOutput:
     binary = p.get("binary_data")
     if binary is not None and not isinstance(binary, bool):
         raise bad(f"{what}: binary_data is not a boolean")
-    return RequestedOutput(item["name"], binary, _shm_ref(p, what))
+    return RequestedOutput(item["name"], binary, _output_shm(p, what))
+
+
+def _output_shm(parameters: Mapping[str, Any], what: str) -> ShmRef | None:
+    """A requested output's shared memory reference; Triton's classification extension (the top k classes as BYTES
+    labels) is not served: asked for, it is refused (OipError 400), never answered with the whole tensor."""
+    if "classification" in parameters:
+        raise bad(f"{what}: classification (Triton's top-k labels) is not served by npurt; ask for the output itself")
+    return _shm_ref(parameters, what)
 
 
 def http_response(model: str, version: str, request_id: str, outputs: Sequence[OutputTensor]
@@ -476,8 +484,8 @@ def parse_grpc(message: Any, limits: OipLimits, model: str = "") -> InferRequest
     if next_raw != len(raw):
         raise bad(f"{len(raw) - next_raw} raw_input_contents beyond the inputs that take them")
     if message.outputs:
-        request.outputs = [RequestedOutput(item.name, True, _shm_ref(grpc_parameters(item.parameters),
-                                                                     f"output {item.name!r}"))
+        request.outputs = [RequestedOutput(item.name, True, _output_shm(grpc_parameters(item.parameters),
+                                                                        f"output {item.name!r}"))
                            for item in message.outputs]
     return request
 
