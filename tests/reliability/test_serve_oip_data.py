@@ -162,3 +162,9 @@ def test_classification_is_refused_not_ignored(svc):
         with pytest.raises(InferenceServerException, match="classification"):
             client.infer("m", triton_inputs(module, np.zeros(A_SHAPE, bool)),
                          outputs=[module.InferRequestedOutput("a2", class_count=2)])
+
+
+def test_an_empty_list_of_outputs_answers_every_output(svc):
+    """As Triton: no output asked for (an empty list too) means every output."""
+    status, doc = infer(svc, {"inputs": json_inputs(), "outputs": []})
+    assert status == 200 and [o["name"] for o in doc["outputs"]] == ["a2", "nb", "c1"], doc

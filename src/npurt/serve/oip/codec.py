@@ -272,7 +272,7 @@ def parse_http(body: bytes, header_length: str | None, limits: OipLimits) -> Inf
         request.inputs.append(tensor)
     if offset != len(body):
         raise bad(f"the body has {len(body) - offset} bytes after the tensors its header declares")
-    if outputs is not None:
+    if outputs:  # none asked for (an empty list too): every output, as Triton answers (and the gRPC side)
         request.outputs = [_http_output(k, item) for k, item in enumerate(outputs)]
     return request
 
