@@ -168,3 +168,32 @@ def test_an_empty_list_of_outputs_answers_every_output(svc):
     """As Triton: no output asked for (an empty list too) means every output."""
     status, doc = infer(svc, {"inputs": json_inputs(), "outputs": []})
     assert status == 200 and [o["name"] for o in doc["outputs"]] == ["a2", "nb", "c1"], doc
+
+
+def test_a_failed_request_leaves_no_mapping_of_its_region_after_unregister(svc):
+    """A request that fails keeps no array over a region's mapping alive (no reference cycle through its error):
+    unregistering unmaps the region at once, not at the next garbage collection."""
+    key = f"/npurt_fail_{os.getpid()}"
+    fd = os.open(f"/dev/shm{key}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        for region in ("fin", "fout"):
+            status, doc = http_request(svc.http_address, "POST", f"/v2/systemsharedmemory/region/{region}/register",
+                                       json.dumps({"key": key, "byte_size": 4096}).encode())
+            assert status == 200, doc
+        inputs = json_inputs()
+        inputs[0] = {"name": "a", "datatype": "FP32", "shape": A_SHAPE,
+                     "parameters": {"shared_memory_region": "fin", "shared_memory_byte_size": 32}}
+        # the output's shape is the run's (a dynamic model on ONNX Runtime): 32 bytes do not fit 16, after the run
+        outputs = [{"name": "a2", "parameters": {"shared_memory_region": "fout", "shared_memory_byte_size": 16}}]
+        for _ in range(3):
+            status, doc = infer(svc, {"inputs": inputs, "outputs": outputs})
+            assert status == 400 and "fit" in doc["error"], doc
+        status, doc = http_request(svc.http_address, "POST", "/v2/systemsharedmemory/unregister")
+        assert status == 200, doc
+        with open(f"/proc/{svc.pid}/maps") as maps:
+            mapped = [line for line in maps if key[1:] in line]
+        assert not mapped, mapped
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")

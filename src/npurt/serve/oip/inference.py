@@ -159,8 +159,13 @@ class InferCall:
         self.done()
 
     def result(self) -> list[OutputTensor]:
-        if self.error is not None:
-            raise self.error
+        error = self.error
+        if error is not None:
+            self.error = None  # neither kept here nor in this frame: its traceback leads back (a reference cycle)
+            try:
+                raise error
+            finally:
+                del error
         if self.outputs is None:
             raise OipError(500, "the job ended without an answer")
         return self.outputs
@@ -267,19 +272,34 @@ class InferenceFront:
         timeline = Timeline(received=time.monotonic())
         ok = False
         try:
-            request = decode()
-            call, job = self.call(entry, request, self.client_id(peer))
-            timeline.queued = job.queued_at
             try:
-                outputs = self.run_blocking(call, job)
+                answer = self._infer(entry, decode, encode, peer, timeline)
+            except OipError as e:
+                failure = OipError(e.status, e.message)
+            else:
+                ok = True
+                return answer
+            # raised afresh, outside the handler: the error's traceback would hold the frames that held the request's
+            # arrays over shared memory, and through the front end's future a reference cycle (freed only by the
+            # garbage collector) would keep an unregistered region mapped
+            try:
+                raise failure
             finally:
-                timeline.started, timeline.ran = job.started_at, job.ended_at
-            timeline.encoding = time.monotonic()
-            answer = encode(request, outputs)
-            ok = True
-            return answer
+                del failure
         finally:
             entry.statistics.record(timeline, ok)
+
+    def _infer(self, entry: ModelEntry, decode: Callable[[], InferRequest],
+               encode: Callable[[InferRequest, list[OutputTensor]], T], peer: str, timeline: Timeline) -> T:
+        request = decode()
+        call, job = self.call(entry, request, self.client_id(peer))
+        timeline.queued = job.queued_at
+        try:
+            outputs = self.run_blocking(call, job)
+        finally:
+            timeline.started, timeline.ran = job.started_at, job.ended_at
+        timeline.encoding = time.monotonic()
+        return encode(request, outputs)
 
     def call(self, entry: ModelEntry, request: InferRequest, sid: int) -> tuple[InferCall, Job]:
         """The request checked against the model and made a job (OipError for what is wrong). Its regions are held
