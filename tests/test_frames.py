@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from npurt import NpuTensorInfo, RunnerFactory, TensorDirection, TensorType
+from npurt import NpuTensorInfo, RunnerFactory, StatusCode, TensorDirection, TensorType
 from npurt.frames import NV12_OFFSETS, NV12_TO_RGB, frame_input
 from npurt.onnx_frames import prepend
 from npurt.options import FrameSpec
@@ -247,6 +247,29 @@ def test_nv12_planes_with_a_row_pitch(identity, backend):
         ref = resized_reference("NV12", {"x/y": y[None, :, :, None], "x/uv": uv[None]}, "linear", mean=[0], std=[1])
         assert np.abs(out_t.numpy() - ref).max() <= TOLERANCE["linear", True]
         assert r.stats["copies"] - copies == (0 if backend == "OPENVINO" else 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nv12_planes_of_different_frames_are_refused(identity, backend):
+    """A frame whose size is left open: the UV plane must be half the Y plane ([N, H/2, W/2, 2]). Each plane is
+    resized to the model's size on its own, so a UV plane of another size (another frame's, a wrong pitch taken for
+    the width) ran without complaint and its colours came out of the wrong pixels; refused, naming both planes."""
+    spec = {"format": "NV12", "model_size": list(MODEL_HW)}
+    bgr = np.random.default_rng(3).integers(0, 256, (76, 102, 3), np.uint8)
+    y, uv = nv12_planes(bgr)
+    with RunnerFactory.create_runner(backend, identity, {"device": "CPU", "frames": {"x": spec}}) as r:
+        assert r.run({"x/y": y[None, :, :, None], "x/uv": uv[None]})["y"].shape == (1, 3, *MODEL_HW)
+        for wrong in (uv[None, :10, :10], np.zeros((1, 76, 102, 2), np.uint8), np.zeros((1, 38, 50, 2), np.uint8)):
+            with pytest.raises(ValueError, match="UV plane"):
+                r.run({"x/y": y[None, :, :, None], "x/uv": np.ascontiguousarray(wrong)})
+        odd = np.zeros((1, 75, 101, 1), np.uint8)
+        with pytest.raises(ValueError, match="even"):
+            r.run({"x/y": odd, "x/uv": np.zeros((1, 37, 50, 2), np.uint8)})
+        y_t, uv_t = (r.allocate_npu_tensor(info.replace(shape=shape)) for info, shape in zip(
+            r.get_tensors_info(TensorDirection.INPUT, TensorType.CPU), [(1, 76, 102, 1), (1, 10, 10, 2)]))
+        out_t = r.allocate_npu_tensor(r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+                                      .replace(shape=(1, 3, *MODEL_HW)))
+        assert r.execute([[y_t, uv_t]], [[out_t]]) == StatusCode.INVALID_INPUT and "UV plane" in r.last_error
 
 
 @pytest.mark.parametrize("fmt", ["BGR", "NV12"])

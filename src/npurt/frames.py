@@ -102,6 +102,27 @@ def frame_inputs(specs: Sequence[PortSpec], frames: Mapping[str, FrameSpec]) -> 
     return [frame_input(s, frames[s.name]) if s.name in frames else s for s in specs]
 
 
+def nv12_planes(specs: Sequence[PortSpec], frames: Mapping[str, FrameSpec]) -> list[tuple[int, int]]:
+    """Where each NV12 frame input's Y and UV planes are among a runner's input ports ``specs``."""
+    index = {s.name: k for k, s in enumerate(specs)}
+    return [(index[f"{name}/y"], index[f"{name}/uv"]) for name, spec in frames.items()
+            if spec.format == "NV12" and f"{name}/y" in index and f"{name}/uv" in index]
+
+
+def check_planes(planes: Sequence[tuple[int, int]], shapes: Sequence[Sequence[int]]) -> None:
+    """ValueError unless each NV12 frame's UV plane is half its Y plane (``[N, H/2, W/2, 2]`` of ``[N, H, W, 1]``,
+    H and W even), ``shapes`` being the input ports' shapes: each plane is resized to the model's size on its own, so
+    a UV plane of another size would run and colour the frame from the wrong pixels. (A frame of a fixed size has
+    ports that say so already.)"""
+    for y, uv in planes:
+        n, h, w, _ = shapes[y]
+        if h % 2 or w % 2:
+            raise ValueError(f"NV12 frame: the Y plane {list(shapes[y])} has odd sizes; NV12 frames have even ones")
+        if tuple(shapes[uv]) != (n, h // 2, w // 2, 2):
+            raise ValueError(f"NV12 frame: the UV plane {list(shapes[uv])} is not half the Y plane "
+                             f"{list(shapes[y])}: it must be {[n, h // 2, w // 2, 2]}")
+
+
 def port_specs(inputs: Sequence[FrameInput | PortSpec]) -> list[PortSpec]:
     """The ports a runner offers: frame ports in their model input's place."""
     out: list[PortSpec] = []

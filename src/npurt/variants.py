@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .cache import CompiledModelCache, Entry
 from .engine import Backend, Engine, OpenedModel
+from .frames import check_planes, nv12_planes
 from .logs import LOGGER
 from .options import RunnerOptions
 from .ports import Port, PortFactory, Signature
@@ -74,6 +75,7 @@ class ShapeVariants:
                  stats: RunnerStats) -> None:
         self._backend = backend
         self._specs = opened.inputs
+        self._planes = nv12_planes(self._specs, options.frames)  # NV12 frames: their planes' sizes go together
         self._out_specs = opened.outputs
         self._ports = ports
         self._stats = stats
@@ -154,6 +156,11 @@ class ShapeVariants:
         for spec, shape in zip(self._specs, signature):
             if not spec.fits(shape):
                 raise ShapeError(f"shape {list(shape)} does not fit input {spec.name!r} of shape {spec.shape_text()}")
+        if self._planes:
+            try:
+                check_planes(self._planes, signature)
+            except ValueError as e:
+                raise ShapeError(str(e)) from None
 
     # -- lookup -------------------------------------------------------------------------------------------
     def get(self, signature: Signature) -> Variant:
