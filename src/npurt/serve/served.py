@@ -189,6 +189,15 @@ class ServedModel:
         """Run a job in the slot ``try_slot`` gave (and the queued jobs after it while there are any)."""
         self._run_in_slot(job)
 
+    def run_once(self, job: Job) -> None:
+        """Run a job in the slot ``try_slot`` gave, then give the slot back (a worker takes the jobs queued
+        meanwhile): for a caller that answers only once this returns (an Open Inference Protocol request), which
+        must not run other requests' jobs before its answer goes."""
+        try:
+            self.run(job)
+        finally:
+            self.release_slot()
+
     def release_slot(self) -> None:
         """Give back a slot ``try_slot`` gave, unused."""
         with self._cond:

@@ -486,10 +486,11 @@ class InferenceFront:
     # -- running ----------------------------------------------------------------------------------------------
     def run_blocking(self, call: InferCall, job: Job) -> list[OutputTensor]:
         """Run a job and wait for it, on a thread that may block (never the event loop's): on this thread where the
-        model has a free slot and nobody queues, else through the queue."""
+        model has a free slot and nobody queues (then the slot goes back: the jobs queued meanwhile are the
+        workers', not this request's to run before its answer), else through the queue."""
         served = call.entry.served
         if served.try_slot():
-            served.run_inline(job)
+            served.run_once(job)
         else:
             ended = threading.Event()
             call.done = ended.set
