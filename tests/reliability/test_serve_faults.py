@@ -627,7 +627,8 @@ def test_oip_bad_shared_memory_registrations(oip_service, tmp_path):
         status, answer = http_request(svc.http_address, "POST", "/v2/models/cls/infer", json.dumps(doc).encode())
         assert status == 400, answer
         assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/unregister")[0] == 200
-        assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/unregister")[0] == 400
+        # again: nothing to do, as Triton answers (tests/reliability/test_serve_oip_data.py)
+        assert http_request(svc.http_address, "POST", "/v2/systemsharedmemory/region/r/unregister")[0] == 200
     finally:
         os.unlink(link)
         os.unlink(f"/dev/shm/{name}")

@@ -232,3 +232,12 @@ def test_a_request_that_ran_at_once_is_answered_before_jobs_queued_behind_it(tmp
         for t in (a, *others):
             t.join()
         assert first[0] < 2.5 * alone, (first[0], alone)  # was ~4 runs: its own and the three queued
+
+
+def test_unregistering_a_region_that_is_not_registered_succeeds_as_on_triton(svc):
+    """Triton answers success (nothing to do): clients unregister a name before registering it, to start clean, or
+    in their cleanup whatever happened before."""
+    tc_http = require_module("tritonclient.http", "needs the 'test' extra")
+    tc_grpc = require_module("tritonclient.grpc", "needs the 'test' extra")
+    tc_http.InferenceServerClient(svc.http_address).unregister_system_shared_memory("never_registered")
+    tc_grpc.InferenceServerClient(svc.grpc_address).unregister_system_shared_memory("never_registered")

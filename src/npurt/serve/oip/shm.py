@@ -148,12 +148,13 @@ class SharedMemoryRegions:
             self._regions[name] = region
 
     def unregister(self, name: str | None = None) -> None:
-        """Unregister one region (None: every region). A region in use is waited for, then refused (OipError 409)
-        if its jobs have not ended; it is never unmapped under a job."""
+        """Unregister one region (None: every region; a name not registered: nothing to do, as Triton answers). A
+        region in use is waited for, then refused (OipError 409) if its jobs have not ended; it is never unmapped
+        under a job."""
         self.check_enabled()
         with self._cond:
             if name is not None and name not in self._regions:
-                raise OipError(400, f"no shared memory region {name!r} is registered")
+                return
             names = [name] if name is not None else list(self._regions)
             targets = [self._regions[n] for n in names]
             for region in targets:
