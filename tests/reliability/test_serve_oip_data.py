@@ -241,3 +241,31 @@ def test_unregistering_a_region_that_is_not_registered_succeeds_as_on_triton(svc
     tc_grpc = require_module("tritonclient.grpc", "needs the 'test' extra")
     tc_http.InferenceServerClient(svc.http_address).unregister_system_shared_memory("never_registered")
     tc_grpc.InferenceServerClient(svc.grpc_address).unregister_system_shared_memory("never_registered")
+
+
+def test_a_stalled_request_body_gives_its_admission_back(tmp_path):
+    """A request is admitted (--max-in-flight) before its body is read, so that at most that many bodies are held.
+    A client that stops sending its body (hung, or a slowloris) held its slot for ever: enough of them and every
+    HTTP and gRPC request got 503. A body that sends nothing for --body-idle-timeout is answered 408."""
+    import socket
+    import time
+
+    oip_available()
+    with ServiceProcess.start({"m": dtypes_model(tmp_path / "m.onnx")}, tmp_path / "serve.sock",
+                              ["--backend", "onnxruntime", "--threads", "1", "--http", "127.0.0.1:0",
+                               "--max-in-flight", "2", "--body-idle-timeout", "1"]) as service:
+        host, _, port = service.http_address.rpartition(":")
+        stalled = []
+        for _ in range(2):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs")
+            stalled.append(s)
+        time.sleep(0.3)
+        status, doc = infer(service, {"inputs": json_inputs()})
+        assert status == 503, doc  # both slots held by the stalled bodies
+        for s in stalled:
+            answer = s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408 ") and b"--body-idle-timeout" in answer, answer
+            s.close()
+        status, doc = infer(service, {"inputs": json_inputs()})
+        assert status == 200, doc

@@ -111,6 +111,9 @@ def _add_oip(p: argparse.ArgumentParser) -> None:
     d = OipLimits()
     oip.add_argument("--max-in-flight", type=int, default=d.max_in_flight, metavar="N",
                      help="requests admitted at once, both protocols; more: 503 / UNAVAILABLE (default: %(default)s)")
+    oip.add_argument("--body-idle-timeout", type=float, default=d.body_idle_s, metavar="S",
+                     help="an HTTP request body that sends nothing for S seconds is answered 408: an admitted request "
+                          "holds its --max-in-flight slot while its body arrives (default: %(default)s)")
     oip.add_argument("--max-body-mb", type=int, default=d.max_body_bytes >> 20, metavar="MB",
                      help="largest HTTP body / gRPC message (default: %(default)s)")
     oip.add_argument("--max-json-mb", type=int, default=d.max_json_bytes >> 20, metavar="MB",
@@ -153,6 +156,8 @@ def oip_config(args: argparse.Namespace) -> Any:
                         (args.max_json_mb, "--max-json-mb"), (args.max_in_flight, "--max-in-flight")):
         if value < 1:
             raise CliError(f"{flag} {value}: must be 1 or more", EXIT_USAGE)
+    if not args.body_idle_timeout > 0:
+        raise CliError(f"--body-idle-timeout {args.body_idle_timeout}: must be more than 0", EXIT_USAGE)
     try:
         config = OipConfig(http=parse_address(args.http, "--http") if args.http else None,
                            grpc=parse_address(args.grpc, "--grpc") if args.grpc else None, token=token,
@@ -162,7 +167,8 @@ def oip_config(args: argparse.Namespace) -> Any:
                            limits=OipLimits(max_header_bytes=args.max_header_kb << 10,
                                             max_body_bytes=args.max_body_mb << 20,
                                             max_json_bytes=args.max_json_mb << 20, max_tensors=args.max_tensors,
-                                            max_elements=args.max_elements, max_in_flight=args.max_in_flight))
+                                            max_elements=args.max_elements, max_in_flight=args.max_in_flight,
+                                            body_idle_s=args.body_idle_timeout))
         warnings = check_config(config)
     except ValueError as e:
         raise CliError(one_line(e), EXIT_USAGE) from None

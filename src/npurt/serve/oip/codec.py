@@ -57,6 +57,7 @@ class OipLimits:
     max_tensors: int = 64  # inputs plus requested outputs
     max_elements: int = 1 << 26  # elements of all inputs together
     max_in_flight: int = 64  # requests admitted at once, both protocols (64 bodies of 64 MiB: 4 GiB at most)
+    body_idle_s: float = 30.0  # an HTTP body that sends nothing this long is refused (408): it holds a slot meanwhile
 
 
 @dataclass(frozen=True)

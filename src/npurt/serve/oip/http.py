@@ -186,15 +186,27 @@ class HttpFrontEnd:
         if length is not None and length > limit:
             raise OipError(413, f"a body of {length} bytes; this server's limit is {limit}"
                                 f"{' (--max-body-mb)' if limit == self.front.limits.max_body_bytes else ''}")
+        # read as it comes, each wait bounded: the request holds its admission slot meanwhile, and a client that
+        # stops sending (hung, or on purpose) would hold it for ever
+        idle = self.front.limits.body_idle_s
+        body = bytearray()
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+            while True:
+                chunk = await asyncio.wait_for(request.content.readany(), idle)
+                if not chunk:
+                    break
+                body += chunk
+                if len(body) > limit:
+                    raise OipError(413, f"a body of more than {limit} bytes; this server's limit here is {limit}"
+                                        f"{' (--max-body-mb)' if limit == self.front.limits.max_body_bytes else ''}")
+        except OipError:
             raise
+        except asyncio.TimeoutError:
+            raise OipError(408, f"the request body stalled: nothing came for {idle:g} s "
+                                "(--body-idle-timeout)") from None
         except Exception as e:  # noqa: BLE001 - the client went away or sent less than it said
             raise OipError(400, f"the request body could not be read: {type(e).__name__}: {e}") from None
-        if len(body) > limit:
-            raise OipError(413, f"a body of {len(body)} bytes; this server's limit here is {limit}")
-        return body
+        return bytes(body)
 
     # -- system shared memory ---------------------------------------------------------------------------------
     async def shm_status(self, request: web.Request) -> web.Response:
