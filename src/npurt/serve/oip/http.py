@@ -191,14 +191,7 @@ class HttpFrontEnd:
         idle = self.front.limits.body_idle_s
         body = bytearray()
         try:
-            while True:
-                chunk = await asyncio.wait_for(request.content.readany(), idle)
-                if not chunk:
-                    break
-                body += chunk
-                if len(body) > limit:
-                    raise OipError(413, f"a body of more than {limit} bytes; this server's limit here is {limit}"
-                                        f"{' (--max-body-mb)' if limit == self.front.limits.max_body_bytes else ''}")
+            await self._read_body(request, body, limit, idle)
         except OipError:
             raise
         except asyncio.TimeoutError:
@@ -207,6 +200,28 @@ class HttpFrontEnd:
         except Exception as e:  # noqa: BLE001 - the client went away or sent less than it said
             raise OipError(400, f"the request body could not be read: {type(e).__name__}: {e}") from None
         return bytes(body)
+
+    async def _read_body(self, request: web.Request, body: bytearray, limit: int, idle: float) -> None:
+        """The body into ``body``, chunk by chunk (OipError 413 past ``limit``); TimeoutError where nothing comes for
+        ``idle`` seconds. One deadline moved on at each chunk (asyncio.timeout, Python 3.11+: a 24 MB body comes in
+        ~100 chunks, and wait_for's task per chunk cost ~12 us each here), else wait_for per chunk."""
+        content = request.content
+        timeout = getattr(asyncio, "timeout", None)
+        if timeout is None:  # Python 3.10
+            while chunk := await asyncio.wait_for(content.readany(), idle):
+                self._append(body, chunk, limit)
+            return
+        loop = asyncio.get_running_loop()
+        async with timeout(idle) as deadline:
+            while chunk := await content.readany():
+                self._append(body, chunk, limit)
+                deadline.reschedule(loop.time() + idle)
+
+    def _append(self, body: bytearray, chunk: bytes, limit: int) -> None:
+        body += chunk
+        if len(body) > limit:
+            raise OipError(413, f"a body of more than {limit} bytes; this server's limit here is {limit}"
+                                f"{' (--max-body-mb)' if limit == self.front.limits.max_body_bytes else ''}")
 
     # -- system shared memory ---------------------------------------------------------------------------------
     async def shm_status(self, request: web.Request) -> web.Response:
