@@ -970,3 +970,26 @@ def test_oip_shm_region_of_another_uid_is_refused(oip_service):
         assert status == 403 and "belongs to uid 65534" in doc["error"], (status, doc)
     finally:
         os.unlink(path)
+
+
+def test_a_socket_directory_others_can_write_is_refused(tmp_path):
+    """Whoever may write the socket's directory may swap the socket for their own and read every client's tensors:
+    the directory must be the server's (or root's) and not writable by others unless sticky (as /tmp). The default
+    /tmp/npurt-<uid> is made 0700 where it is missing; one made before by another user is refused, not used."""
+    if os.geteuid() != 0:
+        pytest.skip("making a directory of another uid needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    for directory, why in ((theirs, "belongs to uid 65534"), (shared, "writable by others")):
+        with pytest.raises(NpuError, match=why):
+            start(tmp_path, name=f"{directory.name}/serve.sock")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    with start(tmp_path, name="sticky/serve.sock") as svc:
+        with npurt.connect(svc.socket_path) as client:
+            assert "cls" in [m["name"] for m in client.models()]

@@ -160,6 +160,7 @@ class Service:
     def _listen(self) -> socket.socket:
         path = self.socket_path
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_directory(path.parent)
         if path.exists() or path.is_symlink():
             if not stat.S_ISSOCK(path.lstat().st_mode):
                 raise NpuError(f"{path} exists and is not a socket; choose another --socket")
@@ -315,6 +316,19 @@ class Service:
         os.close(self._wake_r)
         os.close(self._wake_w)
         log.info("stopped")
+
+
+def _check_directory(directory: Path) -> None:
+    """NpuError unless only this server's user (or root) can replace files in the socket's directory: whoever may
+    write there may swap the socket for their own and read every client's tensors (a /tmp/npurt-<uid> another user
+    made first, say). A sticky directory (/tmp) lets nobody remove another's file."""
+    st = os.stat(directory)
+    if st.st_uid not in (os.geteuid(), 0):
+        raise NpuError(f"the socket's directory {directory} belongs to uid {st.st_uid}, not to this server's "
+                       f"({os.geteuid()}): its owner could replace the socket; choose another --socket")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise NpuError(f"the socket's directory {directory} is writable by others (mode {oct(st.st_mode & 0o7777)}) "
+                       "and not sticky: they could replace the socket; choose another --socket or chmod it")
 
 
 def _gid_of(group: str | int) -> int:
