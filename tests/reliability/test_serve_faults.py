@@ -986,7 +986,7 @@ def test_a_socket_directory_others_can_write_is_refused(tmp_path):
     os.chmod(shared, 0o777)
     for directory, why in ((theirs, "belongs to uid 65534"), (shared, "writable by others")):
         with pytest.raises(NpuError, match=why):
-            start(tmp_path, name=f"{directory.name}/serve.sock")
+            start(tmp_path, name=f"{directory.name}/serve.sock").stop()  # stopped, should it start
     sticky = tmp_path / "sticky"
     sticky.mkdir()
     os.chmod(sticky, 0o1777)
