@@ -4,9 +4,10 @@ A plan slot holds the shape variant that runs it, the order of its tensors by po
 conversion into the engine's view (through staging), and, where none does, the engine's binding of those tensors.
 
 Two caches decide "are these the same tensors?", once for every layer below:
-- by identity: the same NpuTensor objects again (a double-buffered app). The hit costs a dict lookup and checks
-  of weak references, and reuses the engine binding. An entry goes when any of its tensors is collected, so the
-  cache never keeps a user's frame (or its memory) alive.
+- by identity: the same NpuTensor objects again (a double-buffered app). The hit costs a dict lookup by the
+  tensors' ids, and reuses the engine binding. An entry goes when any of its tensors is collected (a weak reference's
+  callback, before another object can take its id), so the cache never keeps a user's frame (or its memory) alive
+  and never answers for another object.
 - by value: new NpuTensor objects with infos seen before (an app that wraps each frame anew). The hit skips
   validation; the engine binds the new memory.
 NpuTensors are immutable (info and memory), so a plan validated once for them stays valid.
@@ -99,18 +100,15 @@ class Planner:
         """The plan of one call (StatusError for anything wrong with the lists or tensors)."""
         try:
             if len(inputs) == 1 and len(outputs) == 1:  # one batch slot (most calls): a flat key, built in C
-                flat = (*inputs[0], *outputs[0])
-                key: Any = (len(inputs[0]), *map(id, flat))
+                slot_in = inputs[0]
+                key: Any = (len(slot_in), *map(id, slot_in), *map(id, outputs[0]))
             else:
                 key = (tuple(tuple(map(id, s)) for s in inputs), tuple(tuple(map(id, s)) for s in outputs))
-                flat = (*(t for s in inputs for t in s), *(t for s in outputs for t in s))
         except TypeError:
             return self._validate(inputs, outputs)  # not lists of lists: let validation say what is wrong
         hit = self._by_id.get(key)
-        if hit is not None:
-            refs, plan = hit
-            if all(r() is t for r, t in zip(refs, flat)):
-                return plan
+        if hit is not None:  # the very tensors of the entry (see _remember): ids are enough
+            return hit[1]
         try:
             info_key = (tuple(tuple(t.info for t in s) for s in inputs),
                         tuple(tuple(t.info for t in s) for s in outputs))
@@ -138,6 +136,9 @@ class Planner:
         return plan
 
     def _remember(self, key: IdKey, inputs: Any, outputs: Any, plan: Plan) -> None:
+        # An entry is keyed by its tensors' ids, and each tensor's weak reference removes it as that tensor is
+        # finalized: CPython calls a live weak reference's callback before the object's memory is freed, so no other
+        # object can have that id while the entry is there, and a hit by ids is a hit on these very tensors.
         def forget(_: Any, key: IdKey = key) -> None:
             with self._lock:
                 self._by_id.pop(key, None)

@@ -39,7 +39,7 @@ from .plans import Planner
 from .ports import Port, PortFactory, PortSpec, check_port_options
 from .staging import Staging, engine_start
 from .stats import RunnerStats
-from .status import StatusError
+from .status import SUCCESS, StatusError
 from .stream_state import StreamTable
 from .streams import Stream, StreamRuns
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
@@ -276,7 +276,7 @@ class Runner:
             if isinstance(e, KeyboardInterrupt):
                 raise
             status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
-        core.stats.executed(status is StatusCode.SUCCESS)
+        core.stats.executed(status is SUCCESS)
         return core.fail(status, message)
 
     def execute_async(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
@@ -309,7 +309,7 @@ class Runner:
             core.fail(StatusCode.FAILURE, f"unexpected error: {e!r}")
             return JobHandle(StatusCode.FAILURE, 0)
         core.set_last_error("")
-        return JobHandle(StatusCode.SUCCESS, job.job_id)
+        return JobHandle(SUCCESS, job.job_id)
 
     def wait(self, job: JobHandle | int, timeout_ms: int | None = None) -> StatusCode:
         """Wait for a job (a JobHandle or its id): ``timeout_ms`` 0 polls, None waits for as long as it takes.

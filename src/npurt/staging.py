@@ -22,7 +22,7 @@ from . import formats
 from .engine import Engine, Launched, ResultShapes
 from .plans import Plan, SlotPlan
 from .stats import RunnerStats
-from .status import status_of
+from .status import SUCCESS, status_of
 from .tensor import NpuTensor, allocate_tensor
 from .types import MemoryType, NpuTensorInfo, QuantParameters, StatusCode, TensorDirection
 from .variants import StageKey, Variant
@@ -143,7 +143,7 @@ def run_plan(plan: Plan, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequenc
                 staging.run(slot, *slot.tensors(inputs[b], outputs[b]), context)
         except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
             return status_of(e, b)
-    return StatusCode.SUCCESS, ""
+    return SUCCESS, ""
 
 
 def engine_start(plan: Plan, outputs: Sequence[Sequence[NpuTensor]], with_callback: bool = False
