@@ -88,6 +88,15 @@ class Job:
         return _block(self.done, timeout_s) or self.state == _DONE
 
 
+def _first_ended(jobs: list[Job]) -> Job | None:
+    """Of these jobs, the first to have ended (None: none has)."""
+    first = None
+    for job in jobs:
+        if job.state == _DONE and (first is None or job.ended < first.ended):
+            first = job
+    return first
+
+
 def _block(lock: threading.Lock, timeout_s: float | None) -> bool:
     """Acquire-and-release ``lock`` within ``timeout_s`` (None: no limit); whether it was free in time."""
     if timeout_s is None:
@@ -357,63 +366,75 @@ class JobScheduler:
 
     def wait_any(self, job_ids: Sequence[int], timeout_s: float | None) -> tuple[StatusCode, int, str]:
         """(status, job id, message) of whichever of the jobs ended first, collecting it."""
+        table = self._jobs
         jobs = []
         for job_id in job_ids:
-            job = self._jobs.get(job_id)
+            job = table.get(job_id)
             if job is None:
                 return (StatusCode.INVALID_JOB_ID, job_id,
                         f"job {job_id} is unknown to this runner or was already collected")
             jobs.append(job)
         if not jobs:
             return StatusCode.INVALID_JOB_ID, 0, "wait_any needs at least one job"
-        ended = [j for j in jobs if j.finished]
-        if not ended and timeout_s != 0:
-            hand_over_continuation()
-        if not ended and any(j.launched is not None for j in jobs):
-            ended = self._wait_any_launched(jobs, timeout_s)
-        elif not ended:
-            wait = (set(job_ids), threading.Lock())
-            wait[1].acquire()
-            with self._lock:
-                ended = [j for j in jobs if j.finished]
-                if not ended:
-                    self._any_waits.append(wait)
-            if not ended:
-                try:
-                    _block(wait[1], timeout_s)
-                finally:
-                    with self._lock:
-                        self._any_waits.remove(wait)
-                        ended = [j for j in jobs if j.finished]
-                if not ended:
-                    return StatusCode.JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
-        first = min(ended, key=lambda j: j.ended)
-        self._collect(first)
+        first = _first_ended(jobs)
+        if first is None:
+            if timeout_s != 0:
+                hand_over_continuation()
+            for job in jobs:
+                if job.launched is not None:
+                    first = self._wait_any_launched(jobs, timeout_s)
+                    break
+            else:
+                first = self._wait_any_ended(job_ids, jobs, timeout_s)
+            if first is None:
+                return JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
+        if first.callback is None:
+            table.pop(first.job_id, None)  # collected (a dict operation: atomic; walks over the table copy it)
         return first.status, first.job_id, first.error
 
+    def _wait_any_ended(self, job_ids: Sequence[int], jobs: list[Job], timeout_s: float | None) -> Job | None:
+        """wait_any over jobs that others end (workers, the engine's callbacks): one lock, released by the first of
+        them to end."""
+        wait = (set(job_ids), threading.Lock())
+        wait[1].acquire()
+        with self._lock:
+            first = _first_ended(jobs)
+            if first is not None:
+                return first
+            self._any_waits.append(wait)
+        try:
+            _block(wait[1], timeout_s)
+        finally:
+            with self._lock:
+                self._any_waits.remove(wait)
+                first = _first_ended(jobs)
+        return first
+
     @staticmethod
-    def _wait_any_launched(jobs: list[Job], timeout_s: float | None) -> list[Job]:
+    def _wait_any_launched(jobs: list[Job], timeout_s: float | None) -> Job | None:
         """wait_any where some jobs are ended by their waiter: each looked at (polled), then a wait of
         ``ANY_SLICE_S`` on the oldest of those still running, until one has ended or the time is up."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            running = []
+            oldest: Job | None = None
             for job in jobs:
                 launched = job.launched
-                if launched is not None and not job.finished:
-                    launched.wait(0)
-                    if not job.finished:
-                        running.append((job.job_id, launched))
-            ended = [j for j in jobs if j.finished]
-            if ended:
-                return ended
+                if launched is not None and job.state != _DONE and not launched.wait(0) and \
+                        (oldest is None or job.job_id < oldest.job_id):
+                    oldest = job
+            first = _first_ended(jobs)
+            if first is not None:
+                return first
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                return []
-            if running:  # the oldest: on requests run in turn, the first to end
-                min(running, key=lambda r: r[0])[1].wait(ANY_SLICE_S if left is None else min(ANY_SLICE_S, left))
-            else:  # only jobs that end on their own are left (they were started elsewhere): wait in slices
-                time.sleep(ANY_SLICE_S if left is None else min(ANY_SLICE_S, left))
+                return None
+            slice_s = ANY_SLICE_S if left is None else min(ANY_SLICE_S, left)
+            launched = None if oldest is None else oldest.launched
+            if launched is not None:  # the oldest: on requests run in turn, the first to end
+                if launched.wait(slice_s) and oldest is not None and oldest.state == _DONE:
+                    return _first_ended(jobs)  # (the others are looked at on the next call)
+            elif oldest is None:  # only jobs that end on their own are left (started elsewhere): wait in slices
+                time.sleep(slice_s)
 
     def _collect(self, job: Job) -> None:
         if job.callback is None:

@@ -334,7 +334,7 @@ class Runner:
         ``JobHandle(INVALID_INPUT, 0)`` for a bad ``timeout_ms``. Never raises."""
         core = self._core
         try:
-            if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence):
+            if type(jobs) is not list and (isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence)):
                 raise StatusError(StatusCode.INVALID_JOB_ID, f"wait_any takes a list of jobs, got {jobs!r}")
             ids = []
             for job in jobs:
