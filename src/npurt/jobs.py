@@ -83,8 +83,12 @@ class Job:
     def block(self, timeout_s: float | None) -> bool:
         """Wait (GIL released) up to ``timeout_s`` (None: no limit) for the job to end; whether it has."""
         launched = self.launched
-        if launched is not None and self.state != _DONE and not launched.wait(timeout_s):
-            return False  # (an ended one has its status now, or in a moment from the thread that saw its end)
+        if launched is not None and self.state != _DONE:
+            if not launched.wait(timeout_s):
+                return False
+            if self.state == _DONE:  # (ended by this thread, most often)
+                return True
+            # else ended, and it has its status in a moment from the thread that saw its end
         return _block(self.done, timeout_s) or self.state == _DONE
 
 
@@ -238,7 +242,7 @@ class JobScheduler:
 
     def _work(self) -> None:
         """A worker: run queued jobs until the sentinel (its continuations first); a worker never dies of a job."""
-        get, here = self._queue.get, _callback_thread.__dict__
+        get, here, lock = self._queue.get, _callback_thread.__dict__, self._lock
         while True:
             item = here.get("next")
             if item is None:
@@ -248,11 +252,14 @@ class JobScheduler:
             else:
                 here["next"] = None
             job, work = item
-            with self._lock:
+            lock.acquire()
+            try:
                 if job.state == _DONE:  # ended by close() before it started
                     continue
                 job.state = _RUNNING
                 job.on_worker = True
+            finally:
+                lock.release()
             try:
                 status, message = work()
             except BaseException as e:  # noqa: BLE001

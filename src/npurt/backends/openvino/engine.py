@@ -285,7 +285,9 @@ class OpenVINOEngine(Engine):
         try:
             request.point(binding.wrapped)
             self._infer(request)
-            return request.finish(binding.fills)
+            if binding.fills or self.dynamic_outputs:
+                return request.finish(binding.fills)
+            return None
         except OutputTooSmallError:
             raise
         except Exception as e:
