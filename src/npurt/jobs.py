@@ -31,6 +31,7 @@ A job with a callback is released from the job table after its callback returns;
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -38,7 +39,7 @@ from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
-from .engine import Launched
+from .engine import Done, Launched
 from .stats import RunnerStats
 from .status import JOB_PENDING, SUCCESS, StatusError, status_of
 from .types import JobHandle, StatusCode
@@ -46,7 +47,9 @@ from .types import JobHandle, StatusCode
 log = logging.getLogger("npurt")
 
 Work = Callable[[], tuple[StatusCode, str]]  # a job run on a worker: never raises
-Start = Callable[[Callable[[BaseException | None], None]], bool | Launched]  # start on the engine; False: cannot now
+# start on the engine, given the job's end (called with the run's error, and what the engine tells besides, which
+# is the starter's to use: ignored here); False: cannot now
+Start = Callable[[Done], bool | Launched]
 Callback = Callable[[JobHandle], Any]
 
 # A worker running the callback of a job it ran: its scheduler, and the continuation that callback submitted (the
@@ -178,7 +181,7 @@ class JobScheduler:
         finally:
             lock.release()
         try:
-            started = start(lambda error: self._engine_done(job, error))
+            started = start(functools.partial(self._engine_done, job))
         except BaseException as e:  # noqa: BLE001 - the engine's error is the job's status
             self.finish(job, *status_of(e, 0))
             if not isinstance(e, Exception):
@@ -231,7 +234,7 @@ class JobScheduler:
             if started is not None:
                 started.wait(0)
 
-    def _engine_done(self, job: Job, error: BaseException | None) -> None:
+    def _engine_done(self, job: Job, error: BaseException | None, _told: Any = None) -> None:
         status, message = (SUCCESS, "") if error is None else status_of(error, 0)
         lock = self._lock
         lock.acquire()

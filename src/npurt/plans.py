@@ -15,12 +15,14 @@ NpuTensors are immutable (info and memory), so a plan validated once for them st
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .engine import Done, Engine, Launched
 from .ports import Port
 from .status import StatusError
 from .tensor import NpuTensor
@@ -58,7 +60,8 @@ def in_engine_view(info: NpuTensorInfo, port: Port, boxes: bool = False) -> bool
 class SlotPlan:
     """One validated batch slot. Tensor-free: each call's own tensors are passed along with it."""
 
-    __slots__ = ("variant", "in_order", "out_order", "convert_in", "convert_out", "sync", "binding")
+    __slots__ = ("variant", "in_order", "out_order", "convert_in", "convert_out", "sync", "binding", "start",
+                 "tells_shapes")
 
     def __init__(self, variant: Variant, in_order: tuple[int, ...], out_order: tuple[int, ...],
                  convert_in: tuple[int, ...], convert_out: tuple[int, ...], sync: bool, binding: Any = None) -> None:
@@ -67,6 +70,13 @@ class SlotPlan:
         self.convert_in, self.convert_out = convert_in, convert_out
         self.sync = sync  # DMA-BUF memory: CPU access is bracketed around the (CPU) engine's run
         self.binding = binding  # the engine's binding of the tensors, where no conversion is needed
+        # ``start(done)``: a run of the binding started on the engine's own requests (Engine.start), where the
+        # tensors go as they are and the engine has such requests (else None: the runner's workers run it)
+        engine = variant.engine
+        self.start: Callable[[Done], bool | Launched] | None = None
+        if binding is not None and not sync and type(engine).start is not Engine.start:
+            self.start = functools.partial(engine.start, binding)
+        self.tells_shapes = not all(p.is_static for p in variant.outputs)  # a run reports the outputs' shapes
 
     @property
     def direct(self) -> bool:
