@@ -315,7 +315,9 @@ class JobScheduler:
         self._ended += 1
         job.ended = self._ended
         self._running -= 1
-        self._stats.job_ended(status is SUCCESS)
+        self._stats.job_completed()
+        if status is not SUCCESS:
+            self._stats.job_failed()
         job.done.release()
         for ids, waiter in self._any_waits:
             if job.job_id in ids and waiter.locked():

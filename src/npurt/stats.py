@@ -6,8 +6,10 @@ that add amounts (bytes copied, with the copies beside them) keep a lock."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
+from collections.abc import Callable
 
 COUNTERS = ("copies", "bytes_copied", "executes", "execute_failures", "jobs_submitted", "jobs_completed",
             "jobs_failed", "compiles")
@@ -22,8 +24,8 @@ def _value(counter: itertools.count[int]) -> int:
 class RunnerStats:
     """Thread-safe totals; ``snapshot()`` gives them as a dict (``Runner.stats``)."""
 
-    __slots__ = ("_lock", "_counts", "_events", "_executes", "_execute_failures", "_submitted", "_completed",
-                 "_failed")
+    __slots__ = ("_lock", "_counts", "_events", "_executes", "_execute_failures", "job_submitted", "job_completed",
+                 "job_failed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -31,8 +33,10 @@ class RunnerStats:
         self._events = {name: itertools.count() for name in _EVENTS}
         events = self._events
         self._executes, self._execute_failures = events["executes"], events["execute_failures"]
-        self._submitted, self._completed, self._failed = (events["jobs_submitted"], events["jobs_completed"],
-                                                          events["jobs_failed"])
+        # one job submitted / completed / failed: C calls (a partial of next), no Python frame per job
+        self.job_submitted: Callable[[], int] = functools.partial(next, events["jobs_submitted"])
+        self.job_completed: Callable[[], int] = functools.partial(next, events["jobs_completed"])
+        self.job_failed: Callable[[], int] = functools.partial(next, events["jobs_failed"])
 
     def add(self, name: str, n: int = 1) -> None:
         counter = self._events.get(name)
@@ -53,14 +57,6 @@ class RunnerStats:
         next(self._executes)
         if not ok:
             next(self._execute_failures)
-
-    def job_submitted(self) -> None:
-        next(self._submitted)
-
-    def job_ended(self, ok: bool) -> None:
-        next(self._completed)
-        if not ok:
-            next(self._failed)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
