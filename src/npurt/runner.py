@@ -292,7 +292,8 @@ class Runner:
         job runs in the stream's line, after the stream's earlier runs."""
         core = self._core
         try:
-            core.check_open()
+            if core.closed:
+                core.check_open()  # (raises: the execution path's form of a closed runner)
             if callback is not None and not callable(callback):
                 raise StatusError(StatusCode.INVALID_INPUT, f"callback {callback!r} is not callable")
             if stream is not None or self._streams.stateful:
@@ -318,13 +319,15 @@ class Runner:
         JOB_PENDING on timeout; INVALID_JOB_ID for a job unknown or already collected; INVALID_INPUT for a bad
         timeout; otherwise the job's own status (its message in ``last_error``), and the job is forgotten."""
         core = self._core
-        job_id = _job_id_of(job)
+        job_id = job.job_id if type(job) is JobHandle else _job_id_of(job)  # (the plain case without a call)
         if job_id is None:
             return core.fail(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
-        try:
-            timeout_s = _timeout_s(timeout_ms)
-        except StatusError as e:
-            return core.fail(e.status, str(e))
+        timeout_s = None
+        if timeout_ms is not None:
+            try:
+                timeout_s = _timeout_s(timeout_ms)
+            except StatusError as e:
+                return core.fail(e.status, str(e))
         return core.fail(*core.jobs.wait(job_id, timeout_s))
 
     def wait_any(self, jobs: Sequence[JobHandle | int], timeout_ms: int | None = None) -> JobHandle:

@@ -153,7 +153,7 @@ class _Started(Launched):
         except Exception as e:  # noqa: BLE001
             error = e
         finally:  # whatever happens here (KeyboardInterrupt included), the job ends and the request comes back
-            engine.release(request)
+            engine._free.put(request)  # (release() without its frame)
             done(None if error is None else engine.translate(error), shapes)
         return True
 
@@ -301,9 +301,13 @@ class OpenVINOEngine(Engine):
         runner's workers run it): a stream's context, an engine that starts none (``starts``), every request busy."""
         if context is not None or not self.starts or self._closed:
             return False
-        request = self.acquire(block=False)
-        if request is None:
-            return False
+        request: _Request | None
+        try:
+            request = self._free.get_nowait()  # (acquire's first step, without its frame: every job's path)
+        except Empty:
+            request = self.acquire(block=False)
+            if request is None:
+                return False
         self.async_used = True
         try:
             request.point(binding.wrapped)
