@@ -424,29 +424,34 @@ class JobScheduler:
 
     @staticmethod
     def _wait_any_launched(jobs: list[Job], timeout_s: float | None) -> Job | None:
-        """wait_any where some jobs are ended by their waiter: each looked at (polled), then a wait of
-        ``ANY_SLICE_S`` on the oldest of those still running, until one has ended or the time is up."""
+        """wait_any where some jobs are ended by their waiter: the others looked at (polled), then a wait of
+        ``ANY_SLICE_S`` on the oldest still running (on requests run in turn, the first to end: no poll of it
+        first), until one has ended or the time is up."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             oldest: Job | None = None
             for job in jobs:
-                launched = job.launched
-                if launched is not None and job.state != _DONE and not launched.wait(0) and \
-                        (oldest is None or job.job_id < oldest.job_id):
+                if job.launched is not None and job.state != _DONE and (oldest is None or job.job_id < oldest.job_id):
                     oldest = job
+            for job in jobs:
+                launched = job.launched
+                if job is not oldest and launched is not None and job.state != _DONE:
+                    launched.wait(0)
             first = _first_ended(jobs)
             if first is not None:
                 return first
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            slice_s = ANY_SLICE_S if left is None else min(ANY_SLICE_S, left)
+            slice_s = ANY_SLICE_S if left is None else max(0.0, min(ANY_SLICE_S, left))
             launched = None if oldest is None else oldest.launched
-            if launched is not None:  # the oldest: on requests run in turn, the first to end
-                if launched.wait(slice_s) and oldest is not None and oldest.state == _DONE:
-                    return _first_ended(jobs)  # (the others are looked at on the next call)
-            elif oldest is None:  # only jobs that end on their own are left (started elsewhere): wait in slices
+            if launched is not None:
+                launched.wait(slice_s)  # (0: a poll, where the time is up)
+                first = _first_ended(jobs)
+                if first is not None:
+                    return first
+            elif oldest is None and slice_s > 0:  # only jobs that end on their own are left (started elsewhere)
                 time.sleep(slice_s)
+            if left is not None and left <= slice_s:
+                return None
 
     def _collect(self, job: Job) -> None:
         if job.callback is None:
