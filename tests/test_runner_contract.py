@@ -519,6 +519,11 @@ def test_a_cached_plan_answers_only_for_its_own_tensors(runner):
     outs[0][0] = good_y
     assert runner.execute(ins, outs) is StatusCode.SUCCESS  # the good set still runs from the cache
 
+    # slots that index but are not lists of tensors (the one-tensor key indexes them) are refused as before
+    for slot in ({"x": ins[0][0]}, {0: ins[0][0]}, "x"):
+        assert runner.execute([slot], outs) is StatusCode.INVALID_INPUT, slot
+        assert runner.execute_async([slot], outs).status is StatusCode.INVALID_INPUT
+
     # the cached input collected: bad tensors made now may take its id, and none passes
     cached_id = id(good_x)
     del good_x, ins

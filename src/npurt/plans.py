@@ -110,8 +110,12 @@ class Planner:
         """The plan of one call (StatusError for anything wrong with the lists or tensors)."""
         try:
             if len(inputs) == 1 and len(outputs) == 1:  # one batch slot (most calls): a flat key, built in C
-                slot_in = inputs[0]
-                key: Any = (len(slot_in), *map(id, slot_in), *map(id, outputs[0]))
+                slot_in, slot_out = inputs[0], outputs[0]
+                if type(slot_in) is list and type(slot_out) is list and len(slot_in) == 1 and len(slot_out) == 1:
+                    key: Any = (1, id(slot_in[0]), id(slot_out[0]))  # (the same key without map objects: lists only,
+                    # where indexing is iterating; a mapping indexed by 0 must not pass for its tensor)
+                else:
+                    key = (len(slot_in), *map(id, slot_in), *map(id, slot_out))
             else:
                 key = (tuple(tuple(map(id, s)) for s in inputs), tuple(tuple(map(id, s)) for s in outputs))
         except TypeError:

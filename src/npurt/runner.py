@@ -265,7 +265,8 @@ class Runner:
         the next state there; on a model with state and no stream given, the default stream."""
         core = self._core
         try:
-            core.check_open()
+            if core.closed:
+                core.check_open()  # (raises)
             if stream is not None or self._streams.stateful:
                 status, message = self._streams.execute(stream, inputs, outputs)
             else:
