@@ -55,6 +55,7 @@ from .types import (
     StatusCode,
     TensorDirection,
     TensorType,
+    job_handle,
 )
 from .variants import ShapeVariants, Variant
 
@@ -312,7 +313,7 @@ class Runner:
             core.fail(StatusCode.FAILURE, f"unexpected error: {e!r}")
             return JobHandle(StatusCode.FAILURE, 0)
         core.set_last_error("")
-        return JobHandle(SUCCESS, job.job_id)
+        return job_handle(SUCCESS, job.job_id)
 
     def wait(self, job: JobHandle | int, timeout_ms: int | None = None) -> StatusCode:
         """Wait for a job (a JobHandle or its id): ``timeout_ms`` 0 polls, None waits for as long as it takes.
@@ -353,7 +354,7 @@ class Runner:
             return JobHandle(e.status, 0)
         status, job_id, message = core.jobs.wait_any(ids, timeout_s)
         core.fail(status, message)
-        return JobHandle(status, job_id)
+        return job_handle(status, job_id)
 
     # ---------------------------------------------------------------- convenience (raises)
     def run(self, feeds: Mapping[str, np.ndarray], stream: Stream | int | None = None) -> dict[str, np.ndarray]:
