@@ -157,7 +157,14 @@ class Planner:
             with self._lock:
                 self._by_id.pop(key, None)
 
-        refs = tuple(weakref.ref(t, forget) for s in (*inputs, *outputs) for t in s)
+        snap_in, snap_out = [list(s) for s in inputs], [list(s) for s in outputs]  # one reading of the lists
+        if len(snap_in) == 1 and len(snap_out) == 1:  # the key as plan() makes it, of this reading
+            now: IdKey = (len(snap_in[0]), *map(id, snap_in[0]), *map(id, snap_out[0]))
+        else:
+            now = (tuple(tuple(map(id, s)) for s in snap_in), tuple(tuple(map(id, s)) for s in snap_out))
+        if now != key:
+            return  # the lists changed during the call (another thread's): nothing cached for either set
+        refs = tuple(weakref.ref(t, forget) for s in (*snap_in, *snap_out) for t in s)
         with self._lock:
             if len(self._by_id) >= PLAN_CACHE_SIZE:
                 self._by_id.pop(next(iter(self._by_id)))
