@@ -153,7 +153,7 @@ class _Started(Launched):
         except Exception as e:  # noqa: BLE001
             error = e
         finally:  # whatever happens here (KeyboardInterrupt included), the job ends and the request comes back
-            engine._free.put(request)  # (release() without its frame)
+            engine.release(request)
             done(None if error is None else engine.translate(error), shapes)
         return True
 
