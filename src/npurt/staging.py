@@ -131,12 +131,14 @@ def run_plan(plan: Plan, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequenc
              staging: Staging, context_of: ContextOf | None = None) -> tuple[StatusCode, str]:
     """Run every batch slot of a plan; the status (the engine's error becomes a status: this never raises)."""
     for b, slot in enumerate(plan):
-        slot.variant.touch()
+        variant = slot.variant
+        variant.touch()
         try:
-            engine = slot.variant.engine
+            engine = variant.engine
             context = None if context_of is None else context_of(engine)
-            if slot.binding is not None and not slot.sync:
-                shapes = engine.run(slot.binding, context)
+            binding = slot.binding
+            if binding is not None and not slot.sync:
+                shapes = engine.run(binding, context)
                 if shapes:
                     record_shapes([outputs[b][k] for k in slot.out_order], shapes)
             else:
