@@ -31,8 +31,13 @@ target is checked as the median of per-block ratios npurt / (raw + 5 us) <= 1.
 Targets (issue 37, 2 cores): in every row npurt's CPU per job <= the engine's + 5 us and jobs/s >= 0.95x the engine's;
 callback rows (InferQueue, callbacks) are held to jobs/s only. On a shared machine the figures are noisy.
 
+``--own``: instead, npurt's own Python per job, the engine taken out: the digits model on OpenVINO with the engine's
+``run`` returning at once and its ``start`` giving a run that has already ended (``execute``; ``execute_async`` +
+``wait`` and ``wait_any``, N in flight). What is left is the runner, the plan lookup, the job table and the
+status; no engine work, no thread woken. A diagnostic, with no target.
+
     python -m benchmarks.hostcost [--quick] [--json] [--backends OPENVINO,VAIML] [--models digits,cls] [--n N]
-                                  [--blocks K]
+                                  [--blocks K] [--own]
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from benchmarks.apps import BACKENDS, model_path, npurt_runner
 from npurt import InferQueue, JobHandle, StatusCode, TensorType
 from npurt.bench import BenchError, Report, Table, Target, random_feeds
 from npurt.bench.subjects import runner_tensors
+from npurt.engine import Done, Launched, ResultShapes
 from npurt.models import DEFAULT_MODEL
 from npurt.runner import Runner
 
@@ -422,12 +428,57 @@ def measure(backend: str, name: str, n: int, jobs: int, blocks: int, table: Tabl
         npurt.close()
 
 
+class _EndedAtOnce(Launched):
+    """A run that had ended when it started (``--own``): its first wait ends the job."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: Done) -> None:
+        self.done: Done | None = done
+
+    def wait(self, timeout_s: float | None) -> bool:
+        done, self.done = self.done, None
+        if done is not None:
+            done(None, None)
+        return True
+
+
+def own_python(n: int, jobs: int, blocks: int, table: Table) -> None:
+    """npurt's Python per job with the engine taken out (see the module's docstring): CPU us per job per pattern,
+    median of ``blocks`` blocks of ``jobs`` jobs."""
+    model, shapes = MODELS["digits"]
+    npurt = NpurtSide("OPENVINO", path_of(model), shapes, n)
+    try:
+        def run(binding: Any, context: Any = None) -> ResultShapes:
+            return None
+
+        def start(binding: Any, done: Done, context: Any = None) -> bool | Launched:
+            return _EndedAtOnce(done)
+
+        for runner in (npurt.sync, npurt.asyn):  # before any run: the plans made from here on hold these
+            engine: Any = runner.engine_for()
+            engine.run, engine.start = run, start
+        patterns = npurt.patterns()
+        for row in ("execute", "execute_async + wait", "wait_any"):
+            fn = patterns[row]
+            fn(jobs)  # warm-up: plans made
+            cpu = []
+            for _ in range(blocks):
+                c0 = time.process_time()
+                fn(jobs)
+                cpu.append((time.process_time() - c0) / jobs * 1e6)
+            table.add("OPENVINO", "digits", row, 1 if row == "execute" else n, statistics.median(cpu), min(cpu))
+    finally:
+        npurt.close()
+
+
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: OPENVINO, VAIML")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of digits,cls")
     p.add_argument("--n", type=int, default=2, help="jobs in flight in the asynchronous rows (default 2)")
     p.add_argument("--blocks", type=int, default=None, help="alternating blocks per row (default 9; at least 7)")
+    p.add_argument("--own", action="store_true", help="npurt's own Python per job, the engine taken out (no target)")
     args = p.parse_args()
     wanted = {b.strip().upper() for b in args.backends.split(",") if b.strip()}
     if wanted - set(BACKENDS):
@@ -438,6 +489,16 @@ def main() -> int:
     blocks = args.blocks or (7 if args.quick else 9)
     if blocks < 7:
         p.error("--blocks >= 7: the figures are medians of at least 7 paired blocks")
+    if args.own:
+        report = Report(f"npurt's own Python per job, the engine taken out ({'quick' if args.quick else 'full'} run, "
+                        f"{blocks} blocks per row)")
+        table = Table(["backend", "model", "pattern", "N", "CPU us/job", "best block"],
+                      formats=["", "", "", "", "{:.2f}", "{:.2f}"],
+                      title="process CPU time per job: the median and the best of the blocks (OpenVINO's engine "
+                            "replaced by runs that end at once)")
+        report.tables.append(table)
+        own_python(args.n, 2000 if args.quick else 20000, blocks, table)
+        return finish(report, args.json)
     report = Report(f"Host cost per job, npurt against the same pattern on the engine directly, CPU, shapes pinned "
                     f"({'quick' if args.quick else 'full'} run, {blocks} alternating blocks per row)")
     table = Table(["backend", "model", "pattern", "N", "npurt CPU us/job", "raw CPU us/job", "CPU added us",

@@ -102,6 +102,19 @@ def test_hostcost_quick():
     assert not [p for p in report["problems"] if "host copies" in p]  # no host copy on any path
 
 
+
+def test_hostcost_own_python_quick():
+    """``hostcost --own``: npurt's own Python per job with OpenVINO's engine taken out, one row per pattern, each a
+    few microseconds of CPU (with the engine's work in them, 30 us and more on this model)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.hostcost", "--own", "--quick", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["tables"][0]["rows"]
+    assert [r[2] for r in rows] == ["execute", "execute_async + wait", "wait_any"], rows
+    for row in rows:
+        cpu, best = float(row[4]), float(row[5])
+        assert 0 < best <= cpu < 25, row
+
 @pytest.mark.slow
 def test_streams_quick():
     model_or_skip("silero_vad")

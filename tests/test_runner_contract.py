@@ -483,6 +483,56 @@ def test_cached_plans_do_not_keep_frames_alive(runner):
     assert runner.execute(ins2, outs) is StatusCode.SUCCESS and np.all(outs[0][0].numpy() == 7.0)
 
 
+
+def test_a_cached_plan_answers_only_for_its_own_tensors(runner):
+    """The plan cache hits by the tensors' ids: a tensor of a cached set swapped for a bad one, or a bad tensor made
+    after a cached one was collected (which may take its id), fails exactly as a set never seen does."""
+    import gc
+
+    ins, outs = cpu_io(runner, 1.0)
+    x_info, y_info = ins[0][0].info, outs[0][0].info
+    for _ in range(2):  # validated once, then from the cache
+        assert runner.execute(ins, outs) is StatusCode.SUCCESS
+        job = runner.execute_async(ins, outs)
+        assert job.status is StatusCode.SUCCESS and runner.wait(job, 5000) is StatusCode.SUCCESS
+
+    def bad_x():
+        return NpuTensor(x_info.replace(shape=(1, 3, 4, 5)), np.zeros((1, 3, 4, 5), np.float32))
+
+    # what a set never seen gets
+    assert runner.execute([[bad_x()]], outs) is StatusCode.INVALID_INPUT
+    expected_in = runner.last_error
+    assert "shape [1, 3, 4, 5] does not fit" in expected_in
+    bad_y = NpuTensor(y_info.replace(data_type=DataType.INT32), np.zeros(y_info.shape, np.int32))
+    assert runner.execute(ins, [[bad_y]]) is StatusCode.INVALID_OUTPUT
+    expected_out = runner.last_error
+
+    # one tensor of the cached set swapped (the same list objects, mutated)
+    good_x = ins[0][0]
+    ins[0][0] = bad_x()
+    assert runner.execute(ins, outs) is StatusCode.INVALID_INPUT and runner.last_error == expected_in
+    job = runner.execute_async(ins, outs)
+    assert job == JobHandle(StatusCode.INVALID_INPUT, 0) and runner.last_error == expected_in
+    ins[0][0] = good_x
+    good_y, outs[0][0] = outs[0][0], bad_y
+    assert runner.execute(ins, outs) is StatusCode.INVALID_OUTPUT and runner.last_error == expected_out
+    outs[0][0] = good_y
+    assert runner.execute(ins, outs) is StatusCode.SUCCESS  # the good set still runs from the cache
+
+    # slots that index but are not lists of tensors (the one-tensor key indexes them) are refused as before
+    for slot in ({"x": ins[0][0]}, {0: ins[0][0]}, "x"):
+        assert runner.execute([slot], outs) is StatusCode.INVALID_INPUT, slot
+        assert runner.execute_async([slot], outs).status is StatusCode.INVALID_INPUT
+
+    # the cached input collected: bad tensors made now may take its id, and none passes
+    cached_id = id(good_x)
+    del good_x, ins
+    gc.collect()
+    candidates = [bad_x() for _ in range(64)]
+    for t in sorted(candidates, key=lambda t: id(t) != cached_id):  # one with the old id (if any) first
+        assert runner.execute([[t]], outs) is StatusCode.INVALID_INPUT and runner.last_error == expected_in
+
+
 def test_infer_queue_slots_callbacks_and_failures(axpy_model):
     from npurt import InferQueue
 

@@ -90,3 +90,17 @@ def test_quant_parameters_and_job_handle():
     with pytest.raises(ValueError):
         QuantParameters(0.0, 0)
     assert JobHandle(StatusCode.SUCCESS, 1) == JobHandle(StatusCode.SUCCESS, 1)
+
+
+def test_job_handle_made_fast_is_a_job_handle():
+    """types.job_handle (the runner's way to make a JobHandle per submission) gives the very object the dataclass's
+    constructor gives: equal, same hash and repr, frozen."""
+    import dataclasses
+
+    from npurt.types import job_handle
+
+    fast, slow = job_handle(StatusCode.RESOURCE_UNAVAILABLE, 7), JobHandle(StatusCode.RESOURCE_UNAVAILABLE, 7)
+    assert type(fast) is JobHandle and fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert dataclasses.astuple(fast) == (StatusCode.RESOURCE_UNAVAILABLE, 7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.job_id = 8  # type: ignore[misc]

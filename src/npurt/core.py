@@ -18,7 +18,7 @@ from .plans import Plan, Planner
 from .ports import Port, PortSpec
 from .staging import Staging, run_plan
 from .stats import RunnerStats
-from .status import StatusError
+from .status import SUCCESS, StatusError
 from .stream_state import StreamState, StreamTable
 from .tensor import NpuTensor
 from .types import StatusCode, TensorDirection
@@ -57,7 +57,7 @@ class RunnerCore:
     def fail(self, status: StatusCode, message: str) -> StatusCode:
         """Return ``status`` to the caller with ``message`` as its ``last_error`` (logged where it is a failure)."""
         self._tls.error = message
-        if status is not StatusCode.SUCCESS:
+        if status is not SUCCESS:
             self.log.debug("%s: %s", status.name, message)
         return status
 

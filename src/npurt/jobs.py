@@ -31,6 +31,7 @@ A job with a callback is released from the job table after its callback returns;
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -38,15 +39,17 @@ from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
-from .engine import Launched
+from .engine import Done, Launched
 from .stats import RunnerStats
-from .status import StatusError, status_of
+from .status import JOB_PENDING, SUCCESS, StatusError, status_of
 from .types import JobHandle, StatusCode
 
 log = logging.getLogger("npurt")
 
 Work = Callable[[], tuple[StatusCode, str]]  # a job run on a worker: never raises
-Start = Callable[[Callable[[BaseException | None], None]], bool | Launched]  # start on the engine; False: cannot now
+# start on the engine, given the job's end (called with the run's error, and what the engine tells besides, which
+# is the starter's to use: ignored here); False: cannot now
+Start = Callable[[Done], bool | Launched]
 Callback = Callable[[JobHandle], Any]
 
 # A worker running the callback of a job it ran: its scheduler, and the continuation that callback submitted (the
@@ -69,7 +72,7 @@ class Job:
         self.seq = seq  # place among the jobs with callbacks, for callback_order="submission"
         self.done = threading.Lock()  # held until the job has its final status
         self.done.acquire()
-        self.status = StatusCode.JOB_PENDING
+        self.status = JOB_PENDING
         self.error = ""
         self.state = _QUEUED
         self.ended = 0  # order of ending, for wait_any
@@ -83,9 +86,22 @@ class Job:
     def block(self, timeout_s: float | None) -> bool:
         """Wait (GIL released) up to ``timeout_s`` (None: no limit) for the job to end; whether it has."""
         launched = self.launched
-        if launched is not None and not self.finished and not launched.wait(timeout_s):
-            return False  # (an ended one has its status now, or in a moment from the thread that saw its end)
-        return _block(self.done, timeout_s) or self.finished
+        if launched is not None and self.state != _DONE:
+            if not launched.wait(timeout_s):
+                return False
+            if self.state == _DONE:  # (ended by this thread, most often)
+                return True
+            # else ended, and it has its status in a moment from the thread that saw its end
+        return _block(self.done, timeout_s) or self.state == _DONE
+
+
+def _first_ended(jobs: list[Job]) -> Job | None:
+    """Of these jobs, the first to have ended (None: none has)."""
+    first = None
+    for job in jobs:
+        if job.state == _DONE and (first is None or job.ended < first.ended):
+            first = job
+    return first
 
 
 def _block(lock: threading.Lock, timeout_s: float | None) -> bool:
@@ -140,27 +156,32 @@ class JobScheduler:
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
         if self._running >= self.max_concurrent:
             self._reap()  # jobs that ended on the engine with no waiter yet
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # (not `with`: this is every job's path, and acquire/release cost half as much)
+        try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
             if self._running >= self.max_concurrent:
                 raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs are "
                                                                    "busy; wait for one and retry")
-            job = Job(self._next_id, callback, self._next_seq)
-            self._next_id += 1
+            job_id = self._next_id
+            self._next_id = job_id + 1
+            job = Job(job_id, callback, self._next_seq)
             if callback is not None:
                 self._next_seq += 1
-            self._jobs[job.job_id] = job
+            self._jobs[job_id] = job
             self._running += 1
-            self._stats.add("jobs_submitted")
+            self._stats.job_submitted()
             if on_accept is not None:
                 on_accept()
             if start is None:
                 self._enqueue(job, work)
                 return job
             job.state = _RUNNING
+        finally:
+            lock.release()
         try:
-            started = start(lambda error: self._engine_done(job, error))
+            started = start(functools.partial(self._engine_done, job))
         except BaseException as e:  # noqa: BLE001 - the engine's error is the job's status
             self.finish(job, *status_of(e, 0))
             if not isinstance(e, Exception):
@@ -207,22 +228,24 @@ class JobScheduler:
 
     def _reap(self) -> None:
         """End the jobs started on the engine whose runs have ended but that no waiter has ended yet."""
-        with self._lock:
-            launched = [j for j in self._jobs.values() if j.launched is not None]
+        launched = [j for j in list(self._jobs.values()) if j.launched is not None]
         for job in launched:
             started = job.launched
             if started is not None:
                 started.wait(0)
 
-    def _engine_done(self, job: Job, error: BaseException | None) -> None:
-        if error is None:
-            self.finish(job, StatusCode.SUCCESS, "")
-        else:
-            self.finish(job, *status_of(error, 0))
+    def _engine_done(self, job: Job, error: BaseException | None, _told: Any = None) -> None:
+        status, message = (SUCCESS, "") if error is None else status_of(error, 0)
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._finish_locked(job, status, message)  # (never the caller's to call back: not a worker)
+        finally:
+            lock.release()
 
     def _work(self) -> None:
         """A worker: run queued jobs until the sentinel (its continuations first); a worker never dies of a job."""
-        get, here = self._queue.get, _callback_thread.__dict__
+        get, here, lock = self._queue.get, _callback_thread.__dict__, self._lock
         while True:
             item = here.get("next")
             if item is None:
@@ -232,11 +255,14 @@ class JobScheduler:
             else:
                 here["next"] = None
             job, work = item
-            with self._lock:
+            lock.acquire()
+            try:
                 if job.state == _DONE:  # ended by close() before it started
                     continue
                 job.state = _RUNNING
                 job.on_worker = True
+            finally:
+                lock.release()
             try:
                 status, message = work()
             except BaseException as e:  # noqa: BLE001
@@ -247,10 +273,14 @@ class JobScheduler:
     def finish(self, job: Job, status: StatusCode, message: str, on_worker: bool = False) -> None:
         """Give a job its final status; ``on_worker``: the caller is the worker that ran it, which runs the job's
         callback itself in completion order."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             here = self._finish_locked(job, status, message, on_worker)
             if here:
                 self._workers_in_callbacks += 1
+        finally:
+            lock.release()
         if here:
             self._run_inline(job)
 
@@ -261,8 +291,8 @@ class JobScheduler:
             self._call(job)
         finally:
             here["scheduler"] = None
+            self._jobs.pop(job.job_id, None)
             with self._lock:
-                self._jobs.pop(job.job_id, None)
                 self._workers_in_callbacks -= 1
 
     def _call(self, job: Job) -> None:
@@ -285,7 +315,9 @@ class JobScheduler:
         self._ended += 1
         job.ended = self._ended
         self._running -= 1
-        self._stats.job_ended(status is StatusCode.SUCCESS)
+        self._stats.job_completed()
+        if status is not SUCCESS:
+            self._stats.job_failed()
         job.done.release()
         for ids, waiter in self._any_waits:
             if job.job_id in ids and waiter.locked():
@@ -325,8 +357,8 @@ class JobScheduler:
             try:
                 self._call(job)
             finally:
+                self._jobs.pop(job.job_id, None)
                 with self._lock:
-                    self._jobs.pop(job.job_id, None)
                     self._idle_callback_threads += 1
 
     # -- waiting --------------------------------------------------------------------------------------------
@@ -335,77 +367,95 @@ class JobScheduler:
         job = self._jobs.get(job_id)  # a single dict operation: atomic
         if job is None:
             return StatusCode.INVALID_JOB_ID, f"job {job_id} is unknown to this runner or was already collected"
-        if not job.finished and timeout_s != 0:
-            hand_over_continuation()
-        if not job.finished and not job.block(timeout_s):
-            return StatusCode.JOB_PENDING, f"job {job_id} is still running"
-        self._collect(job)
+        if job.state != _DONE:
+            if timeout_s != 0:
+                hand_over_continuation()
+            if not job.block(timeout_s):
+                return StatusCode.JOB_PENDING, f"job {job_id} is still running"
+        if job.callback is None:  # collected (a job with a callback goes once its callback has returned)
+            self._jobs.pop(job_id, None)
         return job.status, job.error
 
     def wait_any(self, job_ids: Sequence[int], timeout_s: float | None) -> tuple[StatusCode, int, str]:
         """(status, job id, message) of whichever of the jobs ended first, collecting it."""
+        table = self._jobs
         jobs = []
         for job_id in job_ids:
-            job = self._jobs.get(job_id)
+            job = table.get(job_id)
             if job is None:
                 return (StatusCode.INVALID_JOB_ID, job_id,
                         f"job {job_id} is unknown to this runner or was already collected")
             jobs.append(job)
         if not jobs:
             return StatusCode.INVALID_JOB_ID, 0, "wait_any needs at least one job"
-        ended = [j for j in jobs if j.finished]
-        if not ended and timeout_s != 0:
-            hand_over_continuation()
-        if not ended and any(j.launched is not None for j in jobs):
-            ended = self._wait_any_launched(jobs, timeout_s)
-        elif not ended:
-            wait = (set(job_ids), threading.Lock())
-            wait[1].acquire()
-            with self._lock:
-                ended = [j for j in jobs if j.finished]
-                if not ended:
-                    self._any_waits.append(wait)
-            if not ended:
-                try:
-                    _block(wait[1], timeout_s)
-                finally:
-                    with self._lock:
-                        self._any_waits.remove(wait)
-                        ended = [j for j in jobs if j.finished]
-                if not ended:
-                    return StatusCode.JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
-        first = min(ended, key=lambda j: j.ended)
-        self._collect(first)
+        first = _first_ended(jobs)
+        if first is None:
+            if timeout_s != 0:
+                hand_over_continuation()
+            for job in jobs:
+                if job.launched is not None:
+                    first = self._wait_any_launched(jobs, timeout_s)
+                    break
+            else:
+                first = self._wait_any_ended(job_ids, jobs, timeout_s)
+            if first is None:
+                return JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
+        if first.callback is None:
+            table.pop(first.job_id, None)  # collected (a dict operation: atomic; walks over the table copy it)
         return first.status, first.job_id, first.error
 
+    def _wait_any_ended(self, job_ids: Sequence[int], jobs: list[Job], timeout_s: float | None) -> Job | None:
+        """wait_any over jobs that others end (workers, the engine's callbacks): one lock, released by the first of
+        them to end."""
+        wait = (set(job_ids), threading.Lock())
+        wait[1].acquire()
+        with self._lock:
+            first = _first_ended(jobs)
+            if first is not None:
+                return first
+            self._any_waits.append(wait)
+        try:
+            _block(wait[1], timeout_s)
+        finally:
+            with self._lock:
+                self._any_waits.remove(wait)
+                first = _first_ended(jobs)
+        return first
+
     @staticmethod
-    def _wait_any_launched(jobs: list[Job], timeout_s: float | None) -> list[Job]:
-        """wait_any where some jobs are ended by their waiter: each looked at (polled), then a wait of
-        ``ANY_SLICE_S`` on the oldest of those still running, until one has ended or the time is up."""
+    def _wait_any_launched(jobs: list[Job], timeout_s: float | None) -> Job | None:
+        """wait_any where some jobs are ended by their waiter: the others looked at (polled), then a wait of
+        ``ANY_SLICE_S`` on the oldest still running (on requests run in turn, the first to end: no poll of it
+        first), until one has ended or the time is up."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            running = []
+            oldest: Job | None = None
+            for job in jobs:
+                if job.launched is not None and job.state != _DONE and (oldest is None or job.job_id < oldest.job_id):
+                    oldest = job
             for job in jobs:
                 launched = job.launched
-                if launched is not None and not job.finished:
+                if job is not oldest and launched is not None and job.state != _DONE:
                     launched.wait(0)
-                    if not job.finished:
-                        running.append((job.job_id, launched))
-            ended = [j for j in jobs if j.finished]
-            if ended:
-                return ended
+            first = _first_ended(jobs)
+            if first is not None:
+                return first
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return []
-            if running:  # the oldest: on requests run in turn, the first to end
-                min(running, key=lambda r: r[0])[1].wait(ANY_SLICE_S if left is None else min(ANY_SLICE_S, left))
-            else:  # only jobs that end on their own are left (they were started elsewhere): wait in slices
-                time.sleep(ANY_SLICE_S if left is None else min(ANY_SLICE_S, left))
+            slice_s = ANY_SLICE_S if left is None else max(0.0, min(ANY_SLICE_S, left))
+            launched = None if oldest is None else oldest.launched
+            if launched is not None:
+                launched.wait(slice_s)  # (0: a poll, where the time is up)
+                first = _first_ended(jobs)
+                if first is not None:
+                    return first
+            elif oldest is None and slice_s > 0:  # only jobs that end on their own are left (started elsewhere)
+                time.sleep(slice_s)
+            if left is not None and left <= slice_s:
+                return None
 
     def _collect(self, job: Job) -> None:
         if job.callback is None:
-            with self._lock:
-                self._jobs.pop(job.job_id, None)
+            self._jobs.pop(job.job_id, None)  # a dict operation: atomic (walks over the table copy it first)
 
     # -- state ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -427,12 +477,13 @@ class JobScheduler:
             self._closed = True
             # A worker runs one job at a time, in submission order: queued jobs that a free worker is about to
             # take run; the rest end here, never started.
-            on_workers = sum(1 for j in self._jobs.values() if j.state == _RUNNING and j.on_worker)
+            table = list(self._jobs.values())  # (a copy: jobs are collected without the lock)
+            on_workers = sum(1 for j in table if j.state == _RUNNING and j.on_worker)
             free = len(self._workers) - on_workers
-            queued = sorted((j for j in self._jobs.values() if j.state == _QUEUED), key=lambda j: j.job_id)
+            queued = sorted((j for j in table if j.state == _QUEUED), key=lambda j: j.job_id)
             for job in queued[max(0, free):]:
                 self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
-            running = [j for j in self._jobs.values() if j.state != _DONE]
+            running = [j for j in table if j.state != _DONE]
             workers, self._workers = self._workers, []
         for job in running:  # on a worker or on the engine: let them end
             job.block(None)

@@ -4,9 +4,10 @@ A plan slot holds the shape variant that runs it, the order of its tensors by po
 conversion into the engine's view (through staging), and, where none does, the engine's binding of those tensors.
 
 Two caches decide "are these the same tensors?", once for every layer below:
-- by identity: the same NpuTensor objects again (a double-buffered app). The hit costs a dict lookup and checks
-  of weak references, and reuses the engine binding. An entry goes when any of its tensors is collected, so the
-  cache never keeps a user's frame (or its memory) alive.
+- by identity: the same NpuTensor objects again (a double-buffered app). The hit costs a dict lookup by the
+  tensors' ids, and reuses the engine binding. An entry goes when any of its tensors is collected (a weak reference's
+  callback, before another object can take its id), so the cache never keeps a user's frame (or its memory) alive
+  and never answers for another object.
 - by value: new NpuTensor objects with infos seen before (an app that wraps each frame anew). The hit skips
   validation; the engine binds the new memory.
 NpuTensors are immutable (info and memory), so a plan validated once for them stays valid.
@@ -14,12 +15,14 @@ NpuTensors are immutable (info and memory), so a plan validated once for them st
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .engine import Done, Engine, Launched
 from .ports import Port
 from .status import StatusError
 from .tensor import NpuTensor
@@ -57,7 +60,8 @@ def in_engine_view(info: NpuTensorInfo, port: Port, boxes: bool = False) -> bool
 class SlotPlan:
     """One validated batch slot. Tensor-free: each call's own tensors are passed along with it."""
 
-    __slots__ = ("variant", "in_order", "out_order", "convert_in", "convert_out", "sync", "binding")
+    __slots__ = ("variant", "in_order", "out_order", "convert_in", "convert_out", "sync", "binding", "start",
+                 "tells_shapes")
 
     def __init__(self, variant: Variant, in_order: tuple[int, ...], out_order: tuple[int, ...],
                  convert_in: tuple[int, ...], convert_out: tuple[int, ...], sync: bool, binding: Any = None) -> None:
@@ -66,6 +70,13 @@ class SlotPlan:
         self.convert_in, self.convert_out = convert_in, convert_out
         self.sync = sync  # DMA-BUF memory: CPU access is bracketed around the (CPU) engine's run
         self.binding = binding  # the engine's binding of the tensors, where no conversion is needed
+        # ``start(done)``: a run of the binding started on the engine's own requests (Engine.start), where the
+        # tensors go as they are and the engine has such requests (else None: the runner's workers run it)
+        engine = variant.engine
+        self.start: Callable[[Done], bool | Launched] | None = None
+        if binding is not None and not sync and type(engine).start is not Engine.start:
+            self.start = functools.partial(engine.start, binding)
+        self.tells_shapes = not all(p.is_static for p in variant.outputs)  # a run reports the outputs' shapes
 
     @property
     def direct(self) -> bool:
@@ -99,18 +110,19 @@ class Planner:
         """The plan of one call (StatusError for anything wrong with the lists or tensors)."""
         try:
             if len(inputs) == 1 and len(outputs) == 1:  # one batch slot (most calls): a flat key, built in C
-                flat = (*inputs[0], *outputs[0])
-                key: Any = (len(inputs[0]), *map(id, flat))
+                slot_in, slot_out = inputs[0], outputs[0]
+                if type(slot_in) is list and type(slot_out) is list and len(slot_in) == 1 and len(slot_out) == 1:
+                    key: Any = (1, id(slot_in[0]), id(slot_out[0]))  # (the same key without map objects: lists only,
+                    # where indexing is iterating; a mapping indexed by 0 must not pass for its tensor)
+                else:
+                    key = (len(slot_in), *map(id, slot_in), *map(id, slot_out))
             else:
                 key = (tuple(tuple(map(id, s)) for s in inputs), tuple(tuple(map(id, s)) for s in outputs))
-                flat = (*(t for s in inputs for t in s), *(t for s in outputs for t in s))
         except TypeError:
             return self._validate(inputs, outputs)  # not lists of lists: let validation say what is wrong
         hit = self._by_id.get(key)
-        if hit is not None:
-            refs, plan = hit
-            if all(r() is t for r, t in zip(refs, flat)):
-                return plan
+        if hit is not None:  # the very tensors of the entry (see _remember): ids are enough
+            return hit[1]
         try:
             info_key = (tuple(tuple(t.info for t in s) for s in inputs),
                         tuple(tuple(t.info for t in s) for s in outputs))
@@ -138,11 +150,21 @@ class Planner:
         return plan
 
     def _remember(self, key: IdKey, inputs: Any, outputs: Any, plan: Plan) -> None:
+        # An entry is keyed by its tensors' ids, and each tensor's weak reference removes it as that tensor is
+        # finalized: CPython calls a live weak reference's callback before the object's memory is freed, so no other
+        # object can have that id while the entry is there, and a hit by ids is a hit on these very tensors.
         def forget(_: Any, key: IdKey = key) -> None:
             with self._lock:
                 self._by_id.pop(key, None)
 
-        refs = tuple(weakref.ref(t, forget) for s in (*inputs, *outputs) for t in s)
+        snap_in, snap_out = [list(s) for s in inputs], [list(s) for s in outputs]  # one reading of the lists
+        if len(snap_in) == 1 and len(snap_out) == 1:  # the key as plan() makes it, of this reading
+            now: IdKey = (len(snap_in[0]), *map(id, snap_in[0]), *map(id, snap_out[0]))
+        else:
+            now = (tuple(tuple(map(id, s)) for s in snap_in), tuple(tuple(map(id, s)) for s in snap_out))
+        if now != key:
+            return  # the lists changed during the call (another thread's): nothing cached for either set
+        refs = tuple(weakref.ref(t, forget) for s in (*snap_in, *snap_out) for t in s)
         with self._lock:
             if len(self._by_id) >= PLAN_CACHE_SIZE:
                 self._by_id.pop(next(iter(self._by_id)))

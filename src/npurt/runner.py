@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,7 @@ from .plans import Planner
 from .ports import Port, PortFactory, PortSpec, check_port_options
 from .staging import Staging, engine_start
 from .stats import RunnerStats
-from .status import StatusError
+from .status import SUCCESS, StatusError
 from .stream_state import StreamTable
 from .streams import Stream, StreamRuns
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
@@ -54,6 +55,7 @@ from .types import (
     StatusCode,
     TensorDirection,
     TensorType,
+    job_handle,
 )
 from .variants import ShapeVariants, Variant
 
@@ -264,7 +266,8 @@ class Runner:
         the next state there; on a model with state and no stream given, the default stream."""
         core = self._core
         try:
-            core.check_open()
+            if core.closed:
+                core.check_open()  # (raises)
             if stream is not None or self._streams.stateful:
                 status, message = self._streams.execute(stream, inputs, outputs)
             else:
@@ -276,7 +279,7 @@ class Runner:
             if isinstance(e, KeyboardInterrupt):
                 raise
             status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
-        core.stats.executed(status is StatusCode.SUCCESS)
+        core.stats.executed(status is SUCCESS)
         return core.fail(status, message)
 
     def execute_async(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
@@ -291,7 +294,8 @@ class Runner:
         job runs in the stream's line, after the stream's earlier runs."""
         core = self._core
         try:
-            core.check_open()
+            if core.closed:
+                core.check_open()  # (raises: the execution path's form of a closed runner)
             if callback is not None and not callable(callback):
                 raise StatusError(StatusCode.INVALID_INPUT, f"callback {callback!r} is not callable")
             if stream is not None or self._streams.stateful:
@@ -299,7 +303,7 @@ class Runner:
             else:
                 plan = core.planner.plan(inputs, outputs)
                 start = engine_start(plan, outputs, callback is not None)
-                job = core.jobs.submit(lambda: core.execute_plan(plan, inputs, outputs), start, callback)
+                job = core.jobs.submit(functools.partial(core.execute_plan, plan, inputs, outputs), start, callback)
         except StatusError as e:
             core.fail(e.status, str(e))
             return JobHandle(e.status, 0)
@@ -309,7 +313,7 @@ class Runner:
             core.fail(StatusCode.FAILURE, f"unexpected error: {e!r}")
             return JobHandle(StatusCode.FAILURE, 0)
         core.set_last_error("")
-        return JobHandle(StatusCode.SUCCESS, job.job_id)
+        return job_handle(SUCCESS, job.job_id)
 
     def wait(self, job: JobHandle | int, timeout_ms: int | None = None) -> StatusCode:
         """Wait for a job (a JobHandle or its id): ``timeout_ms`` 0 polls, None waits for as long as it takes.
@@ -317,13 +321,15 @@ class Runner:
         JOB_PENDING on timeout; INVALID_JOB_ID for a job unknown or already collected; INVALID_INPUT for a bad
         timeout; otherwise the job's own status (its message in ``last_error``), and the job is forgotten."""
         core = self._core
-        job_id = _job_id_of(job)
+        job_id = job.job_id if type(job) is JobHandle else _job_id_of(job)  # (the plain case without a call)
         if job_id is None:
             return core.fail(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
-        try:
-            timeout_s = _timeout_s(timeout_ms)
-        except StatusError as e:
-            return core.fail(e.status, str(e))
+        timeout_s = None
+        if timeout_ms is not None:
+            try:
+                timeout_s = _timeout_s(timeout_ms)
+            except StatusError as e:
+                return core.fail(e.status, str(e))
         return core.fail(*core.jobs.wait(job_id, timeout_s))
 
     def wait_any(self, jobs: Sequence[JobHandle | int], timeout_ms: int | None = None) -> JobHandle:
@@ -334,7 +340,7 @@ class Runner:
         ``JobHandle(INVALID_INPUT, 0)`` for a bad ``timeout_ms``. Never raises."""
         core = self._core
         try:
-            if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence):
+            if type(jobs) is not list and (isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence)):
                 raise StatusError(StatusCode.INVALID_JOB_ID, f"wait_any takes a list of jobs, got {jobs!r}")
             ids = []
             for job in jobs:
@@ -348,7 +354,7 @@ class Runner:
             return JobHandle(e.status, 0)
         status, job_id, message = core.jobs.wait_any(ids, timeout_s)
         core.fail(status, message)
-        return JobHandle(status, job_id)
+        return job_handle(status, job_id)
 
     # ---------------------------------------------------------------- convenience (raises)
     def run(self, feeds: Mapping[str, np.ndarray], stream: Stream | int | None = None) -> dict[str, np.ndarray]:

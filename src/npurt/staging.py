@@ -19,10 +19,10 @@ from types import TracebackType
 from typing import Any
 
 from . import formats
-from .engine import Engine, Launched, ResultShapes
+from .engine import Done, Launched, ResultShapes
 from .plans import Plan, SlotPlan
 from .stats import RunnerStats
-from .status import status_of
+from .status import SUCCESS, status_of
 from .tensor import NpuTensor, allocate_tensor
 from .types import MemoryType, NpuTensorInfo, QuantParameters, StatusCode, TensorDirection
 from .variants import StageKey, Variant
@@ -131,39 +131,43 @@ def run_plan(plan: Plan, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequenc
              staging: Staging, context_of: ContextOf | None = None) -> tuple[StatusCode, str]:
     """Run every batch slot of a plan; the status (the engine's error becomes a status: this never raises)."""
     for b, slot in enumerate(plan):
-        slot.variant.touch()
+        variant = slot.variant
+        variant.touch()
         try:
-            engine = slot.variant.engine
+            engine = variant.engine
             context = None if context_of is None else context_of(engine)
-            if slot.binding is not None and not slot.sync:
-                shapes = engine.run(slot.binding, context)
+            binding = slot.binding
+            if binding is not None and not slot.sync:
+                shapes = engine.run(binding, context)
                 if shapes:
                     record_shapes([outputs[b][k] for k in slot.out_order], shapes)
             else:
                 staging.run(slot, *slot.tensors(inputs[b], outputs[b]), context)
         except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
             return status_of(e, b)
-    return StatusCode.SUCCESS, ""
+    return SUCCESS, ""
 
 
 def engine_start(plan: Plan, outputs: Sequence[Sequence[NpuTensor]], with_callback: bool = False
-                 ) -> Callable[[Callable[[BaseException | None], None]], bool | Launched] | None:
+                 ) -> Callable[[Done], bool | Launched] | None:
     """How to start a one-slot job with nothing to convert on the engine's own requests (None: workers; also for a
-    job with a callback on an engine whose ``callbacks_on_workers`` says so)."""
-    if len(plan) != 1 or plan[0].binding is None or plan[0].sync:
+    job with a callback on an engine whose ``callbacks_on_workers`` says so). Where the outputs' shapes are fixed
+    the slot's own ``start`` is it (the engine's ``done`` is the job's, no wrapper per job)."""
+    if len(plan) != 1:
         return None
     slot = plan[0]
-    if type(slot.variant.engine).start is Engine.start:  # the engine has no machinery of its own: workers run it
+    start = slot.start
+    if start is None or with_callback and slot.variant.engine.callbacks_on_workers:
         return None
-    if with_callback and slot.variant.engine.callbacks_on_workers:
-        return None
+    if not slot.tells_shapes:
+        return start
 
-    def start(done: Callable[[BaseException | None], None]) -> bool | Launched:
-        def ended(error: BaseException | None, shapes: Any) -> None:
+    def start_recording(done: Done) -> bool | Launched:
+        def ended(error: BaseException | None, shapes: ResultShapes) -> None:
             if error is None and shapes:
                 record_shapes([outputs[0][k] for k in slot.out_order], shapes)
-            done(error)
+            done(error, None)
 
         return slot.variant.engine.start(slot.binding, ended)
 
-    return start
+    return start_recording

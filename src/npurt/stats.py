@@ -1,23 +1,49 @@
-"""A runner's counters: host copies of tensor data, executes, jobs and compiles, since the runner was made."""
+"""A runner's counters: host copies of tensor data, executes, jobs and compiles, since the runner was made.
+
+The counters of events (executes, jobs and their failures) are ``itertools.count`` objects: ``next()`` on one is a
+single C call under the GIL, so counting an execute or a job takes no lock (this is on every run's path). Counters
+that add amounts (bytes copied, with the copies beside them) keep a lock."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import threading
+from collections.abc import Callable
 
 COUNTERS = ("copies", "bytes_copied", "executes", "execute_failures", "jobs_submitted", "jobs_completed",
             "jobs_failed", "compiles")
+_EVENTS = ("executes", "execute_failures", "jobs_submitted", "jobs_completed", "jobs_failed")
+
+
+def _value(counter: itertools.count[int]) -> int:
+    """How many times ``next`` was called on a counter made as ``itertools.count()`` (its repr: ``count(N)``)."""
+    return int(repr(counter)[6:-1])
 
 
 class RunnerStats:
     """Thread-safe totals; ``snapshot()`` gives them as a dict (``Runner.stats``)."""
 
-    __slots__ = ("_lock", "_counts")
+    __slots__ = ("_lock", "_counts", "_events", "_executes", "_execute_failures", "job_submitted", "job_completed",
+                 "job_failed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._counts = {name: 0 for name in COUNTERS if name not in _EVENTS}
+        self._events = {name: itertools.count() for name in _EVENTS}
+        events = self._events
+        self._executes, self._execute_failures = events["executes"], events["execute_failures"]
+        # one job submitted / completed / failed: C calls (a partial of next), no Python frame per job
+        self.job_submitted: Callable[[], int] = functools.partial(next, events["jobs_submitted"])
+        self.job_completed: Callable[[], int] = functools.partial(next, events["jobs_completed"])
+        self.job_failed: Callable[[], int] = functools.partial(next, events["jobs_failed"])
 
     def add(self, name: str, n: int = 1) -> None:
+        counter = self._events.get(name)
+        if counter is not None:
+            for _ in range(n):
+                next(counter)
+            return
         with self._lock:
             self._counts[name] += n
 
@@ -28,17 +54,12 @@ class RunnerStats:
             self._counts["bytes_copied"] += int(nbytes)
 
     def executed(self, ok: bool) -> None:
-        with self._lock:
-            self._counts["executes"] += 1
-            if not ok:
-                self._counts["execute_failures"] += 1
-
-    def job_ended(self, ok: bool) -> None:
-        with self._lock:
-            self._counts["jobs_completed"] += 1
-            if not ok:
-                self._counts["jobs_failed"] += 1
+        next(self._executes)
+        if not ok:
+            next(self._execute_failures)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return dict(self._counts)
+            counts = dict(self._counts)
+        counts.update((name, _value(c)) for name, c in self._events.items())
+        return {name: counts[name] for name in COUNTERS}

@@ -41,15 +41,20 @@ BINDINGS_BY_ADDRESS = 32  # IOBindings an engine keeps by the addresses they bin
 class _Binding:
     """An IOBinding of a set of tensors (by address), and where outputs produced by ONNX Runtime must go."""
 
-    __slots__ = ("io", "lock", "copies", "guessed", "inputs", "outputs")
+    __slots__ = ("io", "c_io", "lock", "copies", "guessed", "plain", "inputs", "outputs")
 
     def __init__(self, io: Any, copies: list[tuple[int, int, int]], guessed: list[tuple[int, tuple[int, ...]]],
                  inputs: list[Placed], outputs: list[Placed]) -> None:
-        self.io = io
         self.lock = threading.Lock()  # an IOBinding serves one run at a time
+        self.inputs, self.outputs = inputs, outputs  # (shape, address) per port, to bind again
+        self.set(io, copies, guessed)
+
+    def set(self, io: Any, copies: list[tuple[int, int, int]], guessed: list[tuple[int, tuple[int, ...]]]) -> None:
+        self.io = io
+        self.c_io = io._iobinding  # the C++ binding: no per-call Python checks
         self.copies = copies  # (output index, address, capacity) of outputs ONNX Runtime writes into its own memory
         self.guessed = guessed  # (output index, shape) of open-shaped outputs bound in place with the tensor's shape
-        self.inputs, self.outputs = inputs, outputs  # (shape, address) per port, to bind again
+        self.plain = not copies and not guessed  # a run is one call, and tells no shapes
 
 
 class OrtEngine(Engine):
@@ -116,19 +121,23 @@ class OrtEngine(Engine):
         session = self.session
         if session is None:
             raise NpuError("the runner is closed")
-        if not binding.lock.acquire(False):  # the same tensors on two threads at once: a binding of its own
+        lock = binding.lock
+        if not lock.acquire(False):  # the same tensors on two threads at once: a binding of its own
             return self._run_or_rebind(session, self._io(binding.inputs, binding.outputs))
         try:
+            if binding.plain:  # (most runs: every output bound in place with its shape known)
+                session._sess.run_with_iobinding(binding.c_io, None)  # releases the GIL
+                return None
             return self._run_or_rebind(session, binding)
         finally:
-            binding.lock.release()
+            lock.release()
 
     def _run_or_rebind(self, session: ort.InferenceSession, binding: _Binding) -> ResultShapes:
         """A run; where ONNX Runtime refused an output bound in place, the binding without it, and the run again."""
         result = self._run(session, binding)
         if isinstance(result, _Refused):
             fresh = self._io(binding.inputs, binding.outputs)
-            binding.io, binding.copies, binding.guessed = fresh.io, fresh.copies, fresh.guessed
+            binding.set(fresh.io, fresh.copies, fresh.guessed)
             result = self._run(session, binding)
             if isinstance(result, _Refused):  # cannot be: the refused outputs are no longer bound in place
                 raise NpuError("ONNX Runtime refused a run whose outputs are not bound in place")
@@ -137,13 +146,13 @@ class OrtEngine(Engine):
     def _run(self, session: ort.InferenceSession, binding: _Binding) -> ResultShapes | _Refused:
         if binding.guessed:
             try:
-                session._sess.run_with_iobinding(binding.io._iobinding, self.quiet)  # releases the GIL
+                session._sess.run_with_iobinding(binding.c_io, self.quiet)  # releases the GIL
             except Exception:  # noqa: BLE001 - the run produced other shapes than guessed (or failed: it says so)
                 for j, _ in binding.guessed:
                     self.in_place[j] = False
                 return _REFUSED
         else:
-            session._sess.run_with_iobinding(binding.io._iobinding, None)  # releases the GIL
+            session._sess.run_with_iobinding(binding.c_io, None)  # releases the GIL
         if not binding.copies and not binding.guessed:
             return None
         shapes: list[tuple[int, ...] | None] = [None] * len(self.outputs)
