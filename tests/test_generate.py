@@ -344,6 +344,22 @@ def test_a_failed_derivation_leaves_no_temporary_folder(models, tmp_path, monkey
     assert list(temporary.iterdir()) == []
 
 
+def test_a_closed_runner_leaves_no_temporary_folder(models, tmp_path, monkeypatch):
+    """Without cache_dir the static form is written to a temporary folder: it goes at the runner's close (an app
+    that keeps its closed runner object, or a reference cycle, does not keep the model's weights on disk)."""
+    import tempfile
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    for backend in ("VAIML", "OPENVINO"):
+        runner = decoder_runner(backend, models["gqa"])
+        assert list(temporary.iterdir()) != []
+        runner.close()
+        assert list(temporary.iterdir()) == [], backend
+        runner.close()  # idempotent
+
+
 def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp_path, monkeypatch):
     """A static form past protobuf's limit goes to external data (the limit lowered here so the small decoder
     crosses it): each backend generates the reference's tokens from it, and OpenVINO's cache entry keeps its IR

@@ -74,10 +74,11 @@ class Runner:
         if backend.model_is_a_file and not self.model_path.exists():
             raise ValueError(f"model file not found: {self.model_path}")
         self.decoder: DecoderFacts | None = None  # option decoder: the static form's facts (npurt.Generator)
+        self._remove_derived: Callable[[], Any] | None = None  # a derived model's temporary folder, at close
         engine_model = self.model_path
         if self.options.decoder is not None:  # the engine opens the decoder's static form, derived once
             prepared = generate_model.prepare(self.model_path, backend.name, self.options)
-            generate_model.remove_with(self, prepared.path, self.options)
+            self._remove_derived = generate_model.remove_with(self, prepared.path, self.options)
             engine_model, self.options, self.decoder = prepared.path, prepared.options, prepared.facts
         self.log = RunnerLog(self.options.log_level)
         stats = RunnerStats()
@@ -377,7 +378,7 @@ class Runner:
              stream: Stream | int | None = None) -> BoundRun:
         """These tensors validated, planned and bound once: ``bound.execute()`` runs them again (a StatusCode, as
         ``execute``), without execute's per-run checks. ValueError for tensors execute would refuse; a stream whose
-        state changes buffers every run (ping-pong pairs) cannot be bound."""
+        state changes buffers every run (ping-pong pairs) cannot be bound. NpuError once closed."""
         return bound.bind(self._core, self._streams, inputs, outputs, stream)
 
     # ---------------------------------------------------------------- streams
@@ -427,6 +428,8 @@ class Runner:
                 core.variants.close()
             finally:
                 self._backend.close()
+                if self._remove_derived is not None:
+                    self._remove_derived()
 
     @property
     def closed(self) -> bool:

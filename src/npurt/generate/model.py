@@ -216,10 +216,13 @@ _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> 
 _VERSION = 1  # of the derivation: a change to static_form makes new cache entries
 
 
-def remove_with(owner: object, path: Path, options: RunnerOptions) -> None:
-    """Remove a temporary derived model's folder once ``owner`` (the runner) is collected (not at its close())."""
+def remove_with(owner: object, path: Path, options: RunnerOptions) -> Callable[[], Any] | None:
+    """Remove a temporary derived model's folder once ``owner`` (the runner) is collected, or earlier when the
+    returned callable is called (at the runner's close; once either way); None where the model is kept in
+    ``cache_dir``."""
     if options.cache_dir is None:
-        weakref.finalize(owner, shutil.rmtree, path.parent, True)
+        return weakref.finalize(owner, shutil.rmtree, path.parent, True)
+    return None
 
 
 def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
