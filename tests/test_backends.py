@@ -245,6 +245,35 @@ def test_run_gives_new_arrays_equal_to_the_engines(backend):
             r.run({"y": x})
 
 
+@pytest.mark.parametrize("dims", [[2, 3], ["n", 3]], ids=["static", "open"])
+def test_run_takes_and_gives_bf16_as_execute_does(backend, tmp_path, dims):
+    """BF16 ports through run(): numpy holds their bits as uint16, which the engines take for UINT16 (both refused
+    the run). The bits go in and come out as execute's tensors carry them; Cast BF16 -> FP32 -> BF16 is exact."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT),
+         helper.make_node("Cast", ["y"], ["z"], to=TensorProto.BFLOAT16)], "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims),
+         helper.make_tensor_value_info("z", TensorProto.BFLOAT16, dims)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "bf16.onnx"
+    onnx.save(model, str(path))
+    values = np.array([[0.5, -1.5, 3.0], [1e-3, 65504.0, -0.0]], np.float32)
+    bits = (values.view(np.uint32) >> 16).astype(np.uint16)  # BF16: the top half of each float
+    values = (bits.astype(np.uint32) << 16).view(np.float32)  # what those bits are
+    with RunnerFactory.create_runner(backend, path, {"device": "CPU"}) as r:
+        out = r.run({"x": bits})
+        np.testing.assert_array_equal(out["y"], values)
+        assert out["z"].dtype == np.uint16
+        np.testing.assert_array_equal(out["z"], bits)
+        info = {t.name: t for t in r.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)}
+        assert info["x"].data_type is DataType.BF16
+
+
 # ---------------------------------------------------------------------------------------------------- concurrency
 def test_eight_threads_share_one_runner(backend):
     with pinned(backend, "ocr_cls") as r:

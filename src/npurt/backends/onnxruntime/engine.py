@@ -12,6 +12,7 @@ are ONNX Runtime's private names: tests/test_engine_privates.py fails, naming th
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,9 @@ import onnxruntime as ort
 from ...engine import Engine, OutputTooSmallError, ResultShapes
 from ...ports import DATA_TYPES_ONNX, Port
 from ...tensor import NpuTensor
-from ...types import NpuError
+from ...types import DataType, NpuError
+
+BFLOAT16 = DATA_TYPES_ONNX[DataType.BF16]  # ONNX Runtime's element type of a BF16 port
 
 Placed = tuple[tuple[int, ...], int]  # a tensor as bound: (shape, address)
 
@@ -76,6 +79,7 @@ class OrtEngine(Engine):
         self.in_types = [(p.name, DATA_TYPES_ONNX[p.engine.data_type]) for p in inputs]
         self.out_types = [(p.name, DATA_TYPES_ONNX[p.engine.data_type]) for p in outputs]
         self.out_names = [p.name for p in outputs]
+        self.bfloat16 = any(t == BFLOAT16 for _, t in (*self.in_types, *self.out_types))  # see _run_bfloat16
         self.in_place = [True] * len(outputs)  # whether an open-shaped output is still bound in place
         self.quiet = ort.RunOptions()
         self.quiet.log_severity_level = 4  # a refused guess is no error worth a log line: it is run again
@@ -178,8 +182,32 @@ class OrtEngine(Engine):
             raise NpuError("the runner is closed")
         # the C++ session's run: InferenceSession.run's Python checks (input names, OrtValue ownership) are the
         # runner's own already
+        if self.bfloat16:
+            return self._run_bfloat16(arrays)
         feeds = {name: a for (name, _), a in zip(self.in_types, arrays)}
         results: list[np.ndarray] = session._sess.run(self.out_names, feeds, None)
+        return results
+
+    def _run_bfloat16(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """run_arrays where a port is BF16 (numpy holds its bits as uint16, which ONNX Runtime takes as UINT16):
+        the arrays go in as OrtValues of the ports' own types over their memory; a BF16 output's bits are copied
+        out of ONNX Runtime's memory (counted: numpy cannot view an OrtValue of a type it lacks)."""
+        session = self.session
+        assert session is not None
+        feeds = {name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, etype)._ortvalue
+                 for (name, etype), a in zip(self.in_types, arrays)}
+        values = session._sess.run_with_ort_values(feeds, self.out_names, None)
+        results = []
+        for (_, etype), value in zip(self.out_types, values):
+            if etype != BFLOAT16:
+                results.append(value.numpy())
+                continue
+            shape = tuple(value.shape())
+            count = math.prod(shape)
+            bits = np.ctypeslib.as_array(ctypes.cast(value.data_ptr(), ctypes.POINTER(ctypes.c_uint16)),
+                                         (count,)) if count else np.empty(0, np.uint16)
+            results.append(bits.reshape(shape).copy())
+            self.count_copy(count * 2)
         return results
 
     def close(self) -> None:

@@ -36,6 +36,8 @@ from ...tensor import NpuTensor
 from ...types import padded_box
 from .model_ports import ModelPorts
 
+BF16 = ov.Type.bf16
+
 # The C++ methods under the Python wrappers: no Python data dispatch per call. infer(inputs, share_outputs,
 # decode_strings) releases the GIL while inferring.
 _infer = _pyopenvino.InferRequest.infer
@@ -327,8 +329,9 @@ class OpenVINOEngine(Engine):
             for port, i, et in zip(self.ov_inputs, self.bound_inputs, self.element_types):
                 a = arrays[i]
                 # shares the array's memory; this constructor also takes read-only arrays (shared_memory=True
-                # refuses them)
-                t = held[k] = ov.Tensor(a, shared_memory=True) if a.flags.writeable else ov.Tensor(a, list(a.shape), et)
+                # refuses them) and the port's type where numpy holds its bits in another (BF16 as uint16)
+                t = held[k] = ov.Tensor(a, shared_memory=True) if a.flags.writeable and et != BF16 else \
+                    ov.Tensor(a, list(a.shape), et)
                 r.set_tensor(port, t)
                 k += 1
             # Outputs in new tensors of OpenVINO's own per call: it sizes them to what the run produces (from an
@@ -341,8 +344,8 @@ class OpenVINOEngine(Engine):
                 k += 1
             self._infer(request)
             results: dict[int, np.ndarray] = {}  # by output index: every one is computed or passed through
-            for j, t in zip(self.bound_outputs, outs):
-                results[j] = t.data
+            for j, t, et in zip(self.bound_outputs, outs, self.element_types[len(self.ov_inputs):]):
+                results[j] = t.data if et != BF16 else t.data.view(np.uint16)  # OpenVINO shows BF16 bits as float16
             for j, source in self.aliases:  # an input passed through: a copy of it
                 results[j] = arrays[source].copy()
                 self.count_copy(arrays[source].nbytes)
