@@ -1,7 +1,8 @@
 """npurt serve's Open Inference Protocol: request data that must be refused, or answered as Triton answers it, on a
 model of several datatypes (FP32, BOOL, FP16 ports; ONNX Runtime's CPU engine): a BOOL byte other than 0 / 1, a
 JSON number past its float type's range, data given twice, a zero-sized shape with dims numpy cannot hold, Triton's
-classification extension (not served), an empty list of outputs, and a failed request's shared memory mapping.
+classification extension (not served), an empty list of outputs, a failed request's shared memory mapping, and
+BF16 in binary.
 Real server process, real clients (tritonclient and raw HTTP), no mocks.
 """
 
@@ -269,3 +270,30 @@ def test_a_stalled_request_body_gives_its_admission_back(tmp_path):
             s.close()
         status, doc = infer(service, {"inputs": json_inputs()})
         assert status == 200, doc
+
+
+def test_bf16_in_binary_is_served(tmp_path):
+    """BF16 travels as binary data only (Triton's rule): its bits reach the engine as BF16 (the runner's run took
+    them for UINT16, and every BF16 request was answered 500)."""
+    oip_available()
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    graph = h.make_graph([h.make_node("Cast", ["x"], ["y"], to=T.FLOAT)], "bf16",
+                         [h.make_tensor_value_info("x", T.BFLOAT16, ["n", 3])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["n", 3])])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(tmp_path / "b.onnx"))
+    values = np.array([[0.5, -1.5, 3.0], [0.25, 100.0, -0.0]], np.float32)
+    bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+    with ServiceProcess.start({"b": tmp_path / "b.onnx"}, tmp_path / "serve.sock",
+                              ["--backend", "onnxruntime", "--threads", "1", "--http", "127.0.0.1:0"]) as service:
+        doc = {"inputs": [{"name": "x", "datatype": "BF16", "shape": [2, 3],
+                           "parameters": {"binary_data_size": bits.nbytes}}]}
+        header = json.dumps(doc).encode()
+        status, reply = http_request(service.http_address, "POST", "/v2/models/b/infer", header + bits.tobytes(),
+                                     {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 200, reply
+    (out,) = reply["outputs"]
+    assert out["name"] == "y" and out["datatype"] == "FP32" and out["shape"] == [2, 3]
+    np.testing.assert_array_equal(np.array(out["data"], np.float32).reshape(2, 3), values)
