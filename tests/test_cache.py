@@ -243,3 +243,47 @@ def test_external_data_is_part_of_the_key(tmp_path, monkeypatch, hash_on_a_threa
     data = path.parent / "w.bin"
     data.write_bytes(np.arange(64, 128, dtype=np.float32).tobytes())  # new weights, the same .onnx
     assert cache.content_hash(path) != first
+
+
+def _external_data_model(directory: Path, weight: float, location: str) -> Path:
+    """A MatMul by an 8x8 matrix of ``weight``, the matrix stored at ``location`` beside the model."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((8, 8), weight, dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (directory / location).parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, directory / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location, size_threshold=0)
+    return directory / "model.onnx"
+
+
+def _run_ones(model: Path, cache: Path) -> float:
+    with RunnerFactory.create_runner("OPENVINO", model, {"device": "CPU", "cache_dir": str(cache)}) as r:
+        return float(r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0])
+
+
+def test_external_data_in_a_subdirectory_is_part_of_the_key(tmp_path):
+    """Weights at location "data/w.bin" (not beside the model): new weights there are a new model, never the
+    entry compiled with the old ones."""
+    model = _external_data_model(tmp_path / "m", 1.0, "data/w.bin")
+    assert _run_ones(model, tmp_path / "cache") == 8.0
+    (tmp_path / "m" / "data" / "w.bin").write_bytes(np.full(64, 2.0, np.float32).tobytes())
+    assert _run_ones(model, tmp_path / "cache") == 16.0
+
+
+def test_external_data_with_the_same_name_size_and_mtime_is_told_apart(tmp_path):
+    """Two copies of a model in two directories (as `cp -p` or an archive leaves them: the same names, sizes and
+    mtimes), with different weights: each runs its own weights."""
+    import os
+
+    first = _external_data_model(tmp_path / "a", 3.0, "w.bin")
+    second = _external_data_model(tmp_path / "b", 4.0, "w.bin")
+    for name in ("model.onnx", "w.bin"):
+        st = os.stat(first.parent / name)
+        os.utime(second.parent / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _run_ones(first, tmp_path / "cache") == 24.0
+    assert _run_ones(second, tmp_path / "cache") == 32.0
