@@ -261,21 +261,33 @@ def _external_data_model(directory: Path, weight: float, location: str) -> Path:
     return directory / "model.onnx"
 
 
-def _run_ones(model: Path, cache: Path) -> float:
-    with RunnerFactory.create_runner("OPENVINO", model, {"device": "CPU", "cache_dir": str(cache)}) as r:
+def _run_ones(model: Path, cache: Path, backend: str = "OPENVINO") -> float:
+    with RunnerFactory.create_runner(backend, model, {"device": "CPU", "cache_dir": str(cache)}) as r:
         return float(r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0])
 
 
-def test_external_data_in_a_subdirectory_is_part_of_the_key(tmp_path):
+def test_a_model_with_external_data_loads_from_the_cache(backend, tmp_path, caplog):
+    """The entry of a model whose weights live beside it serves the next load (ONNX Runtime's optimized model
+    names the weights' file relative to the model, not to the entry: every load was refused and compiled)."""
+    model = _external_data_model(tmp_path / "m", 3.0, "w.bin")
+    assert _run_ones(model, tmp_path / "cache", backend) == 24.0
+    with caplog.at_level(logging.WARNING, logger="npurt"), \
+            load(backend, tmp_path / "cache", model) as r:
+        assert step(r) == "loaded from the cache" and r.stats["compiles"] == 0
+        assert r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0] == 24.0
+    assert "refused" not in caplog.text
+
+
+def test_external_data_in_a_subdirectory_is_part_of_the_key(backend, tmp_path):
     """Weights at location "data/w.bin" (not beside the model): new weights there are a new model, never the
     entry compiled with the old ones."""
     model = _external_data_model(tmp_path / "m", 1.0, "data/w.bin")
-    assert _run_ones(model, tmp_path / "cache") == 8.0
+    assert _run_ones(model, tmp_path / "cache", backend) == 8.0
     (tmp_path / "m" / "data" / "w.bin").write_bytes(np.full(64, 2.0, np.float32).tobytes())
-    assert _run_ones(model, tmp_path / "cache") == 16.0
+    assert _run_ones(model, tmp_path / "cache", backend) == 16.0
 
 
-def test_external_data_with_the_same_name_size_and_mtime_is_told_apart(tmp_path):
+def test_external_data_with_the_same_name_size_and_mtime_is_told_apart(backend, tmp_path):
     """Two copies of a model in two directories (as `cp -p` or an archive leaves them: the same names, sizes and
     mtimes), with different weights: each runs its own weights."""
     import os
@@ -285,5 +297,5 @@ def test_external_data_with_the_same_name_size_and_mtime_is_told_apart(tmp_path)
     for name in ("model.onnx", "w.bin"):
         st = os.stat(first.parent / name)
         os.utime(second.parent / name, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert _run_ones(first, tmp_path / "cache") == 24.0
-    assert _run_ones(second, tmp_path / "cache") == 32.0
+    assert _run_ones(first, tmp_path / "cache", backend) == 24.0
+    assert _run_ones(second, tmp_path / "cache", backend) == 32.0

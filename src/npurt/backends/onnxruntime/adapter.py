@@ -389,6 +389,10 @@ class OrtBackend(Backend):
         ep = self.provider
         if optimized:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
+            # an optimized model keeps the model's external data where it was (its locations are relative to the
+            # model, not to the cache's blob; the cache key holds those files' content)
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                        str(self.model_path.resolve().parent))
         elif optimized_to is not None and ep is not None:
             # the EP's compiled model: an EPContext model with the context binary embedded, one file to keep
             # (ONNX Runtime takes a path without the .onnx suffix for a folder)
