@@ -299,3 +299,28 @@ def test_external_data_with_the_same_name_size_and_mtime_is_told_apart(backend, 
         os.utime(second.parent / name, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert _run_ones(first, tmp_path / "cache", backend) == 24.0
     assert _run_ones(second, tmp_path / "cache", backend) == 32.0
+
+
+def test_each_pinned_shape_gets_its_own_entry(backend, tmp_path):
+    """Two runners over one dynamic model, pinned to different shapes, share a cache directory: the second reports
+    and allocates its own output shape (ONNX Runtime's entry kept the first one's output shapes under a key without
+    the input shapes: the VART-ML flow then failed in execute)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from npurt import StatusCode, TensorDirection
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])])
+    model = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    for n in (2, 3):
+        options = {"device": "CPU", "cache_dir": str(tmp_path / "cache"), "shapes": {"x": [n, 8]}}
+        with RunnerFactory.create_runner(backend, model, options) as r:
+            assert r.get_tensor_info_by_name("y").shape == (n, 8)
+            (x,) = [r.allocate_npu_tensor(i) for i in r.get_tensors_info(TensorDirection.INPUT)]
+            x.numpy()[...] = np.arange(-8, n * 8 - 8, dtype=np.float32).reshape(n, 8)
+            (y,) = [r.allocate_npu_tensor(i) for i in r.get_tensors_info(TensorDirection.OUTPUT)]
+            assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS, r.last_error
+            np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy(), 0))

@@ -289,8 +289,9 @@ class OrtBackend(Backend):
             "backend": self.name, "engine": ort.__version__, **device,
             "optimization": str(so.graph_optimization_level),
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
-        if self._model is not None:  # the views built into the graph depend on the input ports
-            parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
+        # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
+        # views built into an edited graph depend on the input ports
+        parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
         return parts
 
     def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port], ports: PortFactory,
