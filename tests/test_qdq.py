@@ -307,3 +307,29 @@ def test_vaiml_backend_on_the_quantized_classifier() -> None:
         assert r.stats["copies"] == 0
         (ref,) = _session(strip_boundaries(model, ["x", out_name])).run(None, {"x": x.numpy()})
         np.testing.assert_array_equal(y.numpy(), ref)
+
+
+@pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
+def test_a_dequantize_without_zero_point_takes_its_inputs_type(backend: str, tmp_path) -> None:
+    """Symmetric int8 (opset 21: QuantizeLinear output_dtype INT8, no zero points anywhere): the output boundary's
+    HW view is int8, as the DequantizeLinear's input is (it was taken for uint8: ONNX Runtime refused the model,
+    OpenVINO returned [0, 0.5, 0, 0] for [-1, 0.5, 0, -6] as SUCCESS, every negative value lost)."""
+    from npurt import RunnerFactory
+
+    s = numpy_helper.from_array(np.array(0.05, np.float32), "s")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["xq"], output_dtype=TensorProto.INT8),
+             helper.make_node("DequantizeLinear", ["xq", "s"], ["xd"]),
+             helper.make_node("Neg", ["xd"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s"], ["rq"], output_dtype=TensorProto.INT8),
+             helper.make_node("DequantizeLinear", ["rq", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "sym", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    path = tmp_path / "sym.onnx"
+    onnx.save(model, path)
+    assert {b.name: b.data_type for b in find_boundaries(model).values()} == {"x": DataType.INT8, "y": DataType.INT8}
+    x = np.array([[1.0, -0.5, 0.0, 6.0]], np.float32)
+    (want,) = _session(model).run(None, {"x": x})
+    with RunnerFactory.create_runner(backend, path, {"device": "CPU", "hw_view": "npu"}) as r:
+        assert r.get_tensor_info_by_name("y").data_type is DataType.INT8
+        np.testing.assert_array_equal(r.run({"x": x})["y"], want)
