@@ -253,7 +253,8 @@ def edited_model(model: onnx.ModelProto, inputs: list[Port], outputs: list[Port]
     return edited
 
 
-_converted: dict[int, onnx.ModelProto] = {}
+# the last model converted and its conversion: the model is held, so that no other model object takes its id
+_converted: dict[int, tuple[onnx.ModelProto, onnx.ModelProto]] = {}
 _converted_lock = threading.Lock()
 
 
@@ -261,8 +262,8 @@ def converted_to_opset13(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model converted to opset 13 (once per model object): bfloat16 Cast needs it; PP-OCR models are 11/12."""
     with _converted_lock:
         done = _converted.get(id(model))
-        if done is not None:
-            return done
+        if done is not None and done[0] is model:
+            return done[1]
         try:
             converted = onnx.version_converter.convert_version(model, MIN_OPSET_FOR_EDITS)
         except Exception as e:  # noqa: BLE001
@@ -272,7 +273,7 @@ def converted_to_opset13(model: onnx.ModelProto) -> onnx.ModelProto:
                 "input_tensor_type/output_tensor_type='CPU'") from None
         converted.ir_version = max(model.ir_version, 7)  # opset 13 needs IR 7; ORT 1.3x takes <= 10
         _converted.clear()  # one model at a time: a runner converts its own model, once
-        _converted[id(model)] = converted
+        _converted[id(model)] = (model, converted)
         return converted
 
 
