@@ -324,3 +324,26 @@ def test_each_pinned_shape_gets_its_own_entry(backend, tmp_path):
             (y,) = [r.allocate_npu_tensor(i) for i in r.get_tensors_info(TensorDirection.OUTPUT)]
             assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS, r.last_error
             np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy(), 0))
+
+
+def test_malformed_manifests_are_listed_as_unsound_and_cleared(tmp_path, backend):
+    """Manifests that parse but are not a manifest's shape (a blob that is not an object, no key, a key that is a
+    list) are unsound entries: `npurt cache list / verify / clear` show and remove them (they stopped each command
+    with AttributeError, clear included), and a runner whose entry has one compiles again."""
+    from npurt.cli import main
+
+    with load(backend, tmp_path):
+        pass
+    (entry,) = entry_dirs(tmp_path)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "blob": "x"}))
+    for name, text in (("a", {"format": 1}), ("b", {"format": 1, "key": [], "blob": {"size": 0}})):
+        (tmp_path / "npurt-v1" / name).mkdir()
+        (tmp_path / "npurt-v1" / name / "manifest.json").write_text(json.dumps(text))
+    with load(backend, tmp_path) as r:
+        assert step(r).startswith("compiled (cache entry refused: its manifest is malformed")
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "blob": "x"}))
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    assert main(["cache", "verify", "--cache-dir", str(tmp_path)]) == 1
+    assert main(["cache", "clear", "--stale", "--cache-dir", str(tmp_path)]) == 0
+    assert entry_dirs(tmp_path) == []

@@ -178,6 +178,10 @@ class CompiledModelCache:
             return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             return Entry(path, None, f"its manifest is not format {FORMAT}")
+        malformed = [k for k in ("key", "blob", "metadata") if not isinstance(manifest.get(k, {}), dict)
+                     or (k == "key" and k not in manifest)]
+        if malformed:  # valid JSON of another shape (damaged, forged): refused like any unsound entry
+            return Entry(path, None, f"its manifest is malformed (no object under {', '.join(malformed)})")
         if key is not None and manifest.get("key") != key.parts:
             theirs = manifest.get("key") or {}
             differ = sorted(k for k in set(theirs) | set(key.parts) if theirs.get(k) != key.parts.get(k))
