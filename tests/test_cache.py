@@ -347,3 +347,15 @@ def test_malformed_manifests_are_listed_as_unsound_and_cleared(tmp_path, backend
     assert main(["cache", "verify", "--cache-dir", str(tmp_path)]) == 1
     assert main(["cache", "clear", "--stale", "--cache-dir", str(tmp_path)]) == 0
     assert entry_dirs(tmp_path) == []
+
+
+def test_a_damaged_index_is_hashed_again(tmp_path, backend):
+    """files.json (the content hashes by file identity) with entries of another shape: the files are hashed again
+    and the model's cache entry serves (a KeyError stopped the runner's load)."""
+    model = _external_data_model(tmp_path / "m", 3.0, "w.bin")
+    assert _run_ones(model, tmp_path / "cache", backend) == 24.0
+    index = tmp_path / "cache" / "files.json"
+    index.write_text(json.dumps({name: {} for name in json.loads(index.read_text())}))
+    with load(backend, tmp_path / "cache", model) as r:
+        assert step(r) == "loaded from the cache"
+        assert r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0] == 24.0

@@ -149,7 +149,8 @@ class CompiledModelCache:
         ``sha256``, and for a model (``with_data``) ``data``, the files beside it that hold its weights."""
         name = json.dumps(model_identity(path), sort_keys=True)
         known = index.get(name)
-        if isinstance(known, dict) and (not with_data or isinstance(known.get("data"), list)):
+        if isinstance(known, dict) and isinstance(known.get("sha256"), str) and \
+                (not with_data or isinstance(known.get("data"), list)):
             return known
         with _mapped(path) as data:  # mapped, not read: a cold load hashes megabytes once, without copies
             digest, names_a_location = _digest_and_location(data)
