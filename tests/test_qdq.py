@@ -333,3 +333,33 @@ def test_a_dequantize_without_zero_point_takes_its_inputs_type(backend: str, tmp
     with RunnerFactory.create_runner(backend, path, {"device": "CPU", "hw_view": "npu"}) as r:
         assert r.get_tensor_info_by_name("y").data_type is DataType.INT8
         np.testing.assert_array_equal(r.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize("fmt, quantized, atol", [
+    ({"data_type": "FP16"}, False, 1e-3),  # another data type: the boundary stays in the model, the view is FP16
+    ({"data_type": "BF16", "memory_layout": "NCHW"}, False, 0.03),
+    ({"memory_layout": "NHWC"}, True, 0.0),  # the quantized tensor in another layout
+    ({"memory_layout": "HCWNC4"}, True, 0.0)])
+@pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
+def test_hw_format_on_a_qdq_boundary(backend: str, fmt: dict, quantized: bool, atol: float, tmp_path) -> None:
+    """hw_format on both QDQ boundaries of a model: a data type gives that float view of the float tensor (the
+    quantized view stayed: OpenVINO fed FP16 values to the stripped uint8 input, or returned uint8 codes as FP16,
+    as SUCCESS, 99.0 off; ONNX Runtime failed in execute); a layout lays the quantized tensor out so (ONNX Runtime
+    was handed NHWC codes for its NCHW input)."""
+    from npurt import NpuUnsupportedError, RunnerFactory
+
+    path = _small_qdq_model(tmp_path / "qdq.onnx", DataType.UINT8)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
+    (want,) = _session(onnx.load(path)).run(None, {"x": x})
+    options = {"device": "CPU", "hw_view": "npu", "hw_format": {"x": fmt, "y": fmt}}
+    if backend == "OPENVINO" and fmt.get("memory_layout") == "HCWNC4":
+        with pytest.raises(NpuUnsupportedError, match="groups channels"):
+            RunnerFactory.create_runner(backend, path, options)
+        return
+    with RunnerFactory.create_runner(backend, path, options) as r:
+        for name in ("x", "y"):
+            info = r.get_tensor_info_by_name(name)
+            assert (r.get_quant_parameters(name) is not None) == quantized
+            assert info.data_type is (DataType.UINT8 if quantized else DataType[fmt["data_type"]])
+            assert info.memory_layout.name == fmt.get("memory_layout", info.memory_layout.name)
+        np.testing.assert_allclose(r.run({"x": x})["y"], want, atol=atol, rtol=0)
