@@ -243,3 +243,119 @@ def test_external_data_is_part_of_the_key(tmp_path, monkeypatch, hash_on_a_threa
     data = path.parent / "w.bin"
     data.write_bytes(np.arange(64, 128, dtype=np.float32).tobytes())  # new weights, the same .onnx
     assert cache.content_hash(path) != first
+
+
+def _external_data_model(directory: Path, weight: float, location: str) -> Path:
+    """A MatMul by an 8x8 matrix of ``weight``, the matrix stored at ``location`` beside the model."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((8, 8), weight, dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (directory / location).parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, directory / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location, size_threshold=0)
+    return directory / "model.onnx"
+
+
+def _run_ones(model: Path, cache: Path, backend: str = "OPENVINO") -> float:
+    with RunnerFactory.create_runner(backend, model, {"device": "CPU", "cache_dir": str(cache)}) as r:
+        return float(r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0])
+
+
+def test_a_model_with_external_data_loads_from_the_cache(backend, tmp_path, caplog):
+    """The entry of a model whose weights live beside it serves the next load (ONNX Runtime's optimized model
+    names the weights' file relative to the model, not to the entry: every load was refused and compiled)."""
+    model = _external_data_model(tmp_path / "m", 3.0, "w.bin")
+    assert _run_ones(model, tmp_path / "cache", backend) == 24.0
+    with caplog.at_level(logging.WARNING, logger="npurt"), \
+            load(backend, tmp_path / "cache", model) as r:
+        assert step(r) == "loaded from the cache" and r.stats["compiles"] == 0
+        assert r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0] == 24.0
+    assert "refused" not in caplog.text
+
+
+def test_external_data_in_a_subdirectory_is_part_of_the_key(backend, tmp_path):
+    """Weights at location "data/w.bin" (not beside the model): new weights there are a new model, never the
+    entry compiled with the old ones."""
+    model = _external_data_model(tmp_path / "m", 1.0, "data/w.bin")
+    assert _run_ones(model, tmp_path / "cache", backend) == 8.0
+    (tmp_path / "m" / "data" / "w.bin").write_bytes(np.full(64, 2.0, np.float32).tobytes())
+    assert _run_ones(model, tmp_path / "cache", backend) == 16.0
+
+
+def test_external_data_with_the_same_name_size_and_mtime_is_told_apart(backend, tmp_path):
+    """Two copies of a model in two directories (as `cp -p` or an archive leaves them: the same names, sizes and
+    mtimes), with different weights: each runs its own weights."""
+    import os
+
+    first = _external_data_model(tmp_path / "a", 3.0, "w.bin")
+    second = _external_data_model(tmp_path / "b", 4.0, "w.bin")
+    for name in ("model.onnx", "w.bin"):
+        st = os.stat(first.parent / name)
+        os.utime(second.parent / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _run_ones(first, tmp_path / "cache", backend) == 24.0
+    assert _run_ones(second, tmp_path / "cache", backend) == 32.0
+
+
+def test_each_pinned_shape_gets_its_own_entry(backend, tmp_path):
+    """Two runners over one dynamic model, pinned to different shapes, share a cache directory: the second reports
+    and allocates its own output shape (ONNX Runtime's entry kept the first one's output shapes under a key without
+    the input shapes: the VART-ML flow then failed in execute)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from npurt import StatusCode, TensorDirection
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])])
+    model = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    for n in (2, 3):
+        options = {"device": "CPU", "cache_dir": str(tmp_path / "cache"), "shapes": {"x": [n, 8]}}
+        with RunnerFactory.create_runner(backend, model, options) as r:
+            assert r.get_tensor_info_by_name("y").shape == (n, 8)
+            (x,) = [r.allocate_npu_tensor(i) for i in r.get_tensors_info(TensorDirection.INPUT)]
+            x.numpy()[...] = np.arange(-8, n * 8 - 8, dtype=np.float32).reshape(n, 8)
+            (y,) = [r.allocate_npu_tensor(i) for i in r.get_tensors_info(TensorDirection.OUTPUT)]
+            assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS, r.last_error
+            np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy(), 0))
+
+
+def test_malformed_manifests_are_listed_as_unsound_and_cleared(tmp_path, backend):
+    """Manifests that parse but are not a manifest's shape (a blob that is not an object, no key, a key that is a
+    list) are unsound entries: `npurt cache list / verify / clear` show and remove them (they stopped each command
+    with AttributeError, clear included), and a runner whose entry has one compiles again."""
+    from npurt.cli import main
+
+    with load(backend, tmp_path):
+        pass
+    (entry,) = entry_dirs(tmp_path)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "blob": "x"}))
+    for name, text in (("a", {"format": 1}), ("b", {"format": 1, "key": [], "blob": {"size": 0}})):
+        (tmp_path / "npurt-v1" / name).mkdir()
+        (tmp_path / "npurt-v1" / name / "manifest.json").write_text(json.dumps(text))
+    with load(backend, tmp_path) as r:
+        assert step(r).startswith("compiled (cache entry refused: its manifest is malformed")
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "blob": "x"}))
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    assert main(["cache", "verify", "--cache-dir", str(tmp_path)]) == 1
+    assert main(["cache", "clear", "--stale", "--cache-dir", str(tmp_path)]) == 0
+    assert entry_dirs(tmp_path) == []
+
+
+def test_a_damaged_index_is_hashed_again(tmp_path, backend):
+    """files.json (the content hashes by file identity) with entries of another shape: the files are hashed again
+    and the model's cache entry serves (a KeyError stopped the runner's load)."""
+    model = _external_data_model(tmp_path / "m", 3.0, "w.bin")
+    assert _run_ones(model, tmp_path / "cache", backend) == 24.0
+    index = tmp_path / "cache" / "files.json"
+    index.write_text(json.dumps({name: {} for name in json.loads(index.read_text())}))
+    with load(backend, tmp_path / "cache", model) as r:
+        assert step(r) == "loaded from the cache"
+        assert r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0] == 24.0

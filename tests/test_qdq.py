@@ -307,3 +307,59 @@ def test_vaiml_backend_on_the_quantized_classifier() -> None:
         assert r.stats["copies"] == 0
         (ref,) = _session(strip_boundaries(model, ["x", out_name])).run(None, {"x": x.numpy()})
         np.testing.assert_array_equal(y.numpy(), ref)
+
+
+@pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
+def test_a_dequantize_without_zero_point_takes_its_inputs_type(backend: str, tmp_path) -> None:
+    """Symmetric int8 (opset 21: QuantizeLinear output_dtype INT8, no zero points anywhere): the output boundary's
+    HW view is int8, as the DequantizeLinear's input is (it was taken for uint8: ONNX Runtime refused the model,
+    OpenVINO returned [0, 0.5, 0, 0] for [-1, 0.5, 0, -6] as SUCCESS, every negative value lost)."""
+    from npurt import RunnerFactory
+
+    s = numpy_helper.from_array(np.array(0.05, np.float32), "s")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["xq"], output_dtype=TensorProto.INT8),
+             helper.make_node("DequantizeLinear", ["xq", "s"], ["xd"]),
+             helper.make_node("Neg", ["xd"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s"], ["rq"], output_dtype=TensorProto.INT8),
+             helper.make_node("DequantizeLinear", ["rq", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "sym", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    path = tmp_path / "sym.onnx"
+    onnx.save(model, path)
+    assert {b.name: b.data_type for b in find_boundaries(model).values()} == {"x": DataType.INT8, "y": DataType.INT8}
+    x = np.array([[1.0, -0.5, 0.0, 6.0]], np.float32)
+    (want,) = _session(model).run(None, {"x": x})
+    with RunnerFactory.create_runner(backend, path, {"device": "CPU", "hw_view": "npu"}) as r:
+        assert r.get_tensor_info_by_name("y").data_type is DataType.INT8
+        np.testing.assert_array_equal(r.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize("fmt, quantized, atol", [
+    ({"data_type": "FP16"}, False, 1e-3),  # another data type: the boundary stays in the model, the view is FP16
+    ({"data_type": "BF16", "memory_layout": "NCHW"}, False, 0.03),
+    ({"memory_layout": "NHWC"}, True, 0.0),  # the quantized tensor in another layout
+    ({"memory_layout": "HCWNC4"}, True, 0.0)])
+@pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
+def test_hw_format_on_a_qdq_boundary(backend: str, fmt: dict, quantized: bool, atol: float, tmp_path) -> None:
+    """hw_format on both QDQ boundaries of a model: a data type gives that float view of the float tensor (the
+    quantized view stayed: OpenVINO fed FP16 values to the stripped uint8 input, or returned uint8 codes as FP16,
+    as SUCCESS, 99.0 off; ONNX Runtime failed in execute); a layout lays the quantized tensor out so (ONNX Runtime
+    was handed NHWC codes for its NCHW input)."""
+    from npurt import NpuUnsupportedError, RunnerFactory
+
+    path = _small_qdq_model(tmp_path / "qdq.onnx", DataType.UINT8)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
+    (want,) = _session(onnx.load(path)).run(None, {"x": x})
+    options = {"device": "CPU", "hw_view": "npu", "hw_format": {"x": fmt, "y": fmt}}
+    if backend == "OPENVINO" and fmt.get("memory_layout") == "HCWNC4":
+        with pytest.raises(NpuUnsupportedError, match="groups channels"):
+            RunnerFactory.create_runner(backend, path, options)
+        return
+    with RunnerFactory.create_runner(backend, path, options) as r:
+        for name in ("x", "y"):
+            info = r.get_tensor_info_by_name(name)
+            assert (r.get_quant_parameters(name) is not None) == quantized
+            assert info.data_type is (DataType.UINT8 if quantized else DataType[fmt["data_type"]])
+            assert info.memory_layout.name == fmt.get("memory_layout", info.memory_layout.name)
+        np.testing.assert_allclose(r.run({"x": x})["y"], want, atol=atol, rtol=0)

@@ -114,10 +114,21 @@ def test_non_contiguous_buffer_raises():
         NpuTensor(cpu_info(shape=(8,)), arr)
 
 
-@pytest.mark.parametrize("bad", [None, 0, True, "text", 3.5])
+@pytest.mark.parametrize("bad", [None, 0, True, "text", 3.5, -4096, 1 << 64, np.empty(48, object),
+                                 memoryview(np.empty(48, object))])
 def test_bad_buffers_raise(bad):
+    """Never a tensor that crashes the process when read (a negative address was taken, and read at
+    0xfffffffffffff000: SIGSEGV; an object array became bytes over its references) nor a TypeError."""
     with pytest.raises(ValueError, match="'x'"):
         NpuTensor(cpu_info(), bad)
+
+
+@pytest.mark.parametrize("offset", [1.5, True, "4", -4])
+def test_bad_offsets_raise(offset):
+    with pytest.raises(ValueError, match="'x'.*offset"):
+        NpuTensor(cpu_info(), np.zeros(64, np.float32), offset=offset)
+    arr = np.arange(64, dtype=np.float32)
+    np.testing.assert_array_equal(NpuTensor(cpu_info(), arr, offset=np.int64(16)).numpy().ravel(), arr[4:52])
 
 
 def test_strided_info_gives_strided_view():

@@ -119,3 +119,31 @@ def test_new_tensors_over_memory_bound_before_reuse_the_binding():
                 np.testing.assert_array_equal(y, session.run(None, {"x": x})[0])
         assert engine.bindings_made - before == 3  # one per input buffer, not one per call
         assert r.stats["copies"] == 0
+
+
+def test_an_opset_conversion_is_never_served_for_another_model() -> None:
+    """The opset-13 conversion (for BF16 views in an opset 11/12 model) is kept per model object: a model loaded
+    where a converted one was freed (CPython gives it the same id) gets its own conversion (it got the freed model's:
+    a runner over model b ran model a's weights, SUCCESS)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npurt.onnx_edit import converted_to_opset13, opset
+
+    def opset11(weight: float) -> bytes:
+        w = numpy_helper.from_array(np.full((1, 3, 1, 1), weight, np.float32), "w")
+        graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])], [w])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6).SerializeToString()
+
+    a, b = opset11(2.0), opset11(3.0)
+    for _ in range(20):
+        model = onnx.ModelProto()
+        model.ParseFromString(a)
+        converted_to_opset13(model)
+        del model
+        model = onnx.ModelProto()
+        model.ParseFromString(b)
+        converted = converted_to_opset13(model)
+        assert numpy_helper.to_array(converted.graph.initializer[0]).ravel()[0] == 3.0
+        assert opset(converted) == 13

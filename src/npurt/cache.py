@@ -6,8 +6,9 @@ An entry is a directory ``<cache_dir>/npurt-v1/<key>/`` holding ``blob`` (what t
 ``manifest.json`` (the key's parts in full, the blob's size and CRC-32, the backend's own metadata). The key is a
 hash of: the model's content, the backend, the engine and its version, the device (and its driver and compiler
 versions where the engine reports them), the input shapes and views, and every setting that changes compilation.
-The model's content hash is computed once per file identity (path, size, mtime, inode) and kept in
-``files.json``, so that a warm load hashes nothing.
+The model's content hash (with that of each file holding its weights: an ONNX model's external data, an IR's .bin)
+is computed once per file identity (path, size, mtime, inode) and kept in ``files.json``, so that a warm load
+hashes nothing.
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
 another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32 (~0.4 ms per
@@ -128,23 +129,37 @@ class CompiledModelCache:
 
     # -- keys -----------------------------------------------------------------------------------------------
     def content_hash(self, model: Path) -> str:
-        """The model's SHA-256, from the index when the file has not changed since it was hashed. An ONNX model with
-        external data adds the identities of the files beside it (its data lives in them)."""
-        identity = model_identity(model)
-        name = json.dumps(identity, sort_keys=True)
+        """The model's SHA-256, from the index when the file has not changed since it was hashed. A model whose
+        weights live in other files (an ONNX model's external data, at the locations its tensors name; an IR's
+        .bin) adds those files' SHA-256, each likewise kept per file identity: a file's name, size and mtime say
+        nothing of its bytes (a copy made with ``cp -p`` or unpacked from an archive keeps them)."""
         index = self._read_index()
-        known = index.get(name)
-        if not isinstance(known, dict):
-            with _mapped(model) as data:  # mapped, not read: a cold load hashes megabytes once, without copies
-                digest, names_a_location = _digest_and_location(data)
-            known = {"sha256": digest, "external": _uses_external_data(model, names_a_location)}
-            index[name] = known
-            self._write_index(index)
-        if not known.get("external"):
+        known = self._file_hash(model, index, with_data=True)
+        data = known.get("data")
+        if not data:
             return str(known["sha256"])
-        siblings = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model.parent.iterdir()
-                          if p.is_file() and p != model)
-        return hashlib.sha256(json.dumps([known["sha256"], siblings]).encode()).hexdigest()
+        parts = []
+        for name in data:
+            path = model.parent / name
+            parts.append([name, str(self._file_hash(path, index)["sha256"]) if path.is_file() else "missing"])
+        return hashlib.sha256(json.dumps([known["sha256"], parts]).encode()).hexdigest()
+
+    def _file_hash(self, path: Path, index: dict[str, Any], with_data: bool = False) -> dict[str, Any]:
+        """A file's index entry (hashed and stored where the index does not know the file as it is now):
+        ``sha256``, and for a model (``with_data``) ``data``, the files beside it that hold its weights."""
+        name = json.dumps(model_identity(path), sort_keys=True)
+        known = index.get(name)
+        if isinstance(known, dict) and isinstance(known.get("sha256"), str) and \
+                (not with_data or isinstance(known.get("data"), list)):
+            return known
+        with _mapped(path) as data:  # mapped, not read: a cold load hashes megabytes once, without copies
+            digest, names_a_location = _digest_and_location(data)
+        known = {"sha256": digest}
+        if with_data:
+            known["data"] = _data_files(path, names_a_location)
+        index[name] = known
+        self._write_index(index)
+        return known
 
     def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
         return CacheKey.of({"format": FORMAT, "model": self.content_hash(model), **parts})
@@ -164,6 +179,10 @@ class CompiledModelCache:
             return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             return Entry(path, None, f"its manifest is not format {FORMAT}")
+        malformed = [k for k in ("key", "blob", "metadata") if not isinstance(manifest.get(k, {}), dict)
+                     or (k == "key" and k not in manifest)]
+        if malformed:  # valid JSON of another shape (damaged, forged): refused like any unsound entry
+            return Entry(path, None, f"its manifest is malformed (no object under {', '.join(malformed)})")
         if key is not None and manifest.get("key") != key.parts:
             theirs = manifest.get("key") or {}
             differ = sorted(k for k in set(theirs) | set(key.parts) if theirs.get(k) != key.parts.get(k))
@@ -267,17 +286,46 @@ class CompiledModelCache:
             self.unwritable(e)
 
 
-def _uses_external_data(model: Path, names_a_location: bool) -> bool:
+def _data_files(model: Path, names_a_location: bool) -> list[str]:
+    """The files, relative to the model's directory, that hold a model's weights besides the model file."""
     if model.suffix.lower() != ".onnx":
-        return model.suffix.lower() == ".xml"  # an IR's weights are its .bin beside it
+        weights = model.with_suffix(".bin")  # an IR's weights are its .bin beside it
+        return [weights.name] if model.suffix.lower() == ".xml" and weights.is_file() else []
     if not names_a_location:  # no "location" anywhere in the file: no tensor can be external (skip the walk)
-        return False
+        return []
     from .modelfile import read_onnx_ports
 
     try:
-        return read_onnx_ports(model).uses_external_data
-    except ValueError:
-        return False
+        if not read_onnx_ports(model).uses_external_data:
+            return []
+        import onnx
+        from onnx.external_data_helper import ExternalDataInfo
+
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:  # noqa: BLE001 - a file ONNX cannot read: the engine says why when it loads it
+        return []
+    return sorted({ExternalDataInfo(t).location for t in _tensors(proto.graph)
+                   if t.data_location == onnx.TensorProto.EXTERNAL})
+
+
+def _tensors(graph: Any) -> Iterator[Any]:
+    """Every TensorProto of a graph and its subgraphs: initializers, sparse ones, node attributes."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
+            for sparse in attr.sparse_tensors:
+                yield from (sparse.values, sparse.indices)
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _tensors(sub)
 
 
 def _digest_and_location(data: mmap.mmap | bytes) -> tuple[str, bool]:

@@ -8,6 +8,7 @@ model is converted to opset 13 first. The layout of each view comes from ``forma
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -226,7 +227,10 @@ def edited_model(model: onnx.ModelProto, inputs: list[Port], outputs: list[Port]
         if p.view is TensorType.HW:
             check_hw_port(p)
     quantized = qdq.quantized_hw_ports(inputs + outputs)
-    needs_edit = any(p.view is TensorType.HW and p.name not in quantized and p.converts for p in inputs + outputs)
+    # a quantized port's graph tensor is the quantized one once its boundary is stripped: only its layout is built in
+    inputs = [_quantized_tensor(p) if p.name in quantized else p for p in inputs]
+    outputs = [_quantized_tensor(p) if p.name in quantized else p for p in outputs]
+    needs_edit = any(p.view is TensorType.HW and p.converts for p in inputs + outputs)
     base = model
     if needs_edit and opset(base) < MIN_OPSET_FOR_EDITS:
         base = converted_to_opset13(model)
@@ -244,16 +248,22 @@ def edited_model(model: onnx.ModelProto, inputs: list[Port], outputs: list[Port]
                 set_shape(value, port.cpu.shape)
     editor = GraphEditor(edited)
     for p in inputs:
-        if p.view is TensorType.HW and p.name not in quantized and p.converts:
+        if p.view is TensorType.HW and p.converts:
             editor.input_to_hw(p)
     for p in outputs:
-        if p.view is TensorType.HW and p.name not in quantized and p.converts:
+        if p.view is TensorType.HW and p.converts:
             editor.output_to_hw(p)
     editor.finish()
     return edited
 
 
-_converted: dict[int, onnx.ModelProto] = {}
+def _quantized_tensor(port: Port) -> Port:
+    """A QDQ boundary's port as the stripped graph has it: its CPU view (the graph's tensor) quantized too."""
+    return dataclasses.replace(port, cpu=port.cpu.replace(data_type=port.hw.data_type))
+
+
+# the last model converted and its conversion: the model is held, so that no other model object takes its id
+_converted: dict[int, tuple[onnx.ModelProto, onnx.ModelProto]] = {}
 _converted_lock = threading.Lock()
 
 
@@ -261,8 +271,8 @@ def converted_to_opset13(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model converted to opset 13 (once per model object): bfloat16 Cast needs it; PP-OCR models are 11/12."""
     with _converted_lock:
         done = _converted.get(id(model))
-        if done is not None:
-            return done
+        if done is not None and done[0] is model:
+            return done[1]
         try:
             converted = onnx.version_converter.convert_version(model, MIN_OPSET_FOR_EDITS)
         except Exception as e:  # noqa: BLE001
@@ -272,7 +282,7 @@ def converted_to_opset13(model: onnx.ModelProto) -> onnx.ModelProto:
                 "input_tensor_type/output_tensor_type='CPU'") from None
         converted.ir_version = max(model.ir_version, 7)  # opset 13 needs IR 7; ORT 1.3x takes <= 10
         _converted.clear()  # one model at a time: a runner converts its own model, once
-        _converted[id(model)] = converted
+        _converted[id(model)] = (model, converted)
         return converted
 
 

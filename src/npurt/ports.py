@@ -142,9 +142,13 @@ class PortFactory:
         cpu = NpuTensorInfo(name=spec.name, data_type=spec.data_type, shape=shape, direction=direction,
                             tensor_type=TensorType.CPU,
                             memory_layout=spec.layout or formats.default_layout(len(shape)))
-        quantized = spec.quant is not None and self.npu_views
+        override = self.options.hw_format.get(spec.name)
+        # a QDQ boundary's HW view is the quantized tensor, unless hw_format asks for another data type (then the
+        # boundary stays in the model and the view is converted like any other)
+        quantized = spec.quant is not None and self.npu_views and \
+            (override is None or override.data_type in (None, spec.quant_data_type))
         hw = formats.hw_view(cpu, self.target, quant_data_type=spec.quant_data_type if quantized else None,
-                             override=self.options.hw_format.get(spec.name))
+                             override=override)
         return Port(cpu=cpu, hw=hw, view=self.options.tensor_type(direction, spec.name),
                     quant=spec.quant if quantized else None)
 

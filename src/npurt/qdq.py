@@ -60,8 +60,11 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return values
 
 
-def _node_params(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tuple[QuantParameters, DataType] | None:
-    """Scalar constant scale and zero point of a QuantizeLinear / DequantizeLinear node, or None."""
+def _node_params(node: onnx.NodeProto, constants: dict[str, np.ndarray], input_type: int | None = None
+                 ) -> tuple[QuantParameters, DataType] | None:
+    """Scalar constant scale and zero point of a QuantizeLinear / DequantizeLinear node, or None. ``input_type``:
+    the element type of a DequantizeLinear's input where known (without a zero point, the quantized type is that
+    of its input: its ``output_dtype``, from opset 23, names the float type it makes)."""
     if node.domain not in ("", "ai.onnx"):
         return None
     attrs = {a.name: a for a in node.attribute}
@@ -78,15 +81,31 @@ def _node_params(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tupl
         data_type = _ZERO_POINT_TYPES[zp.dtype]
         zero_point = int(zp.reshape(()))
     else:
-        out_type = attrs["output_dtype"].i if "output_dtype" in attrs else TensorProto.UINT8
-        if node.op_type == "QuantizeLinear" and out_type not in _QUANT_TYPES:
+        if node.op_type == "QuantizeLinear":
+            quantized = attrs["output_dtype"].i if "output_dtype" in attrs else TensorProto.UINT8
+        else:
+            quantized = input_type if input_type is not None else TensorProto.UNDEFINED
+        if quantized not in _QUANT_TYPES:
             return None
-        data_type = _QUANT_TYPES.get(out_type, DataType.UINT8)
+        data_type = _QUANT_TYPES[quantized]
         zero_point = 0
     value = float(scale.reshape(()))
     if not (np.isfinite(value) and value > 0):
         return None
     return QuantParameters(value, zero_point, RoundingMode.ROUND_TO_NEAREST_EVEN), data_type
+
+
+def _element_type(name: str, producer: Mapping[str, onnx.NodeProto], constants: dict[str, np.ndarray],
+                  value_types: Mapping[str, int]) -> int | None:
+    """A tensor's element type where the graph says it: that of the QuantizeLinear making it, else its recorded
+    type (value_info); None where unknown."""
+    node = producer.get(name)
+    if node is not None and node.op_type == "QuantizeLinear":
+        params = _node_params(node, constants)
+        if params is not None:
+            return _ELEM_TYPES[params[1]]
+    known = value_types.get(name)
+    return known if known else None
 
 
 def _node_id(node: onnx.NodeProto) -> str:
@@ -107,6 +126,8 @@ def find_boundaries(model: onnx.ModelProto) -> dict[str, QdqBoundary]:
         for name in node.output:
             producer[name] = node
     output_names = {o.name for o in graph.output}
+    value_types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)
+                   if v.type.HasField("tensor_type")}
     found: dict[str, QdqBoundary] = {}
     for inp in graph.input:
         if inp.name in initializers or inp.name in output_names:
@@ -141,7 +162,7 @@ def find_boundaries(model: onnx.ModelProto) -> dict[str, QdqBoundary]:
             continue
         if out.type.tensor_type.elem_type != TensorProto.FLOAT:
             continue
-        params = _node_params(node, constants)
+        params = _node_params(node, constants, _element_type(node.input[0], producer, constants, value_types))
         if params is not None:
             found[out.name] = QdqBoundary(out.name, TensorDirection.OUTPUT, params[0], params[1],
                                           (_node_id(node), *chain))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import operator
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ def _byte_view(buffer: Any, name: str) -> np.ndarray:
             raise ValueError(
                 f"tensor {name!r}: buffer of type {type(buffer).__name__} does not support the buffer protocol"
             ) from None
+    if arr.dtype.hasobject:  # Python object references, not data: writing them as bytes would crash the process
+        raise ValueError(f"tensor {name!r}: buffer of dtype {arr.dtype} holds Python objects, not data")
     if not arr.flags.c_contiguous:
         raise ValueError(
             f"tensor {name!r}: buffer is not C-contiguous (strides {arr.strides} for shape {arr.shape}); "
@@ -74,8 +77,13 @@ class NpuTensor:
                 f"tensor {name!r}: a HW tensor cannot use USER_POINTER_NON_CMA memory (the device cannot see it); "
                 "use runner.allocate_npu_tensor(), a DMA_FD, USER_POINTER_CMA memory, or the CPU view"
             )
+        given = offset
+        try:
+            offset = -1 if isinstance(offset, bool) else operator.index(offset)  # an int, numpy's too
+        except TypeError:
+            offset = -1
         if offset < 0:
-            raise ValueError(f"tensor {name!r}: offset {offset} is negative")
+            raise ValueError(f"tensor {name!r}: offset {given!r} is not a byte offset >= 0")
         self._info = info
         self._memory_type = memory_type
         self._offset = offset
@@ -100,6 +108,7 @@ class NpuTensor:
         says what is wrong)."""
         flags = array.flags
         if not (flags.c_contiguous and flags.aligned and array.dtype.alignment % info.data_type.itemsize == 0
+                and not array.dtype.hasobject
                 and array.nbytes >= info.size_in_bytes and info.tensor_type is TensorType.CPU
                 and DYNAMIC_DIM not in info.shape
                 and (flags.writeable or info.direction is not TensorDirection.OUTPUT)):
@@ -126,6 +135,8 @@ class NpuTensor:
         if isinstance(buffer, int):
             if buffer == 0:
                 raise ValueError(f"tensor {name!r}: null address")
+            if not 0 < buffer < 1 << (8 * ctypes.sizeof(ctypes.c_void_p)):  # (reading one would crash the process)
+                raise ValueError(f"tensor {name!r}: {buffer} is not an address")
             # A raw address: the caller guarantees size and lifetime, as in VART-ML.
             raw = (ctypes.c_uint8 * (self._offset + self._info.size_in_bytes)).from_address(buffer)
             self._bytes = np.frombuffer(memoryview(raw), dtype=np.uint8)

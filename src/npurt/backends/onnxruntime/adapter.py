@@ -289,8 +289,9 @@ class OrtBackend(Backend):
             "backend": self.name, "engine": ort.__version__, **device,
             "optimization": str(so.graph_optimization_level),
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
-        if self._model is not None:  # the views built into the graph depend on the input ports
-            parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
+        # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
+        # views built into an edited graph depend on the input ports
+        parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
         return parts
 
     def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port], ports: PortFactory,
@@ -389,6 +390,10 @@ class OrtBackend(Backend):
         ep = self.provider
         if optimized:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
+            # an optimized model keeps the model's external data where it was (its locations are relative to the
+            # model, not to the cache's blob; the cache key holds those files' content)
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                        str(self.model_path.resolve().parent))
         elif optimized_to is not None and ep is not None:
             # the EP's compiled model: an EPContext model with the context binary embedded, one file to keep
             # (ONNX Runtime takes a path without the .onnx suffix for a folder)

@@ -201,9 +201,11 @@ class OpenVINOBackend(Backend):
 
     # -- compiling --------------------------------------------------------------------------------------------
     def compile(self, inputs: list[Port], ports: PortFactory, store: Path | None = None) -> Engine:
+        # the QDQ boundaries whose HW view is the quantized tensor (not one hw_format gives another data type)
         strip = [p.name for p in inputs if p.view is TensorType.HW and p.quant is not None] + [
             s.name for s in self.out_specs
-            if s.quant is not None and self.options.tensor_type(TensorDirection.OUTPUT, s.name) is TensorType.HW]
+            if s.quant is not None and self.options.tensor_type(TensorDirection.OUTPUT, s.name) is TensorType.HW
+            and ports.make(s, TensorDirection.OUTPUT).quant is not None]
         if strip and self.onnx_model is not None:
             from ... import qdq
 
