@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -190,8 +192,20 @@ def test_npurt_cache_list_verify_clear(tmp_path):
     blob.write_bytes(data[:50] + bytes([data[50] ^ 1]) + data[51:])
     bad = npurt("verify")
     assert bad.returncode == 1 and "corrupted" in bad.stdout
-    assert "removed 1 of 2" in npurt("clear", "--stale").stdout
-    assert "removed 1 of 1" in npurt("clear").stdout
+    # what interrupted compiles leave: a blob being written, an entry not renamed into place; --stale takes only
+    # those an hour old (another process may be writing a fresh one)
+    old_blob, fresh_blob = tmp_path / ".blob-old", tmp_path / ".blob-fresh"
+    half_entry = tmp_path / "npurt-v1" / ".tmp-half"
+    for path in (old_blob, fresh_blob):
+        path.write_bytes(b"x" * 100)
+    half_entry.mkdir()
+    (half_entry / "blob").write_bytes(b"y")
+    for path in (old_blob, half_entry):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    assert "removed 1 of 2 entries" in (out := npurt("clear", "--stale").stdout) and "and 2 files" in out
+    assert fresh_blob.exists() and not old_blob.exists() and not half_entry.exists()
+    assert "removed 1 of 1 entries" in (out := npurt("clear").stdout) and "and 1 files" in out
+    assert not fresh_blob.exists()
     assert "no entries" in npurt("list").stdout
 
 

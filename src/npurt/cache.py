@@ -267,6 +267,27 @@ class CompiledModelCache:
     def remove(self, entry: Entry) -> None:
         shutil.rmtree(entry.path, ignore_errors=True)
 
+    def leftovers(self, older_than_s: float = 0.0) -> list[Path]:
+        """What an interrupted compile or store left (a blob being written, an entry not yet renamed into place)
+        whose last change is ``older_than_s`` seconds ago or more: another process may be writing a newer one."""
+        found = [*(self.root.glob(".blob-*") if self.root.is_dir() else ()),
+                 *(self.entries_dir.glob(".tmp-*") if self.entries_dir.is_dir() else ())]
+        now = time.time()
+        old = []
+        for path in found:
+            try:
+                if now - path.stat().st_mtime >= older_than_s:
+                    old.append(path)
+            except OSError:  # removed meanwhile
+                continue
+        return sorted(old)
+
+    def remove_leftover(self, path: Path) -> None:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
     # -- the identity index -----------------------------------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
         try:

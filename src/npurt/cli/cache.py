@@ -50,6 +50,9 @@ def describe(cache: Any, entry: Any, check_blob: bool) -> dict[str, Any]:
             "bytes": manifest.get("blob", {}).get("size"), "created": manifest.get("created"), "state": state}
 
 
+LEFTOVER_AGE_S = 3600.0
+
+
 def run(args: argparse.Namespace) -> int:
     from ..cache import CompiledModelCache
 
@@ -63,8 +66,13 @@ def run(args: argparse.Namespace) -> int:
         for entry, row in rows:
             if row in removed:
                 cache.remove(entry)
-        print(json.dumps({"removed": removed}, indent=2) if args.json else
-              f"removed {len(removed)} of {len(rows)} entries from {root}")
+        # an interrupted compile's files; with --stale only those an hour old (a compile may be writing one now)
+        leftovers = cache.leftovers(LEFTOVER_AGE_S if args.stale else 0.0)
+        for path in leftovers:
+            cache.remove_leftover(path)
+        print(json.dumps({"removed": removed, "leftovers_removed": [str(p) for p in leftovers]}, indent=2)
+              if args.json else f"removed {len(removed)} of {len(rows)} entries from {root}" +
+              (f" and {len(leftovers)} files an interrupted compile left" if leftovers else ""))
         return 0
     if args.json:
         print(json.dumps({"cache_dir": str(root), "entries": [row for _, row in rows]}, indent=2))
