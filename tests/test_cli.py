@@ -227,6 +227,13 @@ def bad_files(tmp_path_factory) -> Path:
     (d / "pickle.npy").write_text("not numpy")
     (d / "page.xml").write_text("<html><body>not a model</body></html>")
     (d / "lonely.xml").write_text('<?xml version="1.0"?>\n<net name="m" version="11"><layers/></net>\n')
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "open",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "c"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(d / "open.onnx"))
     return d
 
 
@@ -236,6 +243,7 @@ ERROR_CASES = {
     "empty file": (["bench", "{d}/empty.onnx"], ["is not a model"]),
     "xml that is no IR": (["info", "{d}/page.xml"], ["is not an OpenVINO IR model", "<html>"]),
     "unknown backend": (["run", "--backend", "tpu"], ["unknown backend 'tpu'", "openvino"]),
+    "unknown backend, open dims": (["run", "{d}/open.onnx", "--backend", "tpu"], ["unknown backend 'tpu'"]),
     "unknown device": (["info", str(default_model_path()), "--device", "FPGA"], ["unknown device 'FPGA'"]),
     "bad shape syntax": (["run", "--shape", "image=1,3,x"], ["expected NAME=D1,D2,..."]),
     "shape of no input": (["run", "--shape", "img=1,1,8,8"], ["has no input 'img'", "image"]),

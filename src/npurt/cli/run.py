@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models import default_model_path, default_samples
 
     embedded = args.model is None
+    backend = resolve_backend(args.backend)  # first: an unknown backend is the error to give, whatever else is wrong
     path = default_model_path() if embedded else Path(args.model)
     model = load_model_file(path)
     shapes = pinned_shapes(args, model)
@@ -174,7 +175,6 @@ def run(args: argparse.Namespace) -> int:
                 sources.append(f"{port.name} {list(shape)} {port.dtype} random (seed {args.seed}){picked}")
     if args.output is not None and not Path(args.output).resolve().parent.is_dir():
         raise CliError(f"--output {args.output}: directory {Path(args.output).resolve().parent} does not exist")
-    backend = resolve_backend(args.backend)
     options = runner_options(args, shapes)
     if args.tensor_type:
         options["input_tensor_type"] = options["output_tensor_type"] = args.tensor_type.upper()
