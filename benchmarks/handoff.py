@@ -5,6 +5,8 @@ the path around it. One job at a time (N = 1), on both backends (OpenVINO CPU, O
 - raw: the engine called directly (OpenVINO ``InferRequest.infer`` with its tensor set once; ONNX Runtime
   ``InferenceSession.run`` on a numpy feed);
 - npurt ``execute`` on runner-allocated tensors and ``run`` on a numpy feed: the caller's thread calls the engine;
+- ``execute`` on a runner that has also run ``execute_async`` jobs (on OpenVINO such a runner's synchronous calls go
+  through ``start_async`` + ``wait`` too: one kind of execution per compiled model keeps its memory flat);
 - ``execute_async`` + ``wait``, ``execute_async`` + ``wait_any``, a chain of ``execute_async`` callbacks (each submits
   the next; ``callback_order="completion"``) and the ``InferQueue`` (``start_async`` per job, ``wait_all`` at the
   end): the job runs on a runner worker, so it moves between threads.
@@ -90,8 +92,13 @@ def ping_pong(k: int, cores: tuple[int, int] | None = None) -> None:
 
 def npurt_patterns(backend: str, path: str, feeds: dict[str, np.ndarray]) -> tuple[dict[str, Pattern], list[Runner]]:
     options = {"device": "CPU", "max_concurrent_runs": 1, "num_threads": 1}
+    # execute and run on a runner of their own: an OpenVINO runner that has started jobs on start_async runs its
+    # synchronous calls that way too (one kind of execution per compiled model: see backends/openvino/engine.py),
+    # which the row "execute after execute_async" shows
+    synchronous = RunnerFactory.create_runner(backend, path, options)
     runner = RunnerFactory.create_runner(backend, path, options)
     chained = RunnerFactory.create_runner(backend, path, {**options, "callback_order": "completion"})
+    s_ins, s_outs = runner_tensors(synchronous, feeds, TensorType.CPU)
     ins, outs = runner_tensors(runner, feeds, TensorType.CPU)
     c_ins, c_outs = runner_tensors(chained, feeds, TensorType.CPU)
     queue = InferQueue(chained)
@@ -105,11 +112,15 @@ def npurt_patterns(backend: str, path: str, feeds: dict[str, np.ndarray]) -> tup
 
     def execute(k: int) -> None:
         for _ in range(k):
-            check(runner.execute([ins], [outs]), runner, "execute")
+            check(synchronous.execute([s_ins], [s_outs]), synchronous, "execute")
 
     def run(k: int) -> None:
         for _ in range(k):
-            runner.run(feeds)
+            synchronous.run(feeds)
+
+    def execute_after_async(k: int) -> None:
+        for _ in range(k):
+            check(runner.execute([ins], [outs]), runner, "execute")
 
     def async_wait(k: int) -> None:
         for _ in range(k):
@@ -150,8 +161,9 @@ def npurt_patterns(backend: str, path: str, feeds: dict[str, np.ndarray]) -> tup
             raise BenchError(queue_failed[0])
 
     patterns: dict[str, Pattern] = {"npurt execute": execute, "npurt run": run, "execute_async + wait": async_wait,
-                "execute_async + wait_any": async_wait_any, "callbacks (chain)": callbacks, "InferQueue": infer_queue}
-    return patterns, [runner, chained]
+                "execute_async + wait_any": async_wait_any, "execute after execute_async": execute_after_async,
+                "callbacks (chain)": callbacks, "InferQueue": infer_queue}
+    return patterns, [synchronous, runner, chained]
 
 
 def raw_pattern(backend: str, path: str, feeds: dict[str, np.ndarray]) -> Pattern:
