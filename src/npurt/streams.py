@@ -168,10 +168,13 @@ class StreamRuns:
             try:
                 with state.turn():
                     # a reset, set_stream_state or run() since gave the stream other buffers: bound to them anew
-                    if any(state.current.get(name) is not buffers for name, buffers in zip(pairs, held)):
-                        ins, outs = self._full_lists(state, inputs, outputs)
-                        plan = self.core.planner.plan([ins], [outs])
-                        held = [state.current.get(name) for name in pairs]
+                    current = state.current
+                    for name, buffers in zip(pairs, held):  # (a plain loop: this runs every decode step)
+                        if current.get(name) is not buffers:
+                            ins, outs = self._full_lists(state, inputs, outputs)
+                            plan = self.core.planner.plan([ins], [outs])
+                            held = [current.get(name) for name in pairs]
+                            break
                     return self.core.execute_plan(plan, [ins], [outs], state)
             except StatusError as e:
                 return e.status, str(e)
