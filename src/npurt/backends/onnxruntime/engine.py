@@ -194,9 +194,9 @@ class OrtEngine(Engine):
         out of ONNX Runtime's memory (counted: numpy cannot view an OrtValue of a type it lacks)."""
         session = self.session
         assert session is not None
-        feeds = {name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, etype)._ortvalue
+        feeds = {name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, etype)
                  for (name, etype), a in zip(self.in_types, arrays)}
-        values = session._sess.run_with_ort_values(feeds, self.out_names, None)
+        values = session.run_with_ort_values(self.out_names, feeds)
         results = []
         for (_, etype), value in zip(self.out_types, values):
             if etype != BFLOAT16:
