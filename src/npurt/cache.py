@@ -11,9 +11,9 @@ is computed once per file identity (path, size, mtime, inode) and kept in ``file
 hashes nothing.
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
-another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32 (~0.4 ms per
-MB; on a thread beside the engine's own read of the file where the backend says an engine that read a damaged blob
-is merely discarded, else before the engine sees it). A refused entry is reported, compiled again and replaced.
+another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32 (checked
+over the mapped file before the engine reads it: ~0.4 ms per MB; taken on a thread beside ONNX Runtime's own read
+it made loads slower on 2 cores, not faster). A refused entry is reported, compiled again and replaced.
 Entries are written into a temporary directory and renamed into place, so two processes filling one entry at once
 never leave half of one (the second rename loses and is dropped). A cache directory that cannot be written (read-only,
 full disk) degrades to compiling, with one warning.
@@ -75,31 +75,6 @@ class Entry:
     def metadata(self) -> Mapping[str, Any]:
         metadata: Mapping[str, Any] = (self.manifest or {}).get("metadata", {})
         return metadata
-
-
-class BlobCheck:
-    """An entry's blob CRC-32 being computed on a thread of its own."""
-
-    def __init__(self, blob: Path, crc32: Any) -> None:
-        self.blob = blob
-        self._want = crc32
-        self._found: list[int | BaseException] = []
-        self._thread = threading.Thread(target=self._run, name="npurt-crc", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._found.append(_crc32(self.blob))
-        except BaseException as e:  # noqa: BLE001 - handed to problem()'s caller
-            self._found.append(e)
-
-    def problem(self) -> str:
-        """Why the blob may not be used ("" where it is sound); waits for the CRC."""
-        self._thread.join()
-        found = self._found[0]
-        if isinstance(found, BaseException):
-            return f"its blob could not be read ({type(found).__name__}: {found})"
-        return "" if found == self._want else "its blob's CRC-32 differs from the manifest's (corrupted)"
 
 
 @dataclass
@@ -246,15 +221,16 @@ class CompiledModelCache:
                     entry = Entry(path, entry.manifest, "its directory name does not match its key")
                 yield entry
 
-    def check_blob(self, entry: Entry) -> BlobCheck:
-        """Start checking an entry's blob against its manifest: its size now (ValueError where it differs), its
-        CRC-32 on a thread (zlib releases the GIL over the mapped file), so that an engine may read the file
-        meanwhile; ``BlobCheck.problem()`` waits for it."""
+    def checked_blob(self, entry: Entry) -> Path:
+        """An entry's blob, checked against its manifest (ValueError naming what is wrong): the engine then reads
+        the file itself, as it reads its own cache (no copy of it held in Python's heap on the way)."""
         want = (entry.manifest or {}).get("blob", {})
         size = entry.blob.stat().st_size
         if size != want.get("size"):
             raise ValueError(f"its blob has {size} bytes, the manifest says {want.get('size')} (truncated)")
-        return BlobCheck(entry.blob, want.get("crc32"))
+        if _crc32(entry.blob) != want.get("crc32"):
+            raise ValueError("its blob's CRC-32 differs from the manifest's (corrupted)")
+        return entry.blob
 
     def verify(self, entry: Entry) -> str:
         """Why an entry is unsound ("" if sound), its blob's CRC-32 checked."""

@@ -188,13 +188,10 @@ class Backend(ABC):
         the result, every setting that changes compilation (JSON-able). None: nothing goes into npurt's cache."""
         return None
 
-    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port], ports: PortFactory,
-                      sound: Callable[[], str]) -> Engine:
-        """The engine from the file ``compile(..., store=...)`` wrote; raise if it cannot be loaded (the runner then
-        compiles again and replaces the entry). ``sound()`` says why the file may not be used ("" where its CRC
-        matches the cache's manifest; it waits for the CRC, taken on a thread meanwhile): ask it before keeping or
-        returning anything made from the file, and before the engine reads the file at all unless a damaged file
-        can only make it fail or load something then dropped (never crash the process)."""
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
+                      ports: PortFactory) -> Engine:
+        """The engine from the file ``compile(..., store=...)`` wrote (checked against the cache's manifest); raise
+        if it cannot be loaded (the runner then compiles again and replaces the entry)."""
         raise NpuError(f"{self.name} keeps nothing in npurt's cache")
 
     def refine_device_info(self, info: DeviceInfo) -> DeviceInfo:

@@ -205,17 +205,16 @@ class ShapeVariants:
         return variant
 
     def _load_checked(self, cache: CompiledModelCache, entry: Entry, ports: list[Port]) -> tuple[Engine | None, str]:
-        """The engine from a cache entry whose blob is sound, else None and why not. The blob's CRC is taken on a
-        thread while the backend reads the file where it chooses to (``load_compiled`` asks ``sound`` before it
-        keeps or returns what it loaded)."""
+        """The engine from a cache entry whose blob is sound (checked before the engine reads it), else None and
+        why not."""
         try:
-            check = cache.check_blob(entry)
+            blob = cache.checked_blob(entry)
         except (OSError, ValueError) as e:
             return None, str(e)
         try:
-            return self._backend.load_compiled(entry.blob, entry.metadata, ports, self._ports, check.problem), ""
+            return self._backend.load_compiled(blob, entry.metadata, ports, self._ports), ""
         except Exception as e:  # noqa: BLE001 - a refused entry is compiled again and replaced
-            return None, check.problem() or f"the engine could not load it ({type(e).__name__}: {e})"
+            return None, f"the engine could not load it ({type(e).__name__}: {e})"
 
     def _compile_or_load(self, ports: list[Port]) -> tuple[Engine, str]:
         """An engine for these input ports: from npurt's compiled-model cache where it holds one (option

@@ -21,7 +21,7 @@ import os
 import platform
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,18 +294,12 @@ class OrtBackend(Backend):
         parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
         return parts
 
-    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port], ports: PortFactory,
-                      sound: Callable[[], str]) -> Engine:
-        if self.provider is not None:  # an EP's context binary goes to the vendor's library: checked first
-            problem = sound()
-            if problem:
-                raise NpuError(problem)
-        # by path, as ONNX Runtime loads a model of the user's (bytes handed over would be a copy of the model that
-        # glibc keeps: 1.37x the engine's memory on the recognizer); the CPU provider's blob is an ONNX model that
-        # protobuf and ONNX Runtime's graph checks parse, so the CRC runs meanwhile and is asked before the session
-        # is kept
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
+                      ports: PortFactory) -> Engine:
+        # by path, as ONNX Runtime loads a model of the user's: bytes handed over would be a copy of the model that
+        # glibc keeps (1.37x the engine's memory on the recognizer)
         key = str(self.model_path) if self._model is None else f"cache:{stored}"
-        session = self._session(str(stored), key, optimized=True, sound=sound)
+        session = self._session(str(stored), key, optimized=True)
         if metadata.get("placement") and len(self._placement.assigned) <= 1:  # an EPContext model's one node
             self._placement = Placement(tuple(tuple(n) for n in metadata["placement"]), self._placement.asked)
         # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again
@@ -368,19 +362,15 @@ class OrtBackend(Backend):
             settings["performance_hint"] = self.options.performance_hint
         return settings
 
-    def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False,
-                 sound: Callable[[], str] | None = None) -> ort.InferenceSession:
+    def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False
+                 ) -> ort.InferenceSession:
         """The session for a model (the file, edited bytes, or an optimized model from npurt's cache), made once
-        per backend; ``optimized_to``: write ONNX Runtime's optimized model there (for the cache); ``sound``: why
-        the source may not be used (a cache blob's CRC), asked before the session is kept."""
+        per backend; ``optimized_to``: write ONNX Runtime's optimized model there (for the cache)."""
         with self._lock:
             session = self._sessions.get(key)
             if session is not None:
                 return session
             session = self._new_session(source, optimized_to, optimized)
-            problem = sound() if sound is not None else ""
-            if problem:
-                raise NpuError(problem)
             self._sessions[key] = session
             self._record_placement(session, source)
             return session

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -309,11 +309,8 @@ class OpenVINOBackend(Backend):
                                               p.engine.describe()] for p in inputs],
                 "properties": {k: str(v) for k, v in sorted(self.properties().items()) if k != "CACHE_DIR"}}
 
-    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port], ports: PortFactory,
-                      sound: Callable[[], str]) -> Engine:
-        problem = sound()  # before OpenVINO parses the blob: its import is not trusted with damaged bytes
-        if problem:
-            raise NpuError(problem)
+    def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
+                      ports: PortFactory) -> Engine:
         properties = self.properties()
         compiled_model = core().import_model(stored.read_bytes(), self.device, properties)
         pm = ModelPorts(list(metadata["param_of"]), list(metadata["result_of"]), list(metadata["alias_of"]))
