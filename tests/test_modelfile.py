@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo
 
 from npurt.modelfile import (
     ELEMENT_TYPE_NAMES,
@@ -111,6 +112,9 @@ def reference(model: onnx.ModelProto) -> OnnxModelInfo:
         raise NotAModel("no IR version, no graph, or no opset_import")
     graph = model.graph
     initializers = {_str(t.name) for t in graph.initializer} | {_str(s.values.name) for s in graph.sparse_initializer}
+    external = [t for t in [*_graph_tensors(graph), *(t for f in model.functions for n in _all_nodes(f.node)
+                                                      for t in _node_tensors(n))]
+                if t.data_location == TensorProto.EXTERNAL]
     return OnnxModelInfo(
         ir_version=model.ir_version,
         opset_imports=MappingProxyType({_str(o.domain): o.version for o in model.opset_import}),
@@ -121,10 +125,8 @@ def reference(model: onnx.ModelProto) -> OnnxModelInfo:
         operator_types=frozenset(_str(n.op_type) for n in _model_nodes(model)),
         has_subgraphs=any(_subgraphs(a) for n in [*graph.node, *(n for f in model.functions for n in f.node)]
                           for a in n.attribute),
-        uses_external_data=any(t.data_location == TensorProto.EXTERNAL
-                               for t in [*_graph_tensors(graph),
-                                         *(t for f in model.functions for n in _all_nodes(f.node)
-                                           for t in _node_tensors(n))]),
+        uses_external_data=bool(external),
+        external_data_files=frozenset(ExternalDataInfo(t).location for t in external),
         metadata_props=MappingProxyType({_str(p.key): _str(p.value) for p in model.metadata_props}),
     )
 
@@ -251,7 +253,8 @@ def test_external_data(tmp_path):
 
     assert not read_onnx_ports(inline).uses_external_data
     info = read_onnx_ports(external)
-    assert info.uses_external_data
+    assert info.uses_external_data and info.external_data_files == {"external.bin"}
+    assert read_onnx_ports(inline).external_data_files == frozenset()
     assert info == reference(onnx.load(str(external), load_external_data=False))
     assert info.inputs == (OnnxPort("x", "tensor", TensorProto.FLOAT, ("n", 64)),)
     (tmp_path / "external.bin").unlink()  # the reader never opens the data file

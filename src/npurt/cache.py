@@ -293,36 +293,9 @@ def _data_files(model: Path, names_a_location: bool) -> list[str]:
     from .modelfile import read_onnx_ports
 
     try:
-        if not read_onnx_ports(model).uses_external_data:
-            return []
-        import onnx
-        from onnx.external_data_helper import ExternalDataInfo
-
-        proto = onnx.load(str(model), load_external_data=False)
-    except Exception:  # noqa: BLE001 - a file ONNX cannot read: the engine says why when it loads it
+        return sorted(read_onnx_ports(model).external_data_files)
+    except Exception:  # noqa: BLE001 - a file the reader refuses: the engine says why when it loads it
         return []
-    return sorted({ExternalDataInfo(t).location for t in _tensors(proto.graph)
-                   if t.data_location == onnx.TensorProto.EXTERNAL})
-
-
-def _tensors(graph: Any) -> Iterator[Any]:
-    """Every TensorProto of a graph and its subgraphs: initializers, sparse ones, node attributes."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield from (sparse.values, sparse.indices)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("sparse_tensor"):
-                yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
-            for sparse in attr.sparse_tensors:
-                yield from (sparse.values, sparse.indices)
-            if attr.HasField("g"):
-                yield from _tensors(attr.g)
-            for sub in attr.graphs:
-                yield from _tensors(sub)
 
 
 def _digest_and_location(data: mmap.mmap | bytes) -> tuple[str, bool]:

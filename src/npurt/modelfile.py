@@ -57,6 +57,7 @@ from .onnx_fields import (
     SPARSE_INDICES,
     SPARSE_VALUES,
     TENSOR_DATA_LOCATION,
+    TENSOR_EXTERNAL_DATA,
     TENSOR_NAME,
     TENSOR_TYPE_ELEM_TYPE,
     TENSOR_TYPE_SHAPE,
@@ -120,7 +121,8 @@ class OnnxModelInfo:
     ``operator_domains`` holds the domain of every node, subgraphs and model-local functions included, as written
     ("" is the default domain); ``operator_types`` every node's op_type, the same nodes.
     ``uses_external_data`` is True when any tensor the model holds (initializers, sparse initializers, node attribute
-    tensors, in subgraphs too) keeps its data in an external file.
+    tensors, in subgraphs too) keeps its data in an external file; ``external_data_files`` are those files' locations
+    as the tensors name them (relative to the model's directory; "" for an external tensor that names none).
     """
 
     ir_version: int
@@ -132,6 +134,7 @@ class OnnxModelInfo:
     operator_types: frozenset[str]
     has_subgraphs: bool
     uses_external_data: bool
+    external_data_files: frozenset[str]
     metadata_props: Mapping[str, str] = field(hash=False)
 
     @property
@@ -198,7 +201,7 @@ _NODE_FIELDS = frozenset((NODE_OP_TYPE, NODE_ATTRIBUTE, NODE_DOMAIN))
 # AttributeProto
 _ATTR_FIELDS = frozenset((ATTR_T, ATTR_G, ATTR_TENSORS, ATTR_GRAPHS, ATTR_SPARSE_TENSOR, ATTR_SPARSE_TENSORS))
 # TensorProto
-_TENSOR_FIELDS = frozenset((TENSOR_NAME, TENSOR_DATA_LOCATION))
+_TENSOR_FIELDS = frozenset((TENSOR_NAME, TENSOR_DATA_LOCATION, TENSOR_EXTERNAL_DATA))
 _DATA_LOCATIONS = (0, 1)  # DEFAULT, EXTERNAL: the values of this closed enum
 _EXTERNAL = 1
 # SparseTensorProto
@@ -220,7 +223,7 @@ _DIM_FIELDS = frozenset((DIM_VALUE, DIM_PARAM))
 class _Walk:
     """What the walk of all graphs (main graph and subgraphs) gathers."""
 
-    __slots__ = ("domains", "op_types", "has_subgraphs", "uses_external_data", "nodes")
+    __slots__ = ("domains", "op_types", "has_subgraphs", "uses_external_data", "external_files", "nodes")
 
     def __init__(self, nodes: bool = True) -> None:
         self.nodes = nodes  # whether to walk the nodes (their domains, subgraphs and attribute tensors)
@@ -228,6 +231,7 @@ class _Walk:
         self.op_types: set[str] = set()
         self.has_subgraphs = False
         self.uses_external_data = False
+        self.external_files: set[str] = set()
 
 
 def _read_model(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
@@ -283,6 +287,7 @@ def _read_model_fields(buf: memoryview, nodes: bool = True) -> OnnxModelInfo:
         operator_types=frozenset(walk.op_types),
         has_subgraphs=walk.has_subgraphs,
         uses_external_data=walk.uses_external_data,
+        external_data_files=frozenset(walk.external_files),
         metadata_props=MappingProxyType(metadata),
     )
 
@@ -327,9 +332,7 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
                 if walk.nodes:
                     _walk_node(buf, a, b, depth + 1, walk)
             elif tag == GRAPH_INITIALIZER:
-                name, external = _tensor_name_location(buf, [(a, b)], depth + 1, main)
-                walk.uses_external_data |= external
-                initializers.add(name)
+                initializers.add(_tensor(buf, [(a, b)], depth + 1, walk, main))
             elif tag == GRAPH_SPARSE_INITIALIZER:
                 initializers.add(_sparse_tensor(buf, a, b, depth + 1, walk, main))
             elif tag == GRAPH_INPUT:
@@ -361,30 +364,45 @@ def _walk_attribute(buf: memoryview, start: int, end: int, depth: int, walk: _Wa
         elif tag == ATTR_G:
             graph.append((a, b))
         elif tag == ATTR_TENSORS:
-            walk.uses_external_data |= _tensor_name_location(buf, [(a, b)], depth + 1, False)[1]
+            _tensor(buf, [(a, b)], depth + 1, walk, False)
         elif tag == ATTR_GRAPHS:
             walk.has_subgraphs = True
             _walk_graph(buf, [(a, b)], depth + 1, walk, main=False)
         else:
             _sparse_tensor(buf, a, b, depth + 1, walk, False)
     if tensor:
-        walk.uses_external_data |= _tensor_name_location(buf, tensor, depth + 1, False)[1]
+        _tensor(buf, tensor, depth + 1, walk, False)
     if graph:
         walk.has_subgraphs = True
         _walk_graph(buf, graph, depth + 1, walk, main=False)
 
 
-def _tensor_name_location(buf: memoryview, spans: list[Span], depth: int, named: bool) -> tuple[str, bool]:
-    """A TensorProto's name (if ``named``, else "") and whether its data is external, from its top-level fields."""
+def _tensor(buf: memoryview, spans: list[Span], depth: int, walk: _Walk, named: bool) -> str:
+    """A TensorProto's name (if ``named``, else ""), from its top-level fields; where its data is external, notes
+    that and the file its ``location`` entry names (the last one, as onnx reads them)."""
     name: Span | None = None
-    location = 0
+    data_location = 0
+    file: Span | None = None
     for start, end in spans:
         for tag, a, b in fields(buf, start, end, depth, _TENSOR_FIELDS):
             if tag == TENSOR_NAME:
                 name = (a, b)
+            elif tag == TENSOR_EXTERNAL_DATA:
+                key: Span | None = None
+                value: Span = (a, a)
+                for entry_tag, c, d in fields(buf, a, b, depth + 1, _ENTRY_FIELDS):
+                    if entry_tag == ENTRY_KEY:
+                        key = (c, d)
+                    else:
+                        value = (c, d)
+                if key is not None and bytes(buf[key[0]:key[1]]) == b"location":
+                    file = value
             elif int32(a) in _DATA_LOCATIONS:  # an unknown value of a closed enum leaves the field as it was
-                location = int32(a)
-    return (text(buf, *name, "tensor name") if named and name else ""), location == _EXTERNAL
+                data_location = int32(a)
+    if data_location == _EXTERNAL:
+        walk.uses_external_data = True
+        walk.external_files.add(text(buf, *file, "external data location") if file else "")
+    return text(buf, *name, "tensor name") if named and name else ""
 
 
 def _sparse_tensor(buf: memoryview, start: int, end: int, depth: int, walk: _Walk, named: bool) -> str:
@@ -393,8 +411,8 @@ def _sparse_tensor(buf: memoryview, start: int, end: int, depth: int, walk: _Wal
     indices: list[Span] = []
     for tag, a, b in fields(buf, start, end, depth, _SPARSE_FIELDS):
         (values if tag == SPARSE_VALUES else indices).append((a, b))
-    name, external = _tensor_name_location(buf, values, depth + 1, named)
-    walk.uses_external_data |= external or _tensor_name_location(buf, indices, depth + 1, False)[1]
+    name = _tensor(buf, values, depth + 1, walk, named)
+    _tensor(buf, indices, depth + 1, walk, False)
     return name
 
 

@@ -48,6 +48,7 @@ ATTR_NAME = field_tag(1, LEN)
 # TensorProto (TENSOR_TYPE_*: TypeProto.Tensor)
 TENSOR_NAME = field_tag(8, LEN)
 TENSOR_DATA_LOCATION = field_tag(14, VARINT)
+TENSOR_EXTERNAL_DATA = field_tag(13, LEN)  # StringStringEntryProto: location, offset, length, checksum
 TENSOR_TYPE_ELEM_TYPE = field_tag(1, VARINT)
 TENSOR_TYPE_SHAPE = field_tag(2, LEN)
 TENSOR_DIMS = field_tag(1, VARINT)
