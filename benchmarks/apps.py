@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
@@ -27,6 +28,8 @@ import pages  # noqa: E402
 import ppocr  # noqa: E402
 import speech  # noqa: E402
 import vad  # noqa: E402
+from npurt import JobHandle, StatusCode  # noqa: E402
+from npurt.bench import BenchError  # noqa: E402
 from npurt.factory import RunnerFactory  # noqa: E402
 from npurt.models import zoo  # noqa: E402
 from npurt.runner import Runner  # noqa: E402
@@ -170,3 +173,47 @@ __all__ = ["BACKENDS", "ChunkCycle", "OCR_MODELS", "RAW_APP_CALL", "RAW_ENGINE",
            "VAD_MODEL", "audio_chunks", "model_path", "npurt_runner", "ocr", "onnxruntime_loaded", "pages",
            "ppocr", "probabilities", "raw_infer", "read_texts", "segments", "speech", "speech_audio", "speech_missing",
            "vad", "vad_audio"]
+
+
+def callback_chains(runner: Runner, sets: Sequence[tuple[list[Any], list[Any]]], more: Callable[[int], bool]) -> int:
+    """One chain of ``execute_async`` per tensor set, all at once: each job's callback submits its chain's next job
+    while ``more(jobs started so far)`` says so (the runner has ``callback_order="completion"``). Returns the jobs
+    ended once every chain has stopped; BenchError with the first failure."""
+    lock, finished = threading.Lock(), threading.Event()
+    counts = {"started": len(sets), "done": 0, "active": len(sets)}
+    errors: list[str] = []
+
+    def submit(k: int) -> None:
+        ins, outs = sets[k]
+        job = runner.execute_async([ins], [outs], callback=lambda handle: ended(k, handle))
+        if job.status is not StatusCode.SUCCESS:
+            errors.append(f"execute_async: {job.status.name}: {runner.last_error}")
+            stop()
+
+    def stop() -> None:
+        with lock:
+            counts["active"] -= 1
+            if counts["active"] == 0:
+                finished.set()
+
+    def ended(k: int, handle: JobHandle) -> None:
+        if handle.status is not StatusCode.SUCCESS:
+            errors.append(f"job: {handle.status.name}: {runner.last_error}")
+        with lock:
+            counts["done"] += 1
+            go = not errors and more(counts["started"])
+            if go:
+                counts["started"] += 1
+        if go:
+            submit(k)
+        else:
+            stop()
+
+    if not sets:
+        return 0
+    for k in range(len(sets)):
+        submit(k)
+    finished.wait()
+    if errors:
+        raise BenchError(errors[0])
+    return counts["done"]

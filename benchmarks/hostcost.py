@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import check, finish, parser
-from benchmarks.apps import BACKENDS, model_path, npurt_runner
+from benchmarks.apps import BACKENDS, callback_chains, model_path, npurt_runner
 from npurt import InferQueue, JobHandle, StatusCode, TensorType
 from npurt.bench import BenchError, Report, Table, Target, random_feeds
 from npurt.bench.subjects import runner_tensors
@@ -153,42 +153,7 @@ class NpurtSide:
             raise BenchError(f"InferQueue job failed: {self.queue_failed[0]}")
 
     def callbacks(self, k: int) -> None:
-        runner, lock, finished = self.chained, threading.Lock(), threading.Event()
-        counts = {"started": 0, "active": len(self.chain_sets)}
-        errors: list[str] = []
-
-        def submit(s: int) -> None:
-            ins, outs = self.chain_sets[s]
-            job = runner.execute_async([ins], [outs], callback=lambda handle: ended(s, handle))
-            if job.status is not StatusCode.SUCCESS:
-                errors.append(f"execute_async: {job.status.name}: {runner.last_error}")
-                stop()
-
-        def stop() -> None:
-            with lock:
-                counts["active"] -= 1
-                if counts["active"] == 0:
-                    finished.set()
-
-        def ended(s: int, handle: JobHandle) -> None:
-            if handle.status is not StatusCode.SUCCESS:
-                errors.append(f"job: {handle.status.name}: {runner.last_error}")
-            with lock:
-                go = not errors and counts["started"] < k
-                if go:
-                    counts["started"] += 1
-            if go:
-                submit(s)
-            else:
-                stop()
-
-        first = min(k, len(self.chain_sets))
-        counts["started"], counts["active"] = first, first
-        for s in range(first):
-            submit(s)
-        finished.wait()
-        if errors:
-            raise BenchError(errors[0])
+        callback_chains(self.chained, self.chain_sets[:k], lambda started: started < k)
 
     def patterns(self) -> dict[str, Jobs]:
         return {"execute": self.execute, "execute_async + wait": self.async_wait, "wait_any": self.wait_any,

@@ -57,8 +57,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import check, finish, parser
-from benchmarks.apps import BACKENDS, model_path, npurt_runner
-from npurt import InferQueue, JobHandle, StatusCode, TensorType
+from benchmarks.apps import BACKENDS, callback_chains, model_path, npurt_runner
+from npurt import InferQueue, StatusCode, TensorType
 from npurt.bench import (
     BenchError,
     Budget,
@@ -179,44 +179,10 @@ class CallbackPattern(Subject):
         self.runner, self.sets = runner, sets
 
     def run_jobs(self, budget: Budget) -> tuple[int, float]:
-        runner, lock, finished = self.runner, threading.Lock(), threading.Event()
-        counts = {"started": 0, "done": 0, "active": len(self.sets)}
-        errors: list[str] = []
         start = time.perf_counter()
-
-        def submit(k: int) -> None:
-            ins, outs = self.sets[k]
-            job = runner.execute_async([ins], [outs], callback=lambda handle: ended(k, handle))
-            if job.status is not StatusCode.SUCCESS:
-                errors.append(f"execute_async: {job.status.name}: {runner.last_error}")
-                stop()
-
-        def stop() -> None:
-            with lock:
-                counts["active"] -= 1
-                if counts["active"] == 0:
-                    finished.set()
-
-        def ended(k: int, handle: JobHandle) -> None:
-            with lock:
-                counts["done"] += 1
-                go = not errors and not budget.done(counts["started"], time.perf_counter() - start)
-                if go:
-                    counts["started"] += 1
-            if handle.status is not StatusCode.SUCCESS:
-                errors.append(f"job: {handle.status.name}: {runner.last_error}")
-            if go:
-                submit(k)
-            else:
-                stop()
-
-        counts["started"] = len(self.sets)
-        for k in range(len(self.sets)):
-            submit(k)
-        finished.wait()
-        if errors:
-            raise BenchError(errors[0])
-        return counts["done"], time.perf_counter() - start
+        done = callback_chains(self.runner, self.sets,
+                               lambda started: not budget.done(started, time.perf_counter() - start))
+        return done, time.perf_counter() - start
 
     def step(self) -> None:
         raise NotImplementedError
