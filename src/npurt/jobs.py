@@ -79,10 +79,6 @@ class Job:
         self.on_worker = False  # run by a worker (else started on the engine)
         self.launched: Launched | None = None  # started on the engine, ended by its waiter
 
-    @property
-    def finished(self) -> bool:
-        return self.state == _DONE
-
     def block(self, timeout_s: float | None) -> bool:
         """Wait (GIL released) up to ``timeout_s`` (None: no limit) for the job to end; whether it has."""
         launched = self.launched
@@ -452,10 +448,6 @@ class JobScheduler:
                 time.sleep(slice_s)
             if left is not None and left <= slice_s:
                 return None
-
-    def _collect(self, job: Job) -> None:
-        if job.callback is None:
-            self._jobs.pop(job.job_id, None)  # a dict operation: atomic (walks over the table copy it first)
 
     # -- state ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:

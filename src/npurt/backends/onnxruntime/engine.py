@@ -157,7 +157,7 @@ class OrtEngine(Engine):
                 return _REFUSED
         else:
             session._sess.run_with_iobinding(binding.c_io, None)  # releases the GIL
-        if not binding.copies and not binding.guessed:
+        if binding.plain:
             return None
         shapes: list[tuple[int, ...] | None] = [None] * len(self.outputs)
         for j, shape in binding.guessed:
