@@ -11,7 +11,7 @@ from .core import RunnerCore
 from .status import SUCCESS, StatusError
 from .streams import StreamRef, StreamRuns
 from .tensor import NpuTensor
-from .types import NpuError, StatusCode
+from .types import StatusCode
 
 
 class BoundRun:
@@ -40,9 +40,7 @@ class BoundRun:
 def bind(core: RunnerCore, streams: StreamRuns, inputs: Sequence[Sequence[NpuTensor]],
          outputs: Sequence[Sequence[NpuTensor]], stream: StreamRef) -> BoundRun:
     """Validate and plan once (raises ValueError for tensors ``execute`` would refuse, with the status's message;
-    NpuError once the runner is closed, as its other calls do)."""
-    if core.closed:
-        raise NpuError(f"runner for {core.model_name} is closed")
+    the runner refuses a closed runner's bind before)."""
     try:
         if stream is not None or streams.stateful:
             run = streams.bound(stream, inputs, outputs)

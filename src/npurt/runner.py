@@ -379,6 +379,7 @@ class Runner:
         """These tensors validated, planned and bound once: ``bound.execute()`` runs them again (a StatusCode, as
         ``execute``), without execute's per-run checks. ValueError for tensors execute would refuse; a stream whose
         state changes buffers every run (ping-pong pairs) cannot be bound. NpuError once closed."""
+        self._require_open()
         return bound.bind(self._core, self._streams, inputs, outputs, stream)
 
     # ---------------------------------------------------------------- streams
