@@ -505,3 +505,19 @@ def test_the_command_line(models, references, capsys):
     assert facts["max_length"] == 64 and facts["prefill_chunk"] == 8 and facts["eos_token_ids"] == [EOS_TOKEN_ID]
     assert main(["generate", model, "--prompt-ids", "1,x", "--backend", "vaiml", "--device", "cpu"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", list(CPU_BACKENDS))
+def test_group_query_attention_is_refused_until_its_form_is_derived(models, tmp_path, backend):
+    """Issue 43 part 0: an export whose attention is com.microsoft GroupQueryAttention got the Concat form's static
+    form, which takes the export's last S present rows for the new ones; GroupQueryAttention writes them where
+    seqlens_k says, so the tokens were wrong, reported as success. Refused before anything runs."""
+    model = onnx.load(str(models["gqa"] / MODEL_FILE))
+    model.graph.node.append(onnx.helper.make_node(
+        "GroupQueryAttention", ["layers.0/q_proj", "layers.0/k_proj", "layers.0/v_proj"], ["gqa_out"],
+        domain="com.microsoft", num_heads=4, kv_num_heads=2))
+    folder = tmp_path / "gqa"
+    folder.mkdir()
+    onnx.save(model, str(folder / MODEL_FILE))
+    with pytest.raises(NpuUnsupportedError, match="GroupQueryAttention"):
+        decoder_runner(backend, folder)

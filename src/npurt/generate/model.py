@@ -134,6 +134,13 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     del weightless, skeleton
     if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
+    if "GroupQueryAttention" in contrib:
+        # the static form's "the export's last S present rows are the new rows" does not hold for it: it writes the
+        # new rows where seqlens_k says (wrong tokens reported as success, issue 43), so it is refused until its own
+        # shared-buffer mode is derived and verified
+        raise NpuUnsupportedError(f"{model_path.name}: attention by com.microsoft GroupQueryAttention (ONNX Runtime "
+                                  "GenAI's model builder form) is not supported by option 'decoder' yet: its static "
+                                  "form would give wrong tokens; run the export with onnxruntime-genai")
     openvino = backend_name == "OPENVINO"
     if openvino and contrib:
         raise NpuUnsupportedError(f"{model_path.name} uses ONNX Runtime's contrib operators {', '.join(contrib)} "
