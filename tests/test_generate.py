@@ -344,7 +344,8 @@ def test_a_closed_runner_leaves_no_temporary_folder(models, tmp_path, monkeypatc
 def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp_path, monkeypatch):
     """A static form past protobuf's limit goes to external data (the limit lowered here so the small decoder
     crosses it): each backend generates the reference's tokens from it, and OpenVINO's cache entry keeps its IR
-    alone (the ONNX form's external weights, a model's whole size, stayed beside it)."""
+    alone (the ONNX form's external weights, a model's whole size, stayed beside it), with the verdict of the check
+    against the export."""
     from npurt.generate import model as decoder_model
 
     monkeypatch.setattr(decoder_model, "MAX_PROTOBUF", 1000)
@@ -353,8 +354,9 @@ def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp
         with decoder_runner(backend, models["gqa"], cache_dir=str(cache)) as r:
             assert Generator(r).generate(PROMPT, 8) == references["gqa"].tokens[:8]
         files = sorted(p.name for p in (cache / "decoders").glob("*/*"))
-        assert files == (["decoder_stateful.bin", "decoder_stateful.xml"] if backend == "OPENVINO" else
-                         ["decoder_static.onnx", "decoder_static.onnx.data"])
+        assert files == (["decoder_stateful.bin", "decoder_stateful.xml", "verified-openvino-c4.json"]
+                         if backend == "OPENVINO" else
+                         ["decoder_static.onnx", "decoder_static.onnx.data", "verified-onnxruntime-c4.json"])
 
 
 def test_every_eos_id_of_the_config_ends_the_loop(models, references, tmp_path, capsys):

@@ -35,7 +35,7 @@ from typing import Any
 from .. import onnx_graph
 from ..options import DecoderSpec, RunnerOptions
 from ..types import NpuError, NpuUnsupportedError, TensorDirection, TensorType
-from . import layout
+from . import layout, verify
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
@@ -60,6 +60,8 @@ class DecoderFacts:
     cache: str  # where the cache lives: "stream buffers, written in place" or "OpenVINO state"
     config: str | None  # the genai_config.json read, where there was one
     contrib_ops: tuple[str, ...] = field(default=())  # com.microsoft operators the model uses
+    attention: str = layout.CONCAT  # how the export's cache is made (layout.CONCAT, layout.GROUP_QUERY)
+    verification: str = ""  # how the derived form was checked against the export (verify)
 
     def describe(self) -> dict[str, Any]:
         return {"max_length": self.max_length, "prefill_chunk": self.prefill_chunk, "vocab_size": self.vocab_size,
@@ -67,7 +69,8 @@ class DecoderFacts:
                 "context_length": self.context_length, "eos_token_ids": list(self.eos_token_ids),
                 "bos_token_id": self.bos_token_id, "shapes": "prefill chunk and step pinned" if self.pinned
                 else "sequence dim open (one compiled model)", "cache": self.cache, "genai_config": self.config,
-                "contrib_ops": list(self.contrib_ops)}
+                "contrib_ops": list(self.contrib_ops), "attention": self.attention,
+                "verification": self.verification}
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     except ValueError as e:
         raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
     try:
-        shape = layout.read(weightless, spec.max_length)
+        shape = layout.read(weightless, spec.max_length, {w.name: w.dims for w in skeleton.weights.values()})
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
@@ -134,13 +137,6 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     del weightless, skeleton
     if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
-    if "GroupQueryAttention" in contrib:
-        # the static form's "the export's last S present rows are the new rows" does not hold for it: it writes the
-        # new rows where seqlens_k says (wrong tokens reported as success, issue 43), so it is refused until its own
-        # shared-buffer mode is derived and verified
-        raise NpuUnsupportedError(f"{model_path.name}: attention by com.microsoft GroupQueryAttention (ONNX Runtime "
-                                  "GenAI's model builder form) is not supported by option 'decoder' yet: its static "
-                                  "form would give wrong tokens; run the export with onnxruntime-genai")
     openvino = backend_name == "OPENVINO"
     if openvino and contrib:
         raise NpuUnsupportedError(f"{model_path.name} uses ONNX Runtime's contrib operators {', '.join(contrib)} "
@@ -171,6 +167,12 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
         derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in shape.pairs},
                           shape_sets=shape_sets, shapes=shape_sets[0] if shape_sets else {})
         cache = "stream buffers, written in place (past and present bound to one buffer)"
+    pad = int(model_facts.get("pad_token_id") or 0)
+    engine = "openvino" if openvino else "onnxruntime"
+    verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad)
+    checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance {verdict['tolerance']:.2g}) on "
+               f"{engine}, a {verdict['prompt_tokens']}-id prompt in one run and in chunks, then {verdict['steps']} "
+               "steps")
     eos = model_facts.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (eos,) if isinstance(eos, int) else ()
     first = shape.pairs[0]
@@ -178,9 +180,9 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
                          layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
                          context_length=context if isinstance(context, int) else None, eos_token_ids=eos_ids,
                          bos_token_id=model_facts.get("bos_token_id"),
-                         pad_token_id=int(model_facts.get("pad_token_id") or 0), pinned=pinned and not openvino,
+                         pad_token_id=pad, pinned=pinned and not openvino,
                          cache=cache, config=str(model_path.parent / GENAI_CONFIG) if config else None,
-                         contrib_ops=contrib)
+                         contrib_ops=contrib, attention=shape.attention, verification=checked)
     return PreparedDecoder(path, derived, facts)
 
 
@@ -220,7 +222,7 @@ def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path
 _FOLDERS_LOCK = threading.Lock()
 _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
-_VERSION = 1  # of the derivation: a change to static_form makes new cache entries
+_VERSION = 2  # of the derivation: a change to static_form makes new cache entries
 
 
 def remove_with(owner: object, path: Path, options: RunnerOptions) -> Callable[[], Any] | None:
