@@ -38,9 +38,9 @@ def verified(export: Path, derived: Path, shape: Layout, engine: str, chunk: int
         partial.replace(verdict_path)
     if not verdict.get("ok"):
         raise NpuUnsupportedError(
-            f"{export.name}: npurt's derived form for {engine} does not give the export's logits ({verdict['where']}: "
-            f"they differ by {verdict['max_diff']:.3g}, more than {verdict['tolerance']:.3g}); it is refused rather "
-            "than give wrong tokens")
+            f"{export.name}: npurt's derived form for {engine} does not give the export's logits (first at "
+            f"{verdict['where']}; they differ by up to {verdict['max_diff']:.3g}, more than "
+            f"{verdict['tolerance']:.3g}); it is refused rather than give wrong tokens")
     return verdict
 
 
