@@ -22,8 +22,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import weakref
@@ -35,7 +33,7 @@ from typing import Any
 from .. import onnx_graph
 from ..options import DecoderSpec, RunnerOptions
 from ..types import NpuError, NpuUnsupportedError, TensorDirection, TensorType
-from . import layout, verify
+from . import layout, openvino_form, verify
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
@@ -138,10 +136,6 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
     openvino = backend_name == "OPENVINO"
-    if openvino and contrib:
-        raise NpuUnsupportedError(f"{model_path.name} uses ONNX Runtime's contrib operators {', '.join(contrib)} "
-                                  "(com.microsoft), which OpenVINO does not run: use an ONNX Runtime backend, or an "
-                                  "export in standard operators")
     if openvino and options.device == "NPU":
         raise NpuUnsupportedError(
             "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
@@ -149,11 +143,14 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
             "or 'GPU', or an ONNX Runtime backend")
     folder = _folder(model_path, spec, backend_name, options, external)
     pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
-    if openvino:
-        path = _derived(_openvino_stateful, model_path, shape, folder, options)
-        derived = replace(options, tensor_types={**options.tensor_types,
-                                                 (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU})
-        cache = "OpenVINO state (the compiled model's variables, one set per stream)"
+    if openvino:  # OpenVINO converts the export, or refuses naming what it cannot convert (openvino_form)
+        make, cache = openvino_form.form_of(contrib, _onnx_file)
+        path = _derived(make, model_path, shape, folder, options)
+        # compiled fresh from the derived IR every load, never from a compiled-model cache: OpenVINO 2026.4's
+        # export_model / import_model (and its own CACHE_DIR) of these stateful models gives NaN logits (measured:
+        # fresh compile 508, imported blob NaN, argmax 0), which npurt's cache served as SUCCESS
+        logits_view = {(TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
+        derived = replace(options, cache_dir=None, tensor_types={**options.tensor_types, **logits_view})
     else:
         path = _derived(_onnx_file, model_path, shape, folder, options)
         views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
@@ -256,38 +253,4 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
         else:
             partial.write_bytes(form.model.SerializeToString())
         partial.replace(path)
-    return path
-
-
-# Run in a child process: OpenVINO's reader and save_model hold the weights more than once on the way, and a
-# process seldom hands that memory back (measured on a 75 MB decoder: 320 MiB added in-process, 188 with the
-# conversion in a child, against 184 for OpenVINO compiling the export itself).
-_STATEFUL_IR = """
-import json, sys
-import openvino as ov
-from openvino._offline_transformations import apply_make_stateful_transformation
-source, target, pairs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-model = ov.Core().read_model(source)
-apply_make_stateful_transformation(model, pairs)
-ov.save_model(model, target, compress_to_fp16=False)
-"""
-
-
-def _openvino_stateful(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
-    """The static form as OpenVINO IR with the cache as the model's variables (past -> present)."""
-    path = folder / "decoder_stateful.xml"
-    if path.exists():
-        return path
-    onnx_path = _onnx_file(model_path, shape, folder)
-    partial = folder / f"decoder_stateful.{os.getpid()}.partial.xml"
-    pairs = json.dumps({p.past: p.present for p in shape.pairs})
-    done = subprocess.run([sys.executable, "-c", _STATEFUL_IR, str(onnx_path), str(partial), pairs],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise NpuError(f"OpenVINO cannot make the decoder's static form stateful: "
-                       f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
-    partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
-    partial.replace(path)
-    onnx_path.unlink(missing_ok=True)
-    (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # the ONNX form's weights, where they were external
     return path

@@ -11,8 +11,10 @@ once; without it, every load checks (about a second: a Python process, the engin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from ..types import NpuError, NpuUnsupportedError
@@ -33,7 +35,8 @@ def verified(export: Path, derived: Path, shape: Layout, engine: str, chunk: int
         verdict: dict[str, object] = json.loads(verdict_path.read_text())
     except (OSError, ValueError):
         verdict = _check(export, derived, shape, engine, chunk, pad_token_id)
-        partial = verdict_path.with_suffix(".partial")
+        # (runners made at once over one cache_dir each check and write theirs)
+        partial = verdict_path.with_name(f"{verdict_path.name}.{os.getpid()}.{threading.get_ident()}.partial")
         partial.write_text(json.dumps(verdict))
         partial.replace(verdict_path)
     if not verdict.get("ok"):
