@@ -65,7 +65,7 @@ class Generator:
         # the one other length the last prompt had
         self._io: dict[int, tuple[np.ndarray, BoundRun]] = {}
         self._tokens: list[int] = []  # the ids the cache holds, row by row
-        self._runs = 0  # runs of the engine so far
+        self._run_count = 0  # runs of the engine so far
         self._growing = facts.cache == GROWING  # the cache grows run by run (OpenVINO's GroupQueryAttention form)
         self._state_rows = 0  # the rows the cache has been written to, as far as the engine's runs went
         self.stats: dict[str, Any] = {}
@@ -171,7 +171,7 @@ class Generator:
             self._state_rows = -1
             raise NpuError(f"the decoder's run at position {position} failed: {status.name}: "
                            f"{self.runner.last_error}")
-        self._runs += 1
+        self._run_count += 1
         return self._row
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, start: int = 0,
@@ -218,9 +218,9 @@ class Generator:
         self.stats = {"prompt_tokens": len(prompt), "cached_tokens": start, "prefill_chunks": 0, "new_tokens": 0,
                       "time_to_first_token_s": 0.0, "decode_tokens_per_s": 0.0, "copies": 0}
         del self._tokens[start:]
-        runs0 = self._runs
+        runs0 = self._run_count
         row = self._feed(prompt, None)
-        self.stats["prefill_chunks"] = self._runs - runs0
+        self.stats["prefill_chunks"] = self._run_count - runs0
         made = 0
         t_first = 0.0
         try:
