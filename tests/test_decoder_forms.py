@@ -11,6 +11,8 @@ Every form holds the weights of the standard form (npurt.models.decoders, same s
 - int4: against its dequantized float32 twin (random weights lose too much to 4 bits for the fp32 form to be a
   reference): logits within INT4_ATOL at accuracy level 0, INT4_ACC4_ATOL at level 4 (measured); tokens equal the
   twin's before a gap under twice that, and onnxruntime-genai's equal ONNX Runtime's loop over the same export.
+"""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +41,8 @@ from tests.helpers.missing import require_module
 
 PROMPT = [1, 23, 5, 77, 150, 11]  # below every vocabulary; on each builder shape 64 tokens, no eos, top-2 gaps >= 0.02
 NEW_TOKENS = 64
-BUILDER_SHAPES = ("gqa", "v300", "kv3", "h64")  # head_dim 16..64, 1..3 KV heads, 1..3 layers, vocab 300..4000
+BUILDER_SHAPES = ("gqa", "v300", "kv3", "h64", "l4v8k", "h512")  # issue 43: head_dim 16..64, 1..3 KV heads,
+# 1..4 layers, vocab 300..8000, hidden 64..512
 LOGIT_ATOL, LOGIT_RTOL = 1e-5, 2e-6  # builder vs standard vs numpy, float32 (measured max 1.05e-5 at a logit of 9.2)
 # Logit tolerances measured over 70 teacher-forced positions (the prompt and the standard form's 64 greedy tokens) on
 # the presets gqa, v300, kv3, h64, nopos, mha, in the standard, builder and merged forms:
