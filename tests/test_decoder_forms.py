@@ -26,6 +26,7 @@ import pytest
 
 from npurt.models import decoder_forms, decoder_precision, genai_builder, optimum_forms
 from npurt.models.decoder_precision import Int4
+from npurt.models.decoder_reference import OpenVinoDecoder, SharedBufferDecoder
 from tests.helpers.decoders import (
     EOS_TOKEN_ID,
     MODEL_FILE,
@@ -196,6 +197,30 @@ def test_builder_greedy_tokens(root, standard_run, name):
         assert_tokens_agree(genai, loop, f"onnxruntime-genai over the {form} form of {name}")
 
 
+@pytest.mark.parametrize("precision", ("fp32", "fp16"))
+def test_builder_shared_buffer_loop(root, precision):
+    """Plain ONNX Runtime with past and present one buffer of max_length rows (IOBinding), as onnxruntime-genai runs
+    the builder form: the same logits as the loop that grows the past, the cache's rows written in place (rows past
+    the sequence untouched)."""
+    name, max_length = "kv3", 96
+    path = form_model(root, name, "builder", precision=precision)
+    grown = greedy_onnxruntime(path, PROMPT, NEW_TOKENS, threads=1)
+    shared = SharedBufferDecoder(path, max_length, threads=1)
+    got = shared.generate(PROMPT, NEW_TOKENS)
+    assert got.tokens == grown.tokens
+    for a, b in zip(got.logits, grown.logits):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    # the last token's rows were never written (the loop stops after picking it)
+    final = step(session(path), SHAPES[name], PROMPT + got.tokens[:-1], len(PROMPT) + NEW_TOKENS - 1, None)
+    filled = len(PROMPT) + NEW_TOKENS - 1
+    atol = 1e-2 if precision == "fp16" else 1e-5  # fp16: one run vs step by step, a float16 step at values ~3
+    for present, buffer in shared.buffers.items():
+        np.testing.assert_allclose(buffer[:, :, :filled], final[present], atol=atol)
+        assert not buffer[:, :, filled:].any(), present
+    with pytest.raises(ValueError, match="exceed max_length"):
+        shared.generate(PROMPT, max_length)
+
+
 def test_builder_genai_eos_and_external_data(root, standard_run):
     """The builder's genai_config eos ends onnxruntime-genai's run; the weights as external data under both
     exporters' names load the same."""
@@ -300,6 +325,30 @@ def test_int4_twin_holds_the_quantized_fp32_weights(root):
             step_size = np.abs(blocks).max(axis=1, keepdims=True) / 7  # the largest scale a block can have
             err = np.abs(twin[name] - fp32).reshape(blocks.shape)
             assert (err <= step_size * 1.01).all() and err.max() > 0, (int4.label, name)
+
+
+# ------------------------------------------------------------------------------------------------------ OpenVINO
+@pytest.mark.parametrize(("form", "precision", "int4"), [
+    ("builder", "fp32", None), ("builder-packed", "fp32", None), ("builder", "fp16", None),
+    ("builder", "int4", Int4(32, True, 0)), ("builder", "int4", Int4(128, False, 0)),
+    ("standard", "int4", Int4(32, False, 0)), ("optimum", "fp32", None)], ids=str)
+def test_openvino_runs_the_forms(root, form, precision, int4):
+    """OpenVINO 2026's ONNX frontend reads GroupQueryAttention, the Simplified LayerNormalizations and MatMulNBits:
+    its f32 loop (DYNAMIC_QUANTIZATION_GROUP_SIZE 0: float activations for int4) gives ONNX Runtime's tokens, the
+    logits within float32 rounding (fp16: within FP16_ATOL). Not optimum's merged decoder: OpenVINO 2026.4 runs its
+    no-past branch exactly, and its with-past branch not (a shape-inference error or wrong logits, measured): a
+    runtime resolves the If to the with-past graph first."""
+    options = {"precision": precision} | ({"int4": int4} if int4 else {})
+    if int4:
+        require_module("onnx_ir", "ONNX Runtime's int4 quantizer needs onnx_ir (extra 'test')")
+    path = form_model(root, "kv3", form, **options)
+    ref = greedy_onnxruntime(path, PROMPT, NEW_TOKENS, eos_token_id=EOS_TOKEN_ID, threads=1)
+    got = OpenVinoDecoder(path, threads=1, properties={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}).generate(
+        PROMPT, NEW_TOKENS, eos_token_id=EOS_TOKEN_ID)
+    atol = FP16_ATOL if precision == "fp16" else 1e-4
+    n = assert_tokens_agree(got.tokens, ref, f"OpenVINO on the {precision} {form} form", tolerance=max(2 * atol, 1e-3))
+    for k in range(n):
+        np.testing.assert_allclose(got.logits[k], ref.logits[k], atol=atol, rtol=0, err_msg=f"step {k}")
 
 
 # -------------------------------------------------------------------------------------------------- optimum's forms
