@@ -197,6 +197,50 @@ def test_builder_greedy_tokens(root, standard_run, name):
         assert_tokens_agree(genai, loop, f"onnxruntime-genai over the {form} form of {name}")
 
 
+@pytest.mark.parametrize("name", ("gqa", "kv3", "h64"))
+def test_builder_rotary_node_form(root, standard_run, name):
+    """builder-rotary: RotaryEmbedding nodes on Q and K from a position_ids input, GroupQueryAttention with
+    do_rotary 0: the standard form's logits and tokens; onnxruntime-genai (position_ids in its genai_config) the
+    same tokens."""
+    require_genai()
+    path = form_model(root, name, "builder-rotary")
+    model = onnx.load(str(path))
+    assert "position_ids" in {v.name for v in model.graph.input}
+    rotary = [n for n in model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(rotary) == 2 * SHAPES[name].layers and all(n.domain == "com.microsoft" for n in rotary)
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert attrs["do_rotary"] == 0 and not any(node.input[7:])
+    ref = standard_run(name)
+    loop = greedy_onnxruntime(path, PROMPT, NEW_TOKENS, eos_token_id=EOS_TOKEN_ID, threads=1)
+    assert loop.tokens == ref.tokens
+    for a, b in zip(loop.logits, ref.logits):
+        np.testing.assert_allclose(a, b, atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
+    assert json.loads((path.parent / "genai_config.json").read_text())["model"]["decoder"]["inputs"][
+        "position_ids"] == "position_ids"
+    assert_tokens_agree(greedy_genai(path.parent, PROMPT, NEW_TOKENS), loop, f"onnxruntime-genai, {name}")
+
+
+@pytest.mark.parametrize("window", (4, 16))
+def test_builder_sliding_window(root, window):
+    """local_window_size W: each query sees its last W keys, its own included (the numpy forward pass with that
+    window), at prefill and at every decode step of a greedy run (the past longer than the window);
+    onnxruntime-genai makes the same tokens."""
+    require_genai()
+    shape = SHAPES["kv3"]
+    path = form_model(root, "kv3", "builder", local_window_size=window)
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+             for n in onnx.load(str(path)).graph.node if n.op_type == "GroupQueryAttention"]
+    assert {a["local_window_size"] for a in attrs} == {window}
+    loop = greedy_onnxruntime(path, PROMPT, 32, eos_token_id=EOS_TOKEN_ID, threads=1)
+    expected = numpy_logits(shape, 0, PROMPT + loop.tokens, window=window)[len(PROMPT) - 1:]
+    for k, logits in enumerate(loop.logits):
+        np.testing.assert_allclose(logits, expected[k], atol=LOGIT_ATOL, rtol=LOGIT_RTOL, err_msg=f"step {k}")
+    assert np.abs(expected - numpy_logits(shape, 0, PROMPT + loop.tokens)[len(PROMPT) - 1:]).max() > 0.1
+    assert_tokens_agree(greedy_genai(path.parent, PROMPT, 32), loop, f"onnxruntime-genai, window {window}")
+
+
 @pytest.mark.parametrize("precision", ("fp32", "fp16"))
 def test_builder_shared_buffer_loop(root, precision):
     """Plain ONNX Runtime with past and present one buffer of max_length rows (IOBinding), as onnxruntime-genai runs
@@ -473,3 +517,9 @@ def test_form_errors(tmp_path):
         Int4(block_size=48)
     with pytest.raises(ValueError, match="accuracy_level"):
         Int4(accuracy_level=5)
+    with pytest.raises(ValueError, match="the standard form has none"):
+        decoder_forms.build_form_model("gqa", local_window_size=8)
+    with pytest.raises(ValueError, match="local_window_size must be"):
+        decoder_forms.build_form_model("gqa", form="builder", local_window_size=0)
+    with pytest.raises(ValueError, match="packed_qkv needs"):
+        genai_builder.build_builder_model("gqa", packed_qkv=True, rotary_node=True)

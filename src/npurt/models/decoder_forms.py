@@ -8,7 +8,10 @@ agree up to the form's own rounding. Forms (FORMS):
 - ``standard``: `decoders.build_model` (standard ONNX operators, the cache grown by Concat) with genai_config.json.
 - ``builder``: `genai_builder.build_builder_model` (ONNX Runtime GenAI's model builder: GroupQueryAttention with
   the rotary fused, Simplified / SkipSimplified LayerNormalization; genai_config.json with
-  ``past_present_share_buffer``); ``builder-packed``: the same with one packed Q/K/V MatMul per layer.
+  ``past_present_share_buffer``); ``builder-packed``: the same with one packed Q/K/V MatMul per layer;
+  ``builder-rotary``: the rotary embedding as RotaryEmbedding nodes before the attention, from a ``position_ids``
+  input (as the builder writes it where the attention does not fuse it). A builder form may take a sliding window
+  (``local_window_size``).
 - ``optimum``: the standard graph as optimum exports it: ``model.onnx`` with ``config.json`` and
   ``generation_config.json``, no genai_config.json; ``optimum-merged``: `optimum_forms.build_merged_model`,
   ``decoder_model_merged.onnx`` (an If on ``use_cache_branch``) with the same two configs.
@@ -44,8 +47,8 @@ from .decoders import (
 from .genai_builder import build_builder_model, builder_genai_config, save_model
 from .optimum_forms import MERGED_MODEL_FILE, build_merged_model, write_hf_configs
 
-FORMS = ("standard", "builder", "builder-packed", "optimum", "optimum-merged")
-BUILDER_FORMS = ("builder", "builder-packed")
+FORMS = ("standard", "builder", "builder-packed", "builder-rotary", "optimum", "optimum-merged")
+BUILDER_FORMS = ("builder", "builder-packed", "builder-rotary")
 GENAI_FORMS = ("standard", *BUILDER_FORMS)  # those written with a genai_config.json
 
 
@@ -62,9 +65,10 @@ def model_file(form: str) -> str:
 
 
 def build_form_model(shape: DecoderShape | str, seed: int = 0, *, form: str = "standard", precision: str = "fp32",
-                     int4: Int4 | None = None) -> onnx.ModelProto:
+                     int4: Int4 | None = None, local_window_size: int = -1) -> onnx.ModelProto:
     """The decoder of ``shape`` in ``form`` (FORMS) and ``precision`` (PRECISIONS; ``int4``: `Int4` settings,
-    default block 32, symmetric, accuracy level 0) as an ONNX model, weights inline."""
+    default block 32, symmetric, accuracy level 0) as an ONNX model, weights inline; ``local_window_size`` (builder
+    forms): GroupQueryAttention's sliding window, -1 none."""
     if form not in FORMS:
         raise ValueError(f"no decoder form {form!r}; forms: {', '.join(FORMS)}")
     if precision not in PRECISIONS:
@@ -72,8 +76,11 @@ def build_form_model(shape: DecoderShape | str, seed: int = 0, *, form: str = "s
     if int4 is not None and precision != "int4":
         raise ValueError(f"int4 settings given for precision {precision!r}")
     shape = shape_of(shape) if isinstance(shape, str) else shape
+    if local_window_size != -1 and form not in BUILDER_FORMS:
+        raise ValueError(f"local_window_size is GroupQueryAttention's: the {form} form has none")
     if form in BUILDER_FORMS:
-        model = build_builder_model(shape, seed, packed_qkv=form == "builder-packed")
+        model = build_builder_model(shape, seed, packed_qkv=form == "builder-packed",
+                                    rotary_node=form == "builder-rotary", local_window_size=local_window_size)
     elif form == "optimum-merged":
         model = build_merged_model(shape, seed)
     else:
@@ -86,15 +93,16 @@ def build_form_model(shape: DecoderShape | str, seed: int = 0, *, form: str = "s
 
 
 def build_decoder_form(folder: str | Path, shape: DecoderShape | str, seed: int = 0, *, form: str | None = None,
-                       precision: str = "fp32", int4: Int4 | None = None, external_data: bool | str = False,
-                       eos_token_id: int = EOS_TOKEN_ID) -> Path:
+                       precision: str = "fp32", int4: Int4 | None = None, local_window_size: int = -1,
+                       external_data: bool | str = False, eos_token_id: int = EOS_TOKEN_ID) -> Path:
     """Write the decoder of ``shape`` (a DecoderShape or a preset's name) in ``form`` (FORMS; None: the preset's
     `default_form`) and ``precision`` into ``folder`` (made if missing), with the form's configs (genai_config.json,
     or optimum's config.json and generation_config.json); returns the model's path. ``external_data``: the weights
     beside the model, in ``<model file>.data`` (True) or the file named (optimum writes ``model.onnx_data``)."""
     if form is None:
         form = default_form(shape) if isinstance(shape, str) else "standard"
-    model = build_form_model(shape, seed, form=form, precision=precision, int4=int4)
+    model = build_form_model(shape, seed, form=form, precision=precision, int4=int4,
+                             local_window_size=local_window_size)
     shape = shape_of(shape) if isinstance(shape, str) else shape
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +110,8 @@ def build_decoder_form(folder: str | Path, shape: DecoderShape | str, seed: int 
     data = f"{name}.data" if external_data is True else (external_data or None)
     path = save_model(model, folder / name, data)
     if form in GENAI_FORMS:
-        config = (builder_genai_config(shape, eos_token_id=eos_token_id) if form in BUILDER_FORMS else
+        config = (builder_genai_config(shape, eos_token_id=eos_token_id, position_ids=form == "builder-rotary")
+                  if form in BUILDER_FORMS else
                   genai_config(shape, eos_token_id=eos_token_id))
         (folder / GENAI_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     else:
