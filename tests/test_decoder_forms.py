@@ -241,6 +241,23 @@ def test_builder_sliding_window(root, window):
     assert_tokens_agree(greedy_genai(path.parent, PROMPT, 32), loop, f"onnxruntime-genai, window {window}")
 
 
+def test_builder_short_rotary_tables(tmp_path):
+    """rotary_rows shortens the cos / sin caches: ONNX Runtime's GroupQueryAttention then refuses a run whose total
+    length passes them (the check a runtime must make before it runs), and runs one within them."""
+    shape = SHAPES["gqa"]
+    model = genai_builder.build_builder_model(shape, rotary_rows=8)
+    caches = {t.name: t.dims for t in model.graph.initializer if t.name.endswith("_cache")}
+    assert caches == {"cos_cache": [8, 8], "sin_cache": [8, 8]}
+    path = tmp_path / MODEL_FILE
+    path.write_bytes(model.SerializeToString())
+    sess = session(path)
+    step(sess, shape, PROMPT, len(PROMPT), None)
+    with pytest.raises(Exception, match="cos_cache"):
+        step(sess, shape, PROMPT + PROMPT, 2 * len(PROMPT), None)
+    with pytest.raises(ValueError, match="rotary_rows must be"):
+        genai_builder.build_builder_model(shape, rotary_rows=shape.context_length + 1)
+
+
 @pytest.mark.parametrize("precision", ("fp32", "fp16"))
 def test_builder_shared_buffer_loop(root, precision):
     """Plain ONNX Runtime with past and present one buffer of max_length rows (IOBinding), as onnxruntime-genai runs

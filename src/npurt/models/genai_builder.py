@@ -116,13 +116,16 @@ def _mask_subgraph(g: _BuilderGraph) -> None:
 
 
 def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv: bool = False,
-                        rotary_node: bool = False, local_window_size: int = -1) -> onnx.ModelProto:
+                        rotary_node: bool = False, local_window_size: int = -1,
+                        rotary_rows: int | None = None) -> onnx.ModelProto:
     """The decoder in the model builder's layout (weights inline, float32): see the module's description.
     ``packed_qkv``: one Q/K/V MatMul feeding GroupQueryAttention's query input (the builder's default where the three
     projections share a dtype), else three. ``rotary_node``: the rotary embedding as com.microsoft
     ``RotaryEmbedding`` nodes on Q and K before the attention (``do_rotary=0``), from a ``position_ids`` input, as
     the builder writes it where the attention does not fuse it. ``local_window_size``: GroupQueryAttention's sliding
-    window (-1: none), as the builder writes for models with ``sliding_window``."""
+    window (-1: none), as the builder writes for models with ``sliding_window``. ``rotary_rows``: the cos / sin
+    caches' rows (default the context length; fewer make an export whose tables end before its context, the bad
+    input a runtime must refuse before it runs)."""
     shape = shape_of(shape) if isinstance(shape, str) else shape
     if rotary_node and packed_qkv:
         raise ValueError("packed_qkv needs the rotary fused into the attention (the builder packs only then)")
@@ -131,6 +134,10 @@ def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv:
     w = make_weights(shape, seed)
     g = _BuilderGraph()
     cos, sin = rope_caches(shape)
+    if rotary_rows is not None:
+        if not 0 < rotary_rows <= shape.context_length:
+            raise ValueError(f"rotary_rows must be 1..{shape.context_length}, got {rotary_rows}")
+        cos, sin = cos[:rotary_rows], sin[:rotary_rows]
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     x = g.op("Gather", "/model/embed_tokens/Gather", [embed, INPUT_IDS])[0]
     _mask_subgraph(g)
