@@ -115,6 +115,10 @@ SHAPES: dict[str, DecoderShape] = {
                         context_length=256),
     "h64": DecoderShape(layers=2, hidden=256, heads=4, kv_heads=1, head_dim=64, intermediate=512, vocab=4000,
                         context_length=256),
+    "l4v8k": DecoderShape(layers=4, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256, vocab=8000,
+                          context_length=256),
+    "h512": DecoderShape(layers=1, hidden=512, heads=8, kv_heads=1, head_dim=64, intermediate=1024, vocab=1000,
+                         context_length=256),
     # the benchmark decoder of the builder form (`npurt.models.decoder_forms`: preset names ending "-builder")
     "bench-builder": DecoderShape(layers=4, hidden=512, heads=8, kv_heads=2, head_dim=64, intermediate=1280,
                                   vocab=8000, context_length=1024),

@@ -48,6 +48,7 @@ from .decoders import (
     PAD_TOKEN_ID,
     PAST_KEY,
     PAST_VALUE,
+    POSITION_IDS,
     PRESENT_KEY,
     PRESENT_VALUE,
     RMS_EPS,
@@ -114,14 +115,29 @@ def _mask_subgraph(g: _BuilderGraph) -> None:
     g.op("Cast", f"{MASK_SUBGRAPH}/Gather/Cast", [gather], to=TensorProto.INT32)
 
 
-def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv: bool = False) -> onnx.ModelProto:
+def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv: bool = False,
+                        rotary_node: bool = False, local_window_size: int = -1,
+                        rotary_rows: int | None = None) -> onnx.ModelProto:
     """The decoder in the model builder's layout (weights inline, float32): see the module's description.
     ``packed_qkv``: one Q/K/V MatMul feeding GroupQueryAttention's query input (the builder's default where the three
-    projections share a dtype), else three."""
+    projections share a dtype), else three. ``rotary_node``: the rotary embedding as com.microsoft
+    ``RotaryEmbedding`` nodes on Q and K before the attention (``do_rotary=0``), from a ``position_ids`` input, as
+    the builder writes it where the attention does not fuse it. ``local_window_size``: GroupQueryAttention's sliding
+    window (-1: none), as the builder writes for models with ``sliding_window``. ``rotary_rows``: the cos / sin
+    caches' rows (default the context length; fewer make an export whose tables end before its context, the bad
+    input a runtime must refuse before it runs)."""
     shape = shape_of(shape) if isinstance(shape, str) else shape
+    if rotary_node and packed_qkv:
+        raise ValueError("packed_qkv needs the rotary fused into the attention (the builder packs only then)")
+    if local_window_size == 0 or local_window_size < -1:
+        raise ValueError(f"local_window_size must be -1 (none) or positive, got {local_window_size}")
     w = make_weights(shape, seed)
     g = _BuilderGraph()
     cos, sin = rope_caches(shape)
+    if rotary_rows is not None:
+        if not 0 < rotary_rows <= shape.context_length:
+            raise ValueError(f"rotary_rows must be 1..{shape.context_length}, got {rotary_rows}")
+        cos, sin = cos[:rotary_rows], sin[:rotary_rows]
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     x = g.op("Gather", "/model/embed_tokens/Gather", [embed, INPUT_IDS])[0]
     _mask_subgraph(g)
@@ -131,6 +147,8 @@ def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv:
     inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch_size", "sequence_length"]),
               helper.make_tensor_value_info(ATTENTION_MASK, TensorProto.INT64,
                                             ["batch_size", "total_sequence_length"])]
+    if rotary_node:
+        inputs.append(helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch_size", "sequence_length"]))
     outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch_size", "sequence_length", shape.vocab])]
     past_dims: list[str | int | None] = ["batch_size", shape.kv_heads, "past_sequence_length", shape.head_dim]
     present_dims: list[str | int | None] = ["batch_size", shape.kv_heads, "total_sequence_length", shape.head_dim]
@@ -158,12 +176,19 @@ def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv:
         else:
             q, k, v = (_matmul(g, f"{n}/attn/{proj}_proj/MatMul", h, w[f"{p}self_attn.{proj}_proj.weight"])
                        for proj in ("q", "k", "v"))
+        caches = [COS_CACHE, SIN_CACHE]
+        if rotary_node:  # [B, S, N * H] in and out; num_heads 0 and rotary_embedding_dim 0: the full head rotated
+            q, k = (g.op("RotaryEmbedding", f"{n}/attn/{which}_rotary/RotaryEmbedding",
+                         [x_in, POSITION_IDS, COS_CACHE, SIN_CACHE], domain=MS_DOMAIN, interleaved=0, num_heads=0,
+                         rotary_embedding_dim=0)[0] for which, x_in in (("q", q), ("k", k)))
+            caches = ["", ""]
         gqa = f"{n}/attn/GroupQueryAttention"
         g.node("GroupQueryAttention", gqa,
-               [q, k, v, PAST_KEY % i, PAST_VALUE % i, SEQLENS_K, TOTAL_SEQ_LEN, COS_CACHE, SIN_CACHE],
+               [q, k, v, PAST_KEY % i, PAST_VALUE % i, SEQLENS_K, TOTAL_SEQ_LEN, *caches],
                [f"{gqa}/output_0", PRESENT_KEY % i, PRESENT_VALUE % i], domain=MS_DOMAIN,
                num_heads=shape.heads, kv_num_heads=shape.kv_heads, scale=1.0 / math.sqrt(shape.head_dim),
-               local_window_size=-1, softcap=0.0, do_rotary=1, rotary_interleaved=0)
+               local_window_size=local_window_size, softcap=0.0, do_rotary=0 if rotary_node else 1,
+               rotary_interleaved=0)
         skip = _matmul(g, f"{n}/attn/o_proj/MatMul", f"{gqa}/output_0", w[p + "self_attn.o_proj.weight"])
 
         norm_w = g.weight(p + "post_attention_layernorm.weight", w[p + "post_attention_layernorm.weight"])
@@ -186,7 +211,8 @@ def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv:
                                              helper.make_opsetid(MS_DOMAIN, 1)],
                               ir_version=BUILDER_IR_VERSION)
     model.doc_string = (f"npurt test decoder, ONNX Runtime GenAI model-builder layout (random weights, seed {seed}, "
-                        f"packed_qkv={packed_qkv}): " + json.dumps(shape.__dict__, sort_keys=True))
+                        f"packed_qkv={packed_qkv}, rotary_node={rotary_node}, local_window_size={local_window_size}): "
+                        + json.dumps(shape.__dict__, sort_keys=True))
     return model
 
 
@@ -207,9 +233,14 @@ def _skip_norm(g: _BuilderGraph, prefix: str, residual: str, skip: str, weight: 
 
 
 def builder_genai_config(shape: DecoderShape, *, eos_token_id: int | list[int] = EOS_TOKEN_ID,
-                         filename: str = MODEL_FILE) -> dict[str, Any]:
-    """genai_config.json as the builder writes it for this model on CPU: type "llama", no position_ids,
-    ``past_present_share_buffer`` true (GroupQueryAttention), the builder's search defaults."""
+                         filename: str = MODEL_FILE, position_ids: bool = False) -> dict[str, Any]:
+    """genai_config.json as the builder writes it for this model on CPU: type "llama", ``position_ids`` only where
+    the rotary embedding is a node of its own, ``past_present_share_buffer`` true (GroupQueryAttention), the
+    builder's search defaults."""
+    inputs = {"input_ids": INPUT_IDS, "attention_mask": ATTENTION_MASK,
+              "past_key_names": PAST_KEY, "past_value_names": PAST_VALUE}
+    if position_ids:
+        inputs["position_ids"] = POSITION_IDS
     return {
         "model": {
             "bos_token_id": BOS_TOKEN_ID,
@@ -219,8 +250,7 @@ def builder_genai_config(shape: DecoderShape, *, eos_token_id: int | list[int] =
                 "filename": filename,
                 "head_size": shape.head_dim,
                 "hidden_size": shape.hidden,
-                "inputs": {"input_ids": INPUT_IDS, "attention_mask": ATTENTION_MASK,
-                           "past_key_names": PAST_KEY, "past_value_names": PAST_VALUE},
+                "inputs": inputs,
                 "outputs": {"logits": LOGITS, "present_key_names": PRESENT_KEY,
                             "present_value_names": PRESENT_VALUE},
                 "num_attention_heads": shape.heads,
@@ -252,14 +282,18 @@ def save_model(model: onnx.ModelProto, path: Path, external_data: str | None = N
 
 
 def build_builder_decoder(folder: str | Path, shape: DecoderShape | str, seed: int = 0, *, packed_qkv: bool = False,
-                          external_data: bool | str = False, eos_token_id: int | list[int] = EOS_TOKEN_ID) -> Path:
-    """Write the builder-form ``model.onnx`` and its ``genai_config.json`` into ``folder`` (made if missing); returns
-    the model's path. ``external_data``: True (``model.onnx.data``) or the data file's name."""
+                          rotary_node: bool = False, local_window_size: int = -1, external_data: bool | str = False,
+                          eos_token_id: int | list[int] = EOS_TOKEN_ID) -> Path:
+    """Write the builder-form ``model.onnx`` (`build_builder_model`'s options) and its ``genai_config.json`` into
+    ``folder`` (made if missing); returns the model's path. ``external_data``: True (``model.onnx.data``) or the data
+    file's name."""
     shape = shape_of(shape) if isinstance(shape, str) else shape
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     data = EXTERNAL_DATA_FILE if external_data is True else (external_data or None)
-    path = save_model(build_builder_model(shape, seed, packed_qkv=packed_qkv), folder / MODEL_FILE, data)
-    (folder / GENAI_CONFIG).write_text(json.dumps(builder_genai_config(shape, eos_token_id=eos_token_id), indent=2,
-                                                  sort_keys=True) + "\n")
+    model = build_builder_model(shape, seed, packed_qkv=packed_qkv, rotary_node=rotary_node,
+                                local_window_size=local_window_size)
+    path = save_model(model, folder / MODEL_FILE, data)
+    config = builder_genai_config(shape, eos_token_id=eos_token_id, position_ids=rotary_node)
+    (folder / GENAI_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return path
