@@ -33,7 +33,7 @@ from .. import onnx_graph
 from ..options import DecoderSpec, RunnerOptions
 from ..types import DecoderFacts, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from . import folder as folder_of
-from . import layout, openvino_form, verify
+from . import layout, merged, openvino_form, verify
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
@@ -89,6 +89,7 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
     except ValueError as e:
         raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
     try:
+        merged.resolve_cache_branch(weightless)
         shape = layout.read(weightless, spec.max_length, {w.name: w.dims for w in skeleton.weights.values()})
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
@@ -199,6 +200,7 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
             model = onnx.load(str(model_path))
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
             raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
+        merged.resolve_cache_branch(model)
         form = static_form.derive(model, shape.max_length)
         del model
         partial = folder / f"decoder_static.onnx.{os.getpid()}.partial"  # (other processes may write theirs)

@@ -44,6 +44,8 @@ def _reference(export: str, prompt: list[int], steps: int) -> tuple[list[int], l
                                  "attention_mask": np.ones((1, total), np.int64), **past}
         if "position_ids" in inputs:
             feeds["position_ids"] = np.arange(total - len(ids), total, dtype=np.int64)[None]
+        if "use_cache_branch" in inputs:  # optimum's merged decoder: the with-past branch once there is a past
+            feeds["use_cache_branch"] = np.array([total > len(ids)])
         out = dict(zip(names, session.run(names, feeds)))
         row = np.asarray(out["logits"][0, -1], np.float64)
         rows.append(row)
