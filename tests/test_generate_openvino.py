@@ -12,7 +12,8 @@ provider; measured on this machine over 64 tokens):
   ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` = the block size (OpenVINO quantizes them alike; a rounding that falls
   otherwise moves the logits): measured 0.073 (block 32) and 6.7e-6 (block 128) without zero points, 0.035 (32)
   and 0.22 (128) with them (0.21 with OpenVINO's quantization off): held to 0.3.
-- fp16 (weights, cache and logits): measured 7.8e-3 (ONNX Runtime computes in fp16, OpenVINO in f32), held to 2e-2.
+- fp16 (weights, cache and logits; the builder form and the standard one): measured 7.8e-3, one fp16 step at
+  logits of 4-8 (ONNX Runtime computes in fp16, OpenVINO in f32 and rounds the logits to fp16): held to 2e-2.
 
 Tokens are equal before the reference's first step whose top-2 gap is under twice the tolerance (1e-3 where the
 tolerance is smaller): within it, either engine may pick either token.
@@ -100,6 +101,29 @@ def test_int4_standard_form(root):
     path = save(int4(model, block_size=32), root / "standard-int4")
     n, _, facts = generate_against(path, EXACT, engine_options={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
     assert facts.cache == openvino_form.STATIC and facts.contrib_ops == ("MatMulNBits",) and n == NEW_TOKENS
+
+
+def test_fp16_standard_form(root):
+    """An fp16 export in standard operators (onnxruntime.transformers' converter, fp16 inputs and outputs): the
+    static form's cache in fp16, as the export's."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(build_decoder(root / "standard16-base", "gqa")))
+    path = save(convert_float_to_float16(model, keep_io_types=False), root / "standard16")
+    _, _, facts = generate_against(path, 2e-2)
+    assert facts.cache == openvino_form.STATIC
+
+
+@pytest.mark.parametrize("data_name", ["model.onnx.data", "model.onnx_data"])
+def test_external_data_under_both_exporters_names(root, data_name):
+    """The builder form's weights as external data, under onnx's (and optimum's) name and ONNX Runtime GenAI's
+    builder's: OpenVINO's reader resolves them beside the model."""
+    folder = root / f"external-{data_name}"
+    folder.mkdir()
+    onnx.save_model(int4(builder_form(), block_size=32), str(folder / "model.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+    assert (folder / data_name).stat().st_size > 100_000
+    generate_against(folder / "model.onnx", EXACT, engine_options={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
 
 
 def test_a_new_prompt_and_a_rewind_reuse_the_growing_state(root):
