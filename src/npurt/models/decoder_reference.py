@@ -2,8 +2,10 @@
 ``decoder`` option and ``npurt.Generator`` are checked against (tests) and timed against (benchmarks).
 
 - `OnnxRuntimeDecoder` / `greedy_onnxruntime`: plain ONNX Runtime (CPU provider) over the dynamic model, the KV
-  cache growing by Concat: the new tokens, the logits each was picked from, each step's top-2 logit gap, and when
-  each token was known.
+  cache growing (each run's present fed back as the next run's past): the new tokens, the logits each was picked
+  from, each step's top-2 logit gap, and when each token was known. Any form of `npurt.models.decoder_forms`: the
+  past in the export's own float type (float16 in fp16 exports), ``use_cache_branch`` fed where the model has it
+  (optimum's merged decoder: false for the prompt, true after).
 - `OpenVinoDecoder` / `greedy_openvino`: the same loop on OpenVINO's CPU plugin at ``INFERENCE_PRECISION_HINT`` f32.
 - `GenaiDecoder` / `greedy_genai`: onnxruntime-genai's own greedy search over the model's folder
   (``genai_config.json``).
@@ -35,6 +37,7 @@ from .decoders import (
     PRESENT_KEY,
     PRESENT_VALUE,
 )
+from .optimum_forms import USE_CACHE_BRANCH
 
 NEAR_TIE = 1e-3  # the top-2 logit gap under which a greedy step may pick either token
 
@@ -85,15 +88,17 @@ class _Ports:
     kv_heads: int
     head_dim: int
     has_position_ids: bool
+    kv_dtype: type[np.floating[Any]] = np.float32  # the past's element type (float16 in fp16 exports)
+    use_cache_branch: bool = False  # optimum's merged decoder: the bool input choosing the with-past branch
 
 
-def _ports(inputs: dict[str, Sequence[Any]]) -> _Ports:
+def _ports(inputs: dict[str, Sequence[Any]], kv_dtype: type[np.floating[Any]] = np.float32) -> _Ports:
     """The KV layout read from the model's inputs {name: shape}."""
     layers = sum(1 for name in inputs if name.startswith("past_key_values.") and name.endswith(".key"))
     if layers == 0 or PAST_KEY % 0 not in inputs:
         raise ValueError(f"not a decoder with {PAST_KEY % 0!r}: inputs {sorted(inputs)}")
     shape = inputs[PAST_KEY % 0]
-    return _Ports(layers, int(shape[1]), int(shape[3]), POSITION_IDS in inputs)
+    return _Ports(layers, int(shape[1]), int(shape[3]), POSITION_IDS in inputs, kv_dtype, USE_CACHE_BRANCH in inputs)
 
 
 def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], ports: _Ports,
@@ -104,13 +109,15 @@ def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], port
     past: dict[str, np.ndarray] = {}
     for i in range(ports.layers):
         for name in (PAST_KEY % i, PAST_VALUE % i):
-            past[name] = np.zeros((1, ports.kv_heads, 0, ports.head_dim), dtype=np.float32)
+            past[name] = np.zeros((1, ports.kv_heads, 0, ports.head_dim), dtype=ports.kv_dtype)
     ids = np.asarray([prompt_ids], dtype=np.int64)
     total = ids.shape[1]
     for _ in range(max_new_tokens):
         feeds: dict[str, np.ndarray] = {INPUT_IDS: ids, ATTENTION_MASK: np.ones((1, total), dtype=np.int64), **past}
         if ports.has_position_ids:
             feeds[POSITION_IDS] = np.arange(total - ids.shape[1], total, dtype=np.int64)[None, :]
+        if ports.use_cache_branch:
+            feeds[USE_CACHE_BRANCH] = np.array([total > ids.shape[1]])
         results = step(feeds)
         logits = np.array(results[LOGITS][0, -1], dtype=np.float32)
         token = int(np.argmax(logits))
@@ -140,7 +147,10 @@ class OnnxRuntimeDecoder:
         if threads is not None:
             so.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-        self.ports = _ports({i.name: i.shape for i in self.session.get_inputs()})
+        inputs = self.session.get_inputs()
+        past_type = next((i.type for i in inputs if i.name == PAST_KEY % 0), "")
+        self.ports = _ports({i.name: i.shape for i in inputs},
+                            np.float16 if past_type == "tensor(float16)" else np.float32)
         self.names = [o.name for o in self.session.get_outputs()]
 
     def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -163,8 +173,9 @@ class OpenVinoDecoder:
         if threads is not None:
             properties["INFERENCE_NUM_THREADS"] = threads
         compiled = ov.Core().compile_model(str(model_path), "CPU", properties)
+        past_type = next((p.get_element_type() for p in compiled.inputs if PAST_KEY % 0 in p.get_names()), None)
         self.ports = _ports({p.any_name: [d.get_length() if d.is_static else -1 for d in p.get_partial_shape()]
-                             for p in compiled.inputs})
+                             for p in compiled.inputs}, np.float16 if past_type == ov.Type.f16 else np.float32)
         self.request = compiled.create_infer_request()
         self.outputs = [(o, o.any_name) for o in compiled.outputs]
 
