@@ -147,6 +147,14 @@ def _decompose_gqa(op: Any) -> None:
             consumer.replace_source_output(replacement)
 
 
+def decompose_group_query_attention(model: ov.Model) -> None:
+    """Each GroupQueryAttention of ``model`` replaced by standard operations (see the module); Refused naming a
+    setting they do not compute. (benchmarks/generate.py builds OpenVINO GenAI's IR of a builder-form export
+    with it.)"""
+    for op in [op for op in model.get_ordered_ops() if op.get_type_name() == "GroupQueryAttention"]:
+        _decompose_gqa(op)
+
+
 def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> int:
     frontend = FrontEndManager().load_by_framework("onnx")
     try:
@@ -170,8 +178,7 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> i
             shape[0] = 1
             param.set_partial_shape(shape)
         try:
-            for op in [op for op in model.get_ordered_ops() if op.get_type_name() == "GroupQueryAttention"]:
-                _decompose_gqa(op)
+            decompose_group_query_attention(model)
         except Refused as e:
             print(json.dumps([str(e)]))
             return UNCONVERTED
