@@ -145,6 +145,32 @@ def test_a_new_prompt_and_a_rewind_reuse_the_growing_state(root):
         assert g.generate(PROMPT, 12) == first
 
 
+def test_two_generators_interleaved_each_with_its_own_growing_state(root):
+    """Two Generators over one runner, their steps interleaved: each stream's infer request has its own variables."""
+    path = build_decoder_form(root / "builder-two", "kv3", form="builder")
+    first, second = (greedy_onnxruntime(path, prompt, 16).tokens for prompt in (PROMPT, [5, 6, 7]))
+    with openvino_runner(path) as runner:
+        a, b = Generator(runner), Generator(runner)
+        pairs = list(zip(a.stream(PROMPT, 16), b.stream([5, 6, 7], 16)))
+    assert [x for x, _ in pairs] == first and [y for _, y in pairs] == second
+
+
+def test_the_cache_dir_keeps_the_growing_form_alone(root, tmp_path):
+    """With cache_dir the growing form's IR is kept (nothing else: the export is converted directly), and a second
+    runner opens it without converting again."""
+    path = build_decoder_form(root / "builder-cache", "kv3", form="builder")
+    want = greedy_onnxruntime(path, PROMPT, 8).tokens
+    with openvino_runner(path, cache_dir=str(tmp_path)) as runner:
+        assert Generator(runner).generate(PROMPT, 8) == want
+    files = sorted(p.name for p in (tmp_path / "decoders").glob("*/*"))
+    assert files == ["decoder_growing.bin", "decoder_growing.xml"]
+    ir = next((tmp_path / "decoders").glob("*/decoder_growing.xml"))
+    made = ir.stat().st_mtime_ns
+    with openvino_runner(path, cache_dir=str(tmp_path)) as runner:
+        assert Generator(runner).generate(PROMPT, 8) == want
+    assert ir.stat().st_mtime_ns == made
+
+
 def test_what_openvino_cannot_convert_is_refused_naming_it(root):
     """An operator the frontend has no conversion for: NpuUnsupportedError naming it (not a list of names:
     OpenVINO decides), and AUTO moves on to the next backend."""
