@@ -39,7 +39,7 @@ from . import layout
 GROWING = "growing"  # DecoderFacts.cache of the GroupQueryAttention form: runs may go back, never past the state
 STATIC = "OpenVINO state (the compiled model's variables, one set per stream)"
 GROWING_ATTENTION = "GroupQueryAttention"  # the operator whose exports take the growing form
-_UNCONVERTED = 3  # openvino_convert's exit status where operators did not convert (its stdout: their JSON)
+_UNCONVERTED = 3  # openvino_convert.UNCONVERTED (not imported: it imports OpenVINO, which stays in the child)
 _CHILD = Path(__file__).with_name("openvino_convert.py")  # run as a script: OpenVINO's memory stays in the child
 
 
@@ -75,9 +75,9 @@ def growing(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
 
 
 def _convert(source: Path, path: Path, shape: layout.Layout, *, growing: bool, named: str) -> None:
-    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
+    draft = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
     pairs = json.dumps({p.past: p.present for p in shape.pairs})
-    done = subprocess.run([sys.executable, str(_CHILD), str(source), str(partial), pairs,
+    done = subprocess.run([sys.executable, str(_CHILD), str(source), str(draft), pairs,
                            "growing" if growing else "static"], capture_output=True, text=True)
     if done.returncode == _UNCONVERTED:
         reasons: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -89,5 +89,5 @@ def _convert(source: Path, path: Path, shape: layout.Layout, *, growing: bool, n
             raise NpuError(last)
         raise NpuError(f"OpenVINO cannot make the decoder's {'growing' if growing else 'static'} form stateful: "
                        f"{last}")
-    partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
-    partial.replace(path)
+    draft.with_suffix(".bin").replace(path.with_suffix(".bin"))
+    draft.replace(path)
