@@ -131,15 +131,16 @@ def test_attention_not_understood_is_refused_by_name(root, tmp_path, op):
 
 
 def test_a_form_that_is_not_the_export_is_refused(root, tmp_path, monkeypatch):
-    """The check against the export catches what the layout reader missed: the Concat form's derivation applied to a
-    GroupQueryAttention export (the wrong tokens of issue 43) is refused, naming the step and the difference; with
-    cache_dir the verdict is kept, and the next load refuses without checking again."""
+    """The check against the export catches what the layout reader missed: the Concat form's derivation for pinned
+    shapes (the whole cache under a mask) applied to a GroupQueryAttention export (the wrong tokens of issue 43) is
+    refused, naming the step and the difference; with cache_dir the verdict is kept, and the next load refuses
+    without checking again."""
     monkeypatch.setattr(layout, "_attention", lambda *args: layout.CONCAT)
     cache = tmp_path / "cache"
     with pytest.raises(NpuUnsupportedError, match=r"does not give the export's logits \(first at the prompt in one "
                                                   r"run: step 1 \(position 7\); they differ by up to"):
-        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache))
+        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache), static_shapes=True)
     verdicts = list(cache.glob("decoders/*/verified-onnxruntime-c4.json"))
     assert len(verdicts) == 1 and json.loads(verdicts[0].read_text())["ok"] is False
     with pytest.raises(NpuUnsupportedError, match="does not give the export's logits"):
-        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache))
+        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache), static_shapes=True)

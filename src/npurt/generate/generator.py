@@ -33,7 +33,6 @@ from ..streams import Stream
 from ..tensor import NpuTensor
 from ..types import NpuError, StatusCode, TensorType
 from . import layout
-from .openvino_form import GROWING
 
 
 class Generator:
@@ -66,8 +65,6 @@ class Generator:
         self._io: dict[int, tuple[np.ndarray, BoundRun]] = {}
         self._tokens: list[int] = []  # the ids the cache holds, row by row
         self._run_count = 0  # runs of the engine so far
-        self._growing = facts.cache == GROWING  # the cache grows run by run (OpenVINO's GroupQueryAttention form)
-        self._state_rows = 0  # the rows the cache has been written to, as far as the engine's runs went
         self.stats: dict[str, Any] = {}
         self.last_logits: np.ndarray | None = None  # the logits the last id was picked from (the engine's memory)
 
@@ -110,20 +107,16 @@ class Generator:
 
     def _feed(self, new: list[int], chunk: int | None) -> np.ndarray:
         start = len(self._tokens)
-        if self._growing and self._state_rows != start:
-            # OpenVINO's growing form appends every run's rows to its state: the state must hold exactly the rows
-            # before the new ids, so going back (a rewind, a failed run) starts the sequence again
-            status = self.runner.reset_stream(self._stream)
-            if status is not StatusCode.SUCCESS:
-                raise NpuError(f"the decoder's cache could not be reset: {status.name}: {self.runner.last_error}")
-            new, start, self._tokens, self._state_rows = self._tokens + new, 0, [], 0
+        if len(new) == 1:  # a step (the loop's every token): one run, no copy of the ids so far
+            row = self._run(new, start, 1)
+            self._tokens.append(new[0])
+            return row
         everything = self._tokens + new  # (the rows recomputed by an overlapping chunk come from here)
         total = len(everything)
         if not self.facts.pinned:
             size = chunk or len(new)
             for at in range(start, total, size):
                 row = self._run(everything[at:at + size], at, min(size, total - at))
-                self._state_rows = at + min(size, total - at)
             self._tokens = everything
             return row
         size = self.facts.prefill_chunk
@@ -140,7 +133,6 @@ class Generator:
         if at < total:
             row = self._run(everything[at:], at, 1)
         self._tokens = everything
-        self._state_rows = total
         return row
 
     def _bound(self, length: int) -> tuple[np.ndarray, BoundRun]:
@@ -168,7 +160,6 @@ class Generator:
         status = run.execute()
         if status is not StatusCode.SUCCESS:
             del self._tokens[position:]  # what that run wrote is not known to be there
-            self._state_rows = -1
             raise NpuError(f"the decoder's run at position {position} failed: {status.name}: "
                            f"{self.runner.last_error}")
         self._run_count += 1

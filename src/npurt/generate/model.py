@@ -26,6 +26,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +107,11 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
             "(OpenVINO GenAI's NPUW), which npurt does not drive yet (untested here: no Intel NPU); use device='CPU' "
             "or 'GPU', or an ONNX Runtime backend")
-    folder = _folder(model_path, spec, backend_name, options, external)
+    pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
+    folder = _folder(model_path, spec, backend_name, options, external, pinned)
     try:
-        pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
         if openvino:  # OpenVINO converts the export, or refuses naming what it cannot convert (openvino_form)
-            make, cache = openvino_form.form_of(contrib, _onnx_file)
+            make, cache = openvino_form.form_of(contrib, partial(_onnx_file, sliced=True))
             path = _derived(make, model_path, shape, folder, options)
             # compiled fresh from the derived IR every load, never from a compiled-model cache: OpenVINO 2026.4's
             # export_model / import_model (and its own CACHE_DIR) of these stateful models gives NaN logits (measured:
@@ -118,7 +119,7 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             logits_view = {(TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
             derived = replace(options, cache_dir=None, tensor_types={**options.tensor_types, **logits_view})
         else:
-            path = _derived(_onnx_file, model_path, shape, folder, options)
+            path = _derived(partial(_onnx_file, sliced=not pinned), model_path, shape, folder, options)
             views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
             for pair in shape.pairs:
                 views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
@@ -153,7 +154,8 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
     return PreparedDecoder(path, derived, facts, None if options.cache_dir is not None else folder)
 
 
-def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, external: bool) -> Path:
+def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, external: bool,
+            pinned: bool) -> Path:
     """Where the derived model goes: a folder of npurt's cache (kept, keyed by the model and the decoder's
     settings), else a temporary one removed with the process's last reference to the runner. A model with external
     data is keyed by the files beside it too (its weights are in them; the static form holds a copy), as
@@ -163,7 +165,7 @@ def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: Run
         siblings = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_path.parent.iterdir()
                           if p.is_file() and p != model_path) if external else []
         key = hashlib.sha256(json.dumps([str(model_path.resolve()), stat.st_size, stat.st_mtime_ns,
-                                         spec.max_length, backend_name == "OPENVINO", _VERSION,
+                                         spec.max_length, backend_name == "OPENVINO", pinned, _VERSION,
                                          *([siblings] if siblings else [])]).encode())
         folder = options.cache_dir / "decoders" / key.hexdigest()[:32]
         folder.mkdir(parents=True, exist_ok=True)
@@ -189,10 +191,10 @@ def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path
 _FOLDERS_LOCK = threading.Lock()
 _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
-_VERSION = 2  # of the derivation: a change to static_form makes new cache entries
+_VERSION = 3  # of the derivation: a change to static_form makes new cache entries
 
 
-def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
+def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, *, sliced: bool = False) -> Path:
     """The static form as an ONNX file in ``folder``, derived from the export (loaded whole) where it is not there."""
     import onnx
 
@@ -205,7 +207,7 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
             raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
         merged.resolve_cache_branch(model)
-        form = static_form.derive(model, shape.max_length)
+        form = static_form.derive(model, shape.max_length, sliced=sliced)
         del model
         partial = folder / f"decoder_static.onnx.{os.getpid()}.partial"  # (other processes may write theirs)
         if form.model.ByteSize() > MAX_PROTOBUF:

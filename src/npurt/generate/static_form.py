@@ -53,9 +53,11 @@ class StaticForm:
 
 
 def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
-           weight_dims: Mapping[str, tuple[int, ...]] | None = None) -> StaticForm:
+           weight_dims: Mapping[str, tuple[int, ...]] | None = None, *, sliced: bool = False) -> StaticForm:
     """The static form of ``model`` (see the module) with a cache of ``max_length`` rows; ``sequence`` pins S
-    (None leaves it open). ``model`` is not changed; ``weight_dims``: see ``layout.read``."""
+    (None leaves it open). ``model`` is not changed; ``weight_dims``: see ``layout.read``. ``sliced`` (a Concat
+    cache, for devices that take open shapes): the export reads the cache's first ``position`` rows only, so its
+    attention covers the rows written, not max_length (a shape that changes every step: never for an NPU)."""
     shape = read(model, max_length, weight_dims)
     pairs, has_position_ids = shape.pairs, shape.has_position_ids
     form = onnx.ModelProto()
@@ -89,7 +91,7 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
         b.node("Unsqueeze", [b.node("Cast", [visible], to=TensorProto.INT64), b.const([0])], ATTENTION_MASK)
         head, tail = list(b.nodes), list[onnx.NodeProto]()
     else:
-        head, tail = _concat_cache(graph, b, shape, s, rows)
+        head, tail = _concat_cache(graph, b, shape, s, rows, sliced)
     b.nodes.clear()
     _rename_output(graph, LOGITS, LOGITS + FULL_SUFFIX)
     b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], LOGITS)
@@ -106,25 +108,32 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
     return StaticForm(form, shape)
 
 
-def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str, rows: str
+def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str, rows: str, sliced: bool
                   ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
-    """The nodes before and after the export for a Concat cache: the mask over max_length + S rows, and each present
-    scattered into its past."""
+    """The nodes before and after the export for a Concat cache: the mask, and each present scattered into its
+    past. The export reads the whole cache under a mask over max_length + S rows, or (``sliced``) the cache's first
+    position rows under a mask of ones."""
     max_length = shape.max_length
-    # the mask: cache rows before the position, then every new token (the export makes it causal among them);
-    # from comparisons of one range (the QNN HTP computes an int64 ConstantOfShape of ones as zeros)
-    every_row = b.node("Range", [b.const(np.array(0, np.int64)),
-                                 b.node("Add", [b.const(np.array(max_length, np.int64)), b.node("Squeeze", [s])]),
-                                 b.const(np.array(1, np.int64))])
-    visible = b.node("Or", [b.node("Less", [every_row, POSITION]),
-                            b.node("GreaterOrEqual", [every_row, b.const(np.array(max_length, np.int64))])])
+    zero, one = b.const(np.array(0, np.int64)), b.const(np.array(1, np.int64))
+    # the mask from comparisons of one range (the QNN HTP computes an int64 ConstantOfShape of ones as zeros)
+    if sliced:
+        every_row = b.node("Range", [zero, b.node("Squeeze", [b.node("Add", [POSITION, s])]), one])
+        visible = b.node("GreaterOrEqual", [every_row, zero])
+        for pair in shape.pairs:
+            used = b.node("Slice", [pair.past, b.const([0]), POSITION, b.const([2])])
+            _rename_input(graph, pair.past, used)
+    else:  # cache rows before the position, then every new token (the export makes it causal among them)
+        every_row = b.node("Range", [zero, b.node("Add", [b.const(np.array(max_length, np.int64)),
+                                                          b.node("Squeeze", [s])]), one])
+        visible = b.node("Or", [b.node("Less", [every_row, POSITION]),
+                                b.node("GreaterOrEqual", [every_row, b.const(np.array(max_length, np.int64))])])
     b.node("Unsqueeze", [b.node("Cast", [visible], to=TensorProto.INT64), b.const([0])], ATTENTION_MASK)
 
     # each present: the cache with the export's last S rows written at the new tokens' rows
     head = list(b.nodes)
     b.nodes.clear()
     ends = b.const([np.iinfo(np.int64).max])  # Slice clamps it: to the end
-    start = b.const([max_length])
+    start = POSITION if sliced else b.const([max_length])  # where the export's present has the new rows
     axis = b.const([2])
     index_shape = b.const([1, 1, -1, 1])
     for pair in shape.pairs:
@@ -136,6 +145,14 @@ def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str
     tail = list(b.nodes)
     b.nodes.clear()
     return head, tail
+
+
+def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """The export's nodes that read ``old`` read ``new`` instead."""
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
 
 
 def _rename_output(graph: onnx.GraphProto, old: str, new: str) -> None:
