@@ -9,7 +9,6 @@ import threading
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from npurt import (
@@ -22,7 +21,6 @@ from npurt import (
     TensorDirection,
     TensorType,
 )
-from npurt.generate import static_form
 from npurt.models import DEFAULT_MODEL
 from tests.helpers.decoders import (
     EOS_TOKEN_ID,
@@ -62,7 +60,7 @@ def decoder_runner(backend: str, folder, **options):
 @pytest.mark.parametrize("shape", TEST_SHAPES)
 def test_greedy_tokens_are_the_engines_own(models, references, shape, backend):
     """64 greedy tokens equal plain ONNX Runtime's loop over the export (up to a near-tie of its logits), with no
-    host copy: the prompt goes in chunks of 4 (6 tokens: a short last chunk on these dynamic-shape devices)."""
+    host copy: the prompt goes in one run on these dynamic-shape devices (chunks are for pinned shapes)."""
     with decoder_runner(backend, models[shape]) as r:
         assert [i.name for i in r.get_tensors_info(TensorDirection.INPUT)] == ["input_ids", "position"]
         assert [i.name for i in r.get_tensors_info(TensorDirection.OUTPUT)] == ["logits"]
@@ -70,7 +68,7 @@ def test_greedy_tokens_are_the_engines_own(models, references, shape, backend):
         tokens = g.generate(PROMPT, NEW_TOKENS)
         assert_tokens_agree(tokens, references[shape], f"npurt {backend} {shape}")
         assert g.stats["copies"] == 0 and r.stats["copies"] == 0
-        assert g.stats["prompt_tokens"] == len(PROMPT) and g.stats["prefill_chunks"] == 2
+        assert g.stats["prompt_tokens"] == len(PROMPT) and g.stats["prefill_chunks"] == 1
         assert g.stats["new_tokens"] == NEW_TOKENS and g.stats["time_to_first_token_s"] > 0
 
 
@@ -88,36 +86,20 @@ def test_tokens_equal_onnxruntime_genai(models, shape):
 @pytest.mark.parametrize("chunk", [1, 4, 6, 8])
 @pytest.mark.parametrize("shape", TEST_SHAPES)
 def test_static_form_logits_equal_the_export_at_every_step(models, shape, chunk):
-    """The derived static form run directly by ONNX Runtime (cache of max_length, one position in): each step's
-    logits within 1e-4 of the export's own greedy loop, the prompt in chunks of 1, 4 (a short last one), 6 (the
-    whole prompt) and 8 (one chunk padded past the prompt's end), and the last chunk placed to end at the prompt's
-    end as on a device with pinned shapes (chunk 4 over 6 tokens: rows 2..5, overlapping)."""
-    path = models[shape] / MODEL_FILE
-    ref = greedy_onnxruntime(path, PROMPT, 16)
-    form = static_form.derive(onnx.load(str(path)), 32)
-    session = ort.InferenceSession(form.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    cache = {p.past: np.zeros(p.shape, np.float32) for p in form.layout.pairs}
-
-    def run(tokens, position, length):
-        ids = np.zeros((1, length), np.int64)
-        ids[0, :len(tokens)] = tokens
-        out = dict(zip(names, session.run(None, {"input_ids": ids, "position": np.array([position], np.int64),
-                                                 **cache})))
-        for p in form.layout.pairs:
-            cache[p.past] = out[p.present]
-        return out["logits"][0]
-
-    starts = list(range(0, len(PROMPT), chunk))
-    if len(PROMPT) > chunk:
-        starts[-1] = len(PROMPT) - chunk
-    for start in starts:
-        tokens = PROMPT[start:start + chunk]
-        logits = run(tokens, start, chunk)
-    row = logits[len(tokens) - 1]
-    for step, want in enumerate(ref.logits):
-        np.testing.assert_allclose(row, want, atol=1e-4, rtol=0, err_msg=f"step {step}")
-        row = run([ref.tokens[step]], len(PROMPT) + step, 1)[0]
+    """The derived static form with shapes pinned as on an NPU (static_shapes on the CPU provider): the logits each
+    id is picked from within 1e-4 of the export's own greedy loop at every step, the prompt in chunks of 1, 4 (the
+    last placed to end at the prompt's end, rows 2..5 overlapping), 6 (the whole prompt) and 8 (shorter than a
+    chunk: run padded without its last id, which then goes as a step)."""
+    ref = greedy_onnxruntime(models[shape] / MODEL_FILE, PROMPT, 16)
+    with decoder_runner("VAIML", models[shape], static_shapes=True,
+                        decoder={"max_length": 32, "prefill_chunk": chunk}) as r:
+        assert r.decoder.pinned
+        g = Generator(r)
+        for step, token in enumerate(g.stream(PROMPT, 16)):
+            np.testing.assert_allclose(g.last_logits, ref.logits[step], atol=1e-4, rtol=0, err_msg=f"step {step}")
+            assert token == ref.tokens[step]
+        want_runs = {1: 6, 4: 2, 6: 1, 8: 2}[chunk]
+        assert g.stats["prefill_chunks"] == want_runs
 
 
 def test_two_generators_share_a_runner_each_with_its_own_cache(models, references):
@@ -217,21 +199,20 @@ def test_a_generator_dropped_unclosed_releases_its_cache(models, references):
 
 
 def test_prompts_of_every_length_keep_three_bound_runs(models):
-    """Prompts whose last chunk is 1, 2, 3 tokens long (chunks of 4, shapes open): the tokens are the engine's for
-    each, and the Generator keeps the runs of the chunk, the step and the last short chunk only (it kept one per
-    length: [length, vocab] logits each, 68 MB over lengths 1 .. 64 of a vocabulary of 8192)."""
+    """Prompts of several lengths (shapes open: each prompt in one run): the tokens are the engine's for each, and
+    the Generator keeps the runs of the chunk, the step and the last other length only (the logits are one row
+    whatever the length: one tensor serves every run)."""
     path = models["gqa"] / MODEL_FILE
     with decoder_runner("VAIML", models["gqa"]) as r:
         g = Generator(r)
         for n in (6, 6, 5, 7, 9, 6, 6):
             prompt = [(7 * i + 3) % 512 for i in range(n)]
-            last = (n - 1) % 4 + 1  # the last chunk's length
             before = dict(g._io)  # noqa: SLF001 - the runs bound, by length
             assert g.generate(prompt, 6) == greedy_onnxruntime(path, prompt, 6).tokens, n
             bound = g._io  # noqa: SLF001
-            assert {4, 1, last} <= set(bound) and len(bound) <= 3, set(bound)
-            # never bound again: the chunk's and the step's runs, and the last chunk's run of the call before
-            assert all(bound[k] is before[k] for k in {4, 1, last} if k in before)
+            assert {1, n} <= set(bound) and len(bound) <= 3, set(bound)
+            # never bound again: the step's run, and the prompt's of the call before where it was as long
+            assert all(bound[k] is before[k] for k in {1, n} if k in before)
 
 
 def test_sampling_is_seeded(models, references):
@@ -521,3 +502,36 @@ def test_group_query_attention_is_refused_until_its_form_is_derived(models, tmp_
     onnx.save(model, str(folder / MODEL_FILE))
     with pytest.raises(NpuUnsupportedError, match="GroupQueryAttention"):
         decoder_runner(backend, folder)
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_sequence_continues_where_its_cache_stands(models, pinned):
+    """Generator.tokens, start=, rewind and append (issue 43 part 6): after a loop the cache holds the prompt and
+    every new id but the last; a second call from start=position feeds only what is new and gives the tokens of a
+    fresh loop over the whole sequence; rewinding and appending again gives the same logits; shapes open or pinned
+    (chunks of 4 over the overlap of rows already there)."""
+    path = models["gqa"] / MODEL_FILE
+    options = {"static_shapes": True} if pinned else {}
+    with decoder_runner("VAIML", models["gqa"], **options) as r:
+        g = Generator(r)
+        first = g.generate(PROMPT, 8)
+        assert first == greedy_onnxruntime(path, PROMPT, 8).tokens
+        assert g.tokens == tuple(PROMPT + first[:-1]) and g.position == len(PROMPT) + 7
+        turn = [first[-1], 5, 6, 7]
+        second = g.generate(turn, 8, start=g.position)
+        assert g.stats["cached_tokens"] == len(PROMPT) + 7 and g.stats["prompt_tokens"] == 4
+        whole = PROMPT + first + [5, 6, 7]
+        assert second == greedy_onnxruntime(path, whole, 8).tokens
+        row = g.append([9]).copy()
+        g.rewind(len(PROMPT))
+        again = g.append((whole + second[:-1] + [9])[len(PROMPT):])
+        np.testing.assert_allclose(again, row, atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="rewind: a position in 0 .."):
+            g.rewind(g.position + 1)
+        with pytest.raises(ValueError, match="start: a position"):
+            g.generate([1], 2, start=g.position + 1)
+        with pytest.raises(ValueError, match="max_length is 96"):
+            g.append([3] * (97 - g.position))
+        with pytest.raises(ValueError, match="chunk: a positive integer"):
+            g.append([3], chunk=0)
+        assert g.tokens == tuple(whole + second[:-1] + [9])  # refused calls change nothing

@@ -6,6 +6,7 @@ form (``static_form``) is built from it; the runner and the Generator only need 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,13 @@ ATTENTION_MASK = "attention_mask"
 POSITION_IDS = "position_ids"
 POSITION = "position"
 LOGITS = "logits"
+CONCAT = "concat"  # attention in standard operators, each present the Concat of its past and the new rows
+GROUP_QUERY = "group_query"  # com.microsoft GroupQueryAttention (ONNX Runtime GenAI's model builder)
+GQA_OP = "GroupQueryAttention"
+# attention operators whose cache semantics npurt has not derived a static form for: refused by name
+_NOT_UNDERSTOOD = ("MultiHeadAttention", "Attention", "PackedAttention", "PackedMultiHeadAttention",
+                   "SparseAttention", "PagedAttention", "DecoderMaskedMultiHeadAttention",
+                   "DecoderMaskedSelfAttention", "RotaryEmbedding", "LongformerAttention")
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
@@ -42,11 +50,14 @@ class Layout:
     pairs: tuple[CachePair, ...]
     has_position_ids: bool
     vocab: int | None
+    attention: str = CONCAT  # CONCAT or GROUP_QUERY: how the export's presents are made
 
 
-def read(model: onnx.ModelProto, max_length: int) -> Layout:
+def read(model: onnx.ModelProto, max_length: int, weight_dims: Mapping[str, tuple[int, ...]] | None = None
+         ) -> Layout:
     """The export's layout (see Layout), checked; raises ValueError naming what does not fit it (no past / present,
-    names that do not pair, a missing input, a max_length below 1)."""
+    names that do not pair, a missing input, a max_length below 1, an attention operator not understood, rotary
+    tables shorter than max_length). ``weight_dims``: the dims of initializers left out of a weightless model."""
     if max_length < 1:
         raise ValueError(f"max_length must be >= 1, not {max_length}")
     inputs = {v.name: v for v in graph_inputs(model.graph)}
@@ -82,8 +93,45 @@ def read(model: onnx.ModelProto, max_length: int) -> Layout:
     if extra:
         raise ValueError(f"decoder input {extra[0]!r} is not one npurt can feed (known: input_ids, attention_mask, "
                          "position_ids, past_key_values.{i}.key/value)")
-    return Layout(max_length, tuple(sorted(pairs, key=lambda p: _order(p.past))), POSITION_IDS in inputs,
-                  _vocab(model.graph))
+    ordered = tuple(sorted(pairs, key=lambda p: _order(p.past)))
+    attention = _attention(model.graph, ordered, max_length, weight_dims or {})
+    return Layout(max_length, ordered, POSITION_IDS in inputs, _vocab(model.graph), attention)
+
+
+def _attention(graph: onnx.GraphProto, pairs: tuple[CachePair, ...], max_length: int,
+               weight_dims: Mapping[str, tuple[int, ...]]) -> str:
+    """CONCAT, or GROUP_QUERY where every present is a GroupQueryAttention node's own output over its past (its
+    shared-buffer mode then keeps the cache in place); ValueError for anything else npurt has not derived."""
+    ops = {n.op_type for n in graph.node if n.domain in ("com.microsoft", "")}
+    odd = sorted(ops & set(_NOT_UNDERSTOOD))
+    if odd:
+        raise ValueError(f"attention by {odd[0]} is not one npurt derives a static form for (it does: standard "
+                         "operators with a Concat cache, com.microsoft GroupQueryAttention)")
+    nodes = [n for n in graph.node if n.op_type == GQA_OP and n.domain == "com.microsoft"]
+    if not nodes:
+        return CONCAT
+    made_by = {out: (node, i) for node in nodes for i, out in enumerate(node.output)}
+    constants = {t.name: tuple(t.dims) for t in graph.initializer} | dict(weight_dims)
+    for pair in pairs:
+        node, index = made_by.get(pair.present, (None, -1))
+        if node is None or index not in (1, 2) or len(node.input) <= index + 2 or node.input[index + 2] != pair.past:
+            raise ValueError(f"present {pair.present!r} is not the output of a GroupQueryAttention node over "
+                             f"{pair.past!r} (a model that mixes attention forms is not one npurt derives)")
+        attrs = {a.name: a for a in node.attribute}
+        window = attrs["local_window_size"].i if "local_window_size" in attrs else -1
+        if window != -1:
+            raise ValueError(f"GroupQueryAttention {node.name!r} attends over a sliding window (local_window_size "
+                             f"{window}), which npurt's static form does not derive")
+        if "do_rotary" in attrs and attrs["do_rotary"].i and len(node.input) > 7:
+            rows = constants.get(node.input[7], (0,))[0] if node.input[7] in constants else None
+            if rows is None:
+                raise ValueError(f"GroupQueryAttention {node.name!r}: its rotary table {node.input[7]!r} is not a "
+                                 "constant of the model")
+            if rows < max_length:
+                raise ValueError(f"GroupQueryAttention {node.name!r}: its rotary tables have {rows} rows, fewer than "
+                                 f"max_length {max_length}: positions past {rows - 1} have no rotation (give a "
+                                 f"max_length of at most {rows})")
+    return GROUP_QUERY
 
 
 def _order(name: str) -> tuple[int, str]:

@@ -10,18 +10,28 @@ shape an NPU cannot compile. The derived form keeps the export's graph untouched
   ``attention_mask`` = [row < position for each cache row] + [1] * S (the export sees a past of max_length rows of
   which only the first ``position`` count, then the S new tokens, causally among themselves) and
   ``position_ids`` = position + [0 .. S-1];
-- each ``present.{i}.*`` is the cache with the S new rows (the export's last S present rows) written at rows
-  position .. position + S - 1 (ScatterElements on axis 2): bound to the same buffer as its past, a step writes its
-  rows in place and moves nothing else.
+- each ``present.{i}.*`` is the cache with the S new rows written at rows position .. position + S - 1, by the
+  form of the export's attention:
+  - standard operators (a present is the Concat of its past and the new rows): the export's last S present rows,
+    scattered there (ScatterElements on axis 2);
+  - com.microsoft GroupQueryAttention (ONNX Runtime GenAI's model builder): the operator's own shared-buffer mode.
+    The mask fed to the export is ones over position + S rows, so its own subgraph gives ``seqlens_k`` =
+    position + S - 1 and ``total_sequence_length`` = position + S; with past and present bound to one buffer of
+    max_length rows the operator writes the new rows at seqlens_k + 1 - S = position in place, takes the rotary
+    positions from there, and attends over rows 0 .. position + s only. The present is the node's own output.
+  Bound to the same buffer as its past, a step writes its rows in place and moves nothing else.
+- ``logits`` is the last of the S rows only, [1, 1, vocab]: a caller needs no more, and [1, S, vocab] per prompt
+  length is ~0.6 MB per prompt token at a 150k vocabulary.
 
 So a step moves the ids and a position in and the logits out. S is left open (one graph, prefill chunks and
-one-token steps) or pinned by the caller per compiled shape. The caller keeps position + S <= max_length (the last
-prefill chunk is placed to end at the prompt's end rather than padded past it). Masked cache rows add exact zeros to
-the export's softmax, so the logits are the export's own up to the order of summation.
+one-token steps) or pinned by the caller per compiled shape. The caller keeps position + S <= max_length and keeps the
+last row a real token (a padded run's logits are not the prompt's). Masked cache rows add exact zeros to the export's
+softmax (GroupQueryAttention never reads them), so the logits are the export's own up to the order of summation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +40,7 @@ from onnx import TensorProto, helper
 
 from ..onnx_build import GraphBuilder
 from ..onnx_edit import set_shape
-from .layout import ATTENTION_MASK, INPUT_IDS, POSITION, POSITION_IDS, Layout, read
+from .layout import ATTENTION_MASK, GROUP_QUERY, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout, read
 
 FULL_SUFFIX = "__npurt_full"
 PREFIX = "__npurt_decoder"
@@ -42,10 +52,11 @@ class StaticForm:
     layout: Layout
 
 
-def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None) -> StaticForm:
+def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
+           weight_dims: Mapping[str, tuple[int, ...]] | None = None) -> StaticForm:
     """The static form of ``model`` (see the module) with a cache of ``max_length`` rows; ``sequence`` pins S
-    (None leaves it open). ``model`` is not changed."""
-    shape = read(model, max_length)
+    (None leaves it open). ``model`` is not changed; ``weight_dims``: see ``layout.read``."""
+    shape = read(model, max_length, weight_dims)
     pairs, has_position_ids = shape.pairs, shape.has_position_ids
     form = onnx.ModelProto()
     form.CopyFrom(model)
@@ -69,6 +80,37 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None)
     rows = b.node("Add", [POSITION, steps])  # [S]: the rows (positions) of the new tokens
     if has_position_ids:
         b.node("Unsqueeze", [rows, b.const([0])], POSITION_IDS)
+    if shape.attention == GROUP_QUERY:
+        zero, one = b.const(np.array(0, np.int64)), b.const(np.array(1, np.int64))
+        # ones over position + S rows (a Range compared, as below); the operator itself does the rest (module)
+        total = b.node("Add", [POSITION, s])
+        every_row = b.node("Range", [zero, b.node("Squeeze", [total]), one])
+        visible = b.node("GreaterOrEqual", [every_row, zero])
+        b.node("Unsqueeze", [b.node("Cast", [visible], to=TensorProto.INT64), b.const([0])], ATTENTION_MASK)
+        head, tail = list(b.nodes), list[onnx.NodeProto]()
+    else:
+        head, tail = _concat_cache(graph, b, shape, s, rows)
+    b.nodes.clear()
+    _rename_output(graph, LOGITS, LOGITS + FULL_SUFFIX)
+    b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], LOGITS)
+    tail += b.nodes
+    nodes = [*head, *graph.node, *tail]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for value in graph.output:
+        pair_of = next((p for p in pairs if p.present == value.name), None)
+        if pair_of is not None:
+            set_shape(value, pair_of.shape)
+        elif value.name == LOGITS:
+            set_shape(value, (1, 1, shape.vocab))
+    return StaticForm(form, shape)
+
+
+def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str, rows: str
+                  ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
+    """The nodes before and after the export for a Concat cache: the mask over max_length + S rows, and each present
+    scattered into its past."""
+    max_length = shape.max_length
     # the mask: cache rows before the position, then every new token (the export makes it causal among them);
     # from comparisons of one range (the QNN HTP computes an int64 ConstantOfShape of ones as zeros)
     every_row = b.node("Range", [b.const(np.array(0, np.int64)),
@@ -85,21 +127,15 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None)
     start = b.const([max_length])
     axis = b.const([2])
     index_shape = b.const([1, 1, -1, 1])
-    for pair in pairs:
+    for pair in shape.pairs:
         full = pair.present + FULL_SUFFIX
         _rename_output(graph, pair.present, full)
         new = b.node("Slice", [full, start, ends, axis])
         where = b.node("Expand", [b.node("Reshape", [rows, index_shape]), b.node("Shape", [new])])
         b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
     tail = list(b.nodes)
-    nodes = [*head, *graph.node, *tail]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    for value in graph.output:
-        pair_of = next((p for p in pairs if p.present == value.name), None)
-        if pair_of is not None:
-            set_shape(value, pair_of.shape)
-    return StaticForm(form, shape)
+    b.nodes.clear()
+    return head, tail
 
 
 def _rename_output(graph: onnx.GraphProto, old: str, new: str) -> None:
