@@ -8,6 +8,7 @@ from .infer_queue import InferQueue, QueueSlot
 from .runner import Runner
 from .serve import connect
 from .tensor import NpuTensor
+from .text import ChatSession, Tokenizer
 from .types import (
     DataType,
     DeviceInfo,
@@ -30,8 +31,9 @@ from .types import (
 __version__ = "0.1.0"  # the only place the version is written: pyproject.toml reads it from here
 
 __all__ = [
-    "DataType", "DeviceInfo", "Generator", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NodePlacement",
+    "ChatSession", "DataType", "DeviceInfo", "Generator", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType",
+    "NodePlacement",
     "NpuError", "NpuFallbackWarning", "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters",
     "QueueSlot", "RoundingMode", "Runner", "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection",
-    "TensorType", "connect", "convert", "share", "__version__",
+    "TensorType", "Tokenizer", "connect", "convert", "share", "__version__",
 ]

@@ -87,7 +87,8 @@ def write_tokenizer(folder: Path, kind: str = "bytelevel", vocab_size: int = 512
         for token, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
             if token not in vocab:
                 vocab[token] = len(vocab)
-        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+        merges: list[tuple[str, str]] = [(m.split(" ")[0], m.split(" ")[1]) if isinstance(m, str) else (m[0], m[1])
+                                         for m in trained["merges"]]
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=UNK, byte_fallback=True, fuse_unk=True))
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),

@@ -15,27 +15,31 @@ that spans tokens) and never gives the stop string out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"
 
 
 class DecodeStream:
-    """Ids in (``step``), text out, never half a character; ``flush()`` at the end gives what is held."""
+    """Ids in (``step``), text out, never half a character; ``flush()`` at the end gives what is held.
+
+        stream = DecodeStream(tokenizer)
+        for token in ids:
+            print(stream.step(token), end="")
+        print(stream.flush())
+    """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
         self._decode = tokenizer.backend_tokenizer.decode
-        self._cleanup = tokenizer.decode if tokenizer._cleanup else None  # noqa: SLF001 - its own flag
+        self._cleanup = tokenizer.decode if tokenizer.cleans_up_spaces else None
         self._context = 0  # ids[context:out] were given out before: the window's context
         self._out = 0  # ids before this one are given out
         self._context_text = ""  # the window's context decoded
-        self._byte_fallback = tokenizer._byte_fallback  # noqa: SLF001
+        self._byte_fallback = tokenizer.byte_fallback
         self._is_byte = tokenizer.is_byte_fallback_token
 
     def _text(self, ids: list[int]) -> str:

@@ -24,8 +24,6 @@ from .errors import NoTokenizerError
 if TYPE_CHECKING:
     import tokenizers
 
-    from .stream import DecodeStream
-
 __all__ = ["NoTokenizerError", "Tokenizer"]
 
 
@@ -80,10 +78,11 @@ class Tokenizer:
         added = backend.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in added.items()}
         self.all_special_ids = sorted(i for i, t in added.items() if t.special)
-        self._cleanup = bool(self.files.config.get("clean_up_tokenization_spaces", False)) and (
+        self.cleans_up_spaces = bool(  # transformers' clean_up_tokenization_spaces, where it applies
+            self.files.config.get("clean_up_tokenization_spaces", False)) and (
             type(backend.model).__name__ != "BPE"
             or bool(self.files.config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
-        self._byte_fallback = bool(getattr(backend.model, "byte_fallback", False))
+        self.byte_fallback = bool(getattr(backend.model, "byte_fallback", False))
 
     # ------------------------------------------------------------------------------------------------ ids and text
     def __len__(self) -> int:
@@ -104,7 +103,7 @@ class Tokenizer:
         """The text of ``ids`` (``skip_special_tokens``: leave out the special tokens' text, as transformers)."""
         ids = self._checked_ids(ids)
         text = str(self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
-        return clean_up_tokenization(text) if self._cleanup else text
+        return clean_up_tokenization(text) if self.cleans_up_spaces else text
 
     def _checked_ids(self, ids: Iterable[int]) -> list[int]:
         if isinstance(ids, int):
@@ -129,17 +128,10 @@ class Tokenizer:
     def is_byte_fallback_token(self, token_id: int) -> bool:
         """Whether ``token_id`` is one byte of a character outside the vocabulary (``<0xE6>``): its text is final
         only with the bytes after it (a streaming decoder holds it)."""
-        if not self._byte_fallback:
+        if not self.byte_fallback:
             return False
         token = self.backend_tokenizer.id_to_token(int(token_id))
         return token is not None and len(token) == 6 and token.startswith("<0x") and token.endswith(">")
-
-    def decode_stream(self, skip_special_tokens: bool = False) -> DecodeStream:
-        """An incremental decoder: ``step(id)`` gives the new text (never half a character, never a lost space),
-        ``flush()`` the rest; the pieces joined equal ``decode`` of the ids."""
-        from .stream import DecodeStream
-
-        return DecodeStream(self, skip_special_tokens=skip_special_tokens)
 
     # ------------------------------------------------------------------------------------------------- chat template
     def get_chat_template(self, chat_template: str | None = None, tools: list[Any] | None = None) -> tuple[str, str]:
@@ -173,13 +165,24 @@ class Tokenizer:
         ``enable_thinking=False``), over the special tokens' names (``bos_token``, ...).
 
         ChatTemplateError (a ValueError) names the template and the cause."""
+        text, source = self.render_chat(messages, add_generation_prompt, tools, documents=documents,
+                                        chat_template=chat_template, mark=tokenize and sanitize_control_tokens,
+                                        **template_vars)
+        if not tokenize:
+            return text
+        return self.encode_chat(text) if sanitize_control_tokens else self.encode(text, add_special_tokens=False)
+
+    def render_chat(self, messages: Sequence[Any], add_generation_prompt: bool = False,
+                    tools: list[Any] | None = None, *, documents: list[Any] | None = None,
+                    chat_template: str | None = None, mark: bool = False, **template_vars: Any) -> tuple[str, str]:
+        """The rendered chat and the template's source. ``mark``: control tokens in the inputs are wrapped in
+        markers first (the text ``encode_chat`` takes)."""
         from . import template
 
         source, name = self.get_chat_template(chat_template, tools)
         chat = template.normalize_messages(messages)
         variables = {**self.special_tokens_map, **template_vars}
-        sanitize = tokenize and sanitize_control_tokens
-        if sanitize:
+        if mark:
             tokens, _ = template.control_patterns(self.control_tokens(source))
             chat = template.mark(chat, tokens)
             tools = template.mark(tools, tokens)
@@ -187,9 +190,14 @@ class Tokenizer:
             variables = {**self.special_tokens_map, **template.mark(template_vars, tokens)}
         text = template.render(source, name, chat, tools=tools, documents=documents,
                                add_generation_prompt=add_generation_prompt, variables=variables)
-        if not tokenize:
-            return text
-        return self.encode_chat(text, source) if sanitize else self.encode(text, add_special_tokens=False)
+        return text, source
+
+    def mark_control_tokens(self, text: str, source: str) -> str:
+        """``text`` as ``render_chat(mark=True)`` puts a string of the inputs into the chat."""
+        from . import template
+
+        tokens, _ = template.control_patterns(self.control_tokens(source))
+        return str(template.mark(text, tokens))
 
     def control_tokens(self, source: str) -> tuple[str, ...]:
         """The tokens ``sanitize_control_tokens`` guards: the special added tokens, and the other added tokens the
@@ -205,15 +213,18 @@ class Tokenizer:
         return tuple(t.content for t in added
                      if t.special or (t.content in literal and not t.content.isspace()))
 
-    def encode_chat(self, rendered: str, source: str) -> list[int]:
+    def encode_chat(self, rendered: str, continued: bool = False) -> list[int]:
         """The ids of a chat rendered from marked input (transformers' ``encode_marked_chat``): a marked control
-        token is encoded as plain text, the rest as usual; lone markers are dropped (and still break the text)."""
+        token is encoded as plain text, the rest as usual; lone markers are dropped (and still break the text).
+        ``continued``: the text goes on from a chat's middle (no prefix space a SentencePiece-style tokenizer puts
+        at a text's start)."""
         from . import template
 
         _, markers = template.control_patterns(tuple(self._added))
         pieces = markers.split(rendered)
         newline = self.encode("\n", add_special_tokens=False)
-        ids = self.encode(pieces[0], add_special_tokens=False)
+        ids = (self._encode_piece(pieces[0], False, newline) if continued and pieces[0]
+               else self.encode(pieces[0], add_special_tokens=False))
         for i, piece in enumerate(pieces[1:], start=1):
             if not piece:
                 continue
