@@ -117,5 +117,5 @@ class Speed:
                    float(stats.get("decode_tokens_per_s", 0.0)))
 
     def line(self) -> str:
-        return (f"{self.new_tokens} tokens, first after {self.first_token_s * 1e3:.1f} ms, "
+        return (f"{self.new_tokens} tokens, time to first token {self.first_token_s * 1e3:.1f} ms, "
                 f"{self.tokens_per_s:.1f} tokens/s after it")

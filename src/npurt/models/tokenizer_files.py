@@ -21,10 +21,10 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # ChatML's turn markers: added (special) tokens
 KINDS = ("bytelevel", "metaspace")
 
-# The ChatML template (Qwen's form, system prompt optional), a common shape and the test decoders' default
+# The ChatML template (Qwen 2's form, system prompt optional), a common shape and the test decoders' default
 CHATML = (
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] | trim + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -136,7 +136,7 @@ class ChatSession:
                 return messages, ids, text
             fewer = None
             if self.on_full == "drop_oldest":
-                fewer = _without_oldest(messages)
+                fewer = _without_oldest(messages, keep_last=True)
             elif self.on_full == "reset" and len(messages) > 2 - (messages[0]["role"] != "system"):
                 fewer = [m for m in messages[:1] if m["role"] == "system"] + messages[-1:]
             if fewer is None:
@@ -169,14 +169,16 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _without_oldest(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """``messages`` without the oldest exchange (the system message kept, and the last message); None where only
-    those are left."""
+def _without_oldest(messages: list[dict[str, Any]], keep_last: bool = False) -> list[dict[str, Any]] | None:
+    """``messages`` without the oldest exchange: a user message and the replies up to the next user message (a
+    system message first kept, and with ``keep_last`` the last message: the one being sent); None where there is
+    nothing else to drop."""
     head = [m for m in messages[:1] if m.get("role") == "system"]
     rest = messages[len(head):]
-    if len(rest) <= 1:
+    kept = 1 if keep_last else 0
+    if len(rest) - kept < 1:
         return None
     end = 1
-    while end < len(rest) - 1 and rest[end].get("role") != "user":
+    while end < len(rest) - kept and rest[end].get("role") != "user":
         end += 1
     return head + rest[end:]
