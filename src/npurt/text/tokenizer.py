@@ -91,6 +91,7 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The vocabulary, added tokens included (as ``len(tokenizer)``: the decoder's logits are this wide)."""
         return len(self)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -119,10 +120,12 @@ class Tokenizer:
         return out
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
+        """The id of one token (its vocabulary string, e.g. ``"<|im_start|>"``); None where there is none."""
         value = self.backend_tokenizer.token_to_id(token)
         return None if value is None else int(value)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary strings of ``ids`` (``Ġ``, ``▁`` and ``<0xE6>`` as the vocabulary writes them)."""
         return [str(self.backend_tokenizer.id_to_token(int(i))) for i in ids]
 
     def is_byte_fallback_token(self, token_id: int) -> bool:
