@@ -40,14 +40,14 @@ _SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "an", "er", "in", 
               "re", "st", "ch", "qu", "ou", "ai", "ly", "tion", "pre", "con", "ex", "un", "ab", "ol"]
 
 
-def corpus(lines: int = 4000, seed: int = 0) -> list[str]:
-    """Training text: made-up words from syllables, mixed with the samples above (a fixed seed: the same lines
-    every time)."""
+def corpus(lines: int = 4000, words: int = 3000, seed: int = 0) -> list[str]:
+    """Training text: ``words`` made-up words from syllables, mixed with the samples above (a fixed seed: the same
+    lines every time)."""
     rng = random.Random(seed)
-    words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    vocabulary = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 5))) for _ in range(words)]
     out = []
     for i in range(lines):
-        line = " ".join(rng.choice(words) for _ in range(rng.randint(3, 14)))
+        line = " ".join(rng.choice(vocabulary) for _ in range(rng.randint(3, 14)))
         if i % 3 == 0:
             line += " " + rng.choice(_SAMPLES)
         if i % 7 == 0:
@@ -66,7 +66,8 @@ def write_tokenizer(folder: Path, kind: str = "bytelevel", vocab_size: int = 512
         raise ValueError(f"kind: one of {', '.join(KINDS)}, got {kind!r}")
     specials = [PAD, BOS, EOS] + ([UNK] if kind == "metaspace" else [])
     markers = [IM_START, IM_END]
-    text = corpus(seed=seed)
+    scale = max(1, vocab_size // 1024)  # a larger vocabulary needs more words to learn
+    text = corpus(lines=4000 * scale, words=3000 * scale, seed=seed)
     if kind == "bytelevel":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
