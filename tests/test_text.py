@@ -129,6 +129,24 @@ def test_stop_strings_span_pieces_and_are_not_shown():
         StopStrings(["ok", ""])
 
 
+def test_stop_strings_cut_where_the_first_one_ends_however_the_text_comes():
+    """Random texts and stop strings (overlapping ones too), fed in random pieces: the text shown is the text up to
+    the stop string whose end comes first, whatever the pieces."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab\n") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
+        text = "".join(rng.choice("ab\nc") for _ in range(rng.randint(0, 30)))
+        found = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+        want = text[:min(found)[1]] if found else text
+        stop, shown, at = StopStrings(stops), "", 0
+        while at < len(text):
+            n = rng.randint(1, 4)
+            shown += stop.feed(text[at:at + n])
+            at += n
+        assert shown + stop.flush() == want, (stops, text)
+        assert (stop.stopped is not None) == bool(found)
+
+
 # ----------------------------------------------------------------------------------------------- chat templates
 SYSTEM_MERGED = (  # system prompt handling: Llama 2's, merged into the first user message
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"

@@ -9,7 +9,7 @@ tokens as a whole (an invalid byte turns the whole run into U+FFFDs). So the pie
 ``tokenizer.decode`` of the ids, for every prefix of a generation (tested).
 
 ``StopStrings`` holds back text that may be the start of a stop string, cuts the text where one is found (even one
-that spans tokens) and never gives the stop string out.
+that spans tokens; of several, the one whose end comes first) and never gives the stop string out.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class StopStrings:
     def __init__(self, stop: str | Sequence[str] | None) -> None:
         self.stops = check_stop(stop)
         self._longest = max((len(s) for s in self.stops), default=0)
+        self._firsts = {s[0] for s in self.stops}
         self._held = ""
         self.stopped: str | None = None  # the stop string found
 
@@ -90,11 +91,11 @@ class StopStrings:
         if not self.stops:
             return piece
         held = self._held + piece
-        cut = -1
-        for s in self.stops:
+        cut, end = -1, -1
+        for s in self.stops:  # the stop string met first: the one that ends first (as the text comes)
             at = held.find(s)
-            if at != -1 and (cut == -1 or at < cut):
-                cut, self.stopped = at, s
+            if at != -1 and (end == -1 or (at + len(s), at) < (end, cut)):
+                cut, end, self.stopped = at, at + len(s), s
         if cut != -1:
             self._held = ""
             return held[:cut]
@@ -104,10 +105,9 @@ class StopStrings:
 
     def _partial(self, text: str) -> int:
         """The length of the longest end of ``text`` that begins some stop string."""
-        for n in range(min(len(text), self._longest - 1), 0, -1):
-            tail = text[-n:]
-            if any(s.startswith(tail) for s in self.stops):
-                return n
+        for i in range(max(len(text) - self._longest + 1, 0), len(text)):
+            if text[i] in self._firsts and any(s.startswith(text[i:]) for s in self.stops):
+                return len(text) - i
         return 0
 
     def flush(self) -> str:
