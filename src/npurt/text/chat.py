@@ -66,11 +66,15 @@ class ChatSession:
         self.stats: dict[str, Any] = {}  # the last turn's: the Generator's, and the conversation's length
         self.ids: list[int] = []  # the last turn's conversation ids (what the cache was given)
         self._turn: _Turn | None = None
+        self._streaming: TextStream | None = None  # the turn under way (closed where a new one starts)
         self.reset()
 
     def reset(self) -> None:
         """Start over (the system message kept). The cache keeps its rows: the next turn reuses the system
         prompt's."""
+        if getattr(self, "_streaming", None) is not None:
+            self._streaming.close()  # type: ignore[union-attr]
+            self._streaming = None
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
         self._turn = None
 
@@ -91,6 +95,9 @@ class ChatSession:
         (or is closed)."""
         if not isinstance(content, str):
             raise TypeError(f"content: a str, got {type(content).__name__}")
+        if self._streaming is not None:  # a reply left unfinished: it ends here, as far as it was shown
+            self._streaming.close()
+            self._streaming = None
         messages, ids, text = self._fit(self.messages + [{"role": "user", "content": content}])
         max_length = self.gen.facts.max_length
         room = max_length - len(ids) + 1
@@ -109,14 +116,17 @@ class ChatSession:
         def record(result: TextResult) -> None:
             reply = result.ids[:-1] if result.ids and result.ids[-1] in eos else list(result.ids)
             self.messages = messages + [{"role": "assistant", "content": result.text}]
-            cut = result.stop is not None  # the ids hold more than the text (the stop string and what followed)
+            # the ids hold more than the text: a stop string and what followed it, or text held when it was closed
+            cut = result.stop is not None or result.closed
             self._turn = None if cut else _Turn(text, ids, result.text, reply)
             result.prompt_ids = ids
             self.ids = ids + result.ids
             self.stats = {**result.stats, "conversation_tokens": len(ids), "max_length": max_length}
+            self._streaming = None
 
-        return TextStream(self.gen, self.tokenizer, ids[start:], new, start=start, stop=stops, eos_token_id=eos,
-                          settings=settings, on_end=record)
+        self._streaming = TextStream(self.gen, self.tokenizer, ids[start:], new, start=start, stop=stops,
+                                     eos_token_id=eos, settings=settings, on_end=record)
+        return self._streaming
 
     def send(self, content: str, **options: Any) -> TextResult:
         """Send a user message; the whole reply (options: those of ``stream``)."""

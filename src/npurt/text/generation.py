@@ -42,6 +42,7 @@ class TextResult:
     stop: str | None = None  # the stop string met
     prompt_ids: list[int] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    closed: bool = False  # the stream was closed before its end (the text is what was shown; finish "length")
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: Prompt, template_vars: dict[str, Any] | None = None) -> list[int]:
@@ -121,8 +122,15 @@ class TextStream:
         return next(self._pieces)
 
     def close(self) -> None:
-        """Stop the generation where it stands (its result then says "length" up to there)."""
+        """Stop the generation where it stands (its result then says "length", ``closed``, with the text shown up
+        to there); idempotent. A stream dropped unfinished is closed when it is collected."""
         self._pieces.close()
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _run(self) -> Coroutine[str, None, None]:
         decoder = DecodeStream(self.tokenizer, self._skip)
@@ -130,6 +138,7 @@ class TextStream:
         new: list[int] = []
         shown: list[str] = []
         reason = "length"
+        ended = False
         text_s = 0.0
         clock = time.perf_counter
         try:
@@ -151,6 +160,7 @@ class TextStream:
             rest = stops.feed(decoder.flush()) if stops.stopped is None else ""
             rest += stops.flush()
             text_s += clock() - t0
+            ended = True
             if rest:
                 shown.append(rest)
                 yield rest
@@ -158,7 +168,8 @@ class TextStream:
             self._ids.close()  # (the Generator's loop ends: its lock is released)
             stats = dict(self.gen.stats)
             stats["text_us_per_token"] = text_s / len(new) * 1e6 if new else 0.0
-            self.result = TextResult("".join(shown), new, reason, stops.stopped, self.prompt_ids, stats)
+            self.result = TextResult("".join(shown), new, reason, stops.stopped, self.prompt_ids, stats,
+                                     closed=not ended)
             if self._on_end is not None:
                 self._on_end(self.result)
 
