@@ -359,7 +359,8 @@ def test_template_errors_name_the_template_and_the_cause(folders, tmp_path):
 
 def test_special_tokens_map_and_generation_config_are_read_as_transformers_reads_them(folders, tmp_path):
     """Without added_tokens_decoder, special_tokens_map.json names the special tokens (a token the tokenizer lacks
-    is added, as transformers adds it); generation_config.json's eos ids (a list) and sampling defaults."""
+    is added, as transformers adds it); generation_config.json's eos ids (a list) and sampling defaults, through
+    the model folder's resolver; and a tokenizer's folder without a model reads them itself."""
     folder = tmp_path / "legacy"
     shutil.copytree(folders["bytelevel"], folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -370,6 +371,9 @@ def test_special_tokens_map_and_generation_config_are_read_as_transformers_reads
                       "single_word": False}, "additional_special_tokens": ["<|tool|>"]}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 511], "temperature": 0.7,
                                                                "do_sample": True}))
+    genai = json.loads((folder / "genai_config.json").read_text())
+    del genai["model"]["eos_token_id"]  # (genai_config.json's eos ids come first, as the runner reads them)
+    (folder / "genai_config.json").write_text(json.dumps(genai))
     tok, ref = Tokenizer(folder), auto_tokenizer(folder)
     assert tok.eos_token == ref.eos_token == "<|im_end|>" and tok.eos_token_id == ref.eos_token_id
     text = "a <|tool|> b <|im_end|>"
@@ -377,6 +381,9 @@ def test_special_tokens_map_and_generation_config_are_read_as_transformers_reads
     assert tok.decode(tok.encode(text), skip_special_tokens=True) == ref.decode(ref.encode(text),
                                                                                 skip_special_tokens=True)
     assert tok.eos_token_ids == (2, 511) and tok.sampling_defaults == {"do_sample": True, "temperature": 0.7}
+    (folder / "model.onnx").unlink()
+    bare = Tokenizer(folder)
+    assert bare.eos_token_ids == (2, 511) and bare.sampling_defaults == tok.sampling_defaults
 
 
 def test_clean_up_tokenization_is_transformers_own():

@@ -32,12 +32,13 @@ def run(args: argparse.Namespace) -> int:
     from ..generate.generator import Generator
     from ..text.chat import ChatSession
 
-    path = model_file(args.model)
+    model = model_file(args.model)
+    path = model.model
     tok = tokenizer(args.model, "npurt chat")
     assert tok is not None
     if args.stop and any(not s for s in args.stop):
         raise CliError("--stop: an empty stop string would end every reply before it starts", EXIT_USAGE)
-    loaded = load(args, path, max(DEFAULT_MAX_LENGTH, 4 * args.max_new_tokens))
+    loaded = load(args, model, max(DEFAULT_MAX_LENGTH, 4 * args.max_new_tokens))
     runner = loaded.runner
     interactive = sys.stdin.isatty()
     try:

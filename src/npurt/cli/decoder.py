@@ -4,18 +4,16 @@ with option ``decoder``, and the flags that apply to a decoder (no --shape, --fr
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .common import EXIT_USAGE, CliError, Loaded, add_model_options, create_runner, resolve_backend
 
 if TYPE_CHECKING:
+    from ..generate.folder import ModelFolder
     from ..text.tokenizer import Tokenizer
 
 DEFAULT_MAX_LENGTH = 256
-MODEL_FILE = "model.onnx"
 
 
 def add_decoder_options(p: argparse.ArgumentParser, default_chunk: int = 16) -> None:
@@ -40,26 +38,15 @@ def sampling(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed}
 
 
-def model_file(model: str) -> Path:
-    """The decoder's ONNX file: MODEL itself, or in the folder MODEL genai_config.json's decoder filename (else
-    model.onnx)."""
-    path = Path(model)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise CliError(f"model folder or file not found: {path}")
-    name = MODEL_FILE
-    config = path / "genai_config.json"
-    if config.is_file():
-        try:
-            named = json.loads(config.read_text()).get("model", {}).get("decoder", {}).get("filename")
-        except (OSError, ValueError, AttributeError):
-            named = None  # the runner reads the config again and names what is wrong with it
-        if isinstance(named, str):
-            name = named
-    if not (path / name).is_file():
-        raise CliError(f"{path} holds no {name} (a decoder's folder holds its model.onnx and genai_config.json)")
-    return path / name
+def model_file(model: str) -> ModelFolder:
+    """The decoder's folder resolved (``npurt.generate.folder``): its ONNX file (MODEL itself, or in the folder
+    genai_config.json's model file, else model.onnx, ...) and what its configs say."""
+    from ..generate.folder import resolve
+
+    try:
+        return resolve(model)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(str(e)) from None
 
 
 def tokenizer(model: str, required: str | None) -> Tokenizer | None:
@@ -78,21 +65,11 @@ def tokenizer(model: str, required: str | None) -> Tokenizer | None:
         raise CliError(str(e)) from None
 
 
-def context_length(path: Path) -> int | None:
-    from ..generate.model import read_genai_config
-
-    try:
-        value = read_genai_config(path).get("model", {}).get("context_length")
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    return value if isinstance(value, int) else None
-
-
-def load(args: argparse.Namespace, path: Path, needed: int) -> Loaded:
+def load(args: argparse.Namespace, model: ModelFolder, needed: int) -> Loaded:
     """The runner with option ``decoder``: ``--max-length`` rows, else ``needed`` (at least DEFAULT_MAX_LENGTH, at
     most the model's context length)."""
     max_length = args.max_length or max(DEFAULT_MAX_LENGTH, needed)
-    context = context_length(path)
+    context = model.context_length
     if args.max_length is None and context is not None:
         max_length = min(max_length, context)
     options: dict[str, Any] = {"device": args.device, "fallback": args.fallback,
@@ -100,7 +77,7 @@ def load(args: argparse.Namespace, path: Path, needed: int) -> Loaded:
                                            "prefill_chunk": min(args.prefill_chunk, max_length)}}
     if args.backend.upper() == "OPENVINO":
         options["inference_precision"] = "f32"  # a decoder's tokens change at near-ties in bf16
-    return create_runner(resolve_backend(args.backend), path, options)
+    return create_runner(resolve_backend(args.backend), model.model, options)
 
 
 @dataclass

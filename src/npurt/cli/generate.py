@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from ..generate.generator import Generator
     from ..text import generation
 
-    path = model_file(args.model)
+    model = model_file(args.model)
+    path = model.model
     if args.chat and args.prompt is None:
         raise CliError("--chat sends --prompt as a user message: give --prompt", EXIT_USAGE)
     if args.stop and any(not s for s in args.stop):
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         ids = generation.prompt_ids(tok, prompt) if tok is not None else list(prompt)
     except ValueError as e:  # a template that fails
         raise CliError(str(e)) from None
-    loaded = load(args, path, len(ids) + args.max_new_tokens)
+    loaded = load(args, model, len(ids) + args.max_new_tokens)
     runner = loaded.runner
     try:
         with Generator(runner) as gen:

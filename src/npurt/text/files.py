@@ -6,8 +6,10 @@
 - ``special_tokens_map.json``: the named special tokens, read where ``tokenizer_config.json`` has no
   ``added_tokens_decoder`` (as transformers 5 does);
 - ``chat_template.jinja``: the chat template, taking precedence over ``tokenizer_config.json``'s;
-- ``generation_config.json``: the eos ids (one or a list) and the sampling defaults the model ships;
-- ``genai_config.json`` (ONNX Runtime GenAI's): its eos / bos / pad ids where ``generation_config.json`` gives none.
+- the model's configs through the one resolver of a decoder's folder (``npurt.generate.folder``): the eos ids
+  (``genai_config.json``'s, else ``generation_config.json``'s, one or a list, else ``config.json``'s) and the
+  sampling defaults ``generation_config.json`` ships. A folder with a tokenizer and no model reads
+  ``generation_config.json`` and ``genai_config.json`` itself.
 
 Only the standard library here: the tokenizer and the template engine are imported where they are used.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..generate.folder import resolve
 from .errors import NoTokenizerError
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -46,8 +49,8 @@ class TextFiles:
     added_tokens_decoder: dict[int, dict[str, Any]]
     chat_templates: dict[str, str]  # name ("default" for the one template) -> its source
     chat_template_source: str | None  # where the templates were read from (for errors)
-    generation_config: dict[str, Any] = field(default_factory=dict)
-    genai_model: dict[str, Any] = field(default_factory=dict)  # genai_config.json's "model" entry
+    model_eos_token_ids: tuple[int, ...] = ()  # the model's configs' eos ids
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # generation_config.json's
 
 
 def model_folder(model_dir_or_file: str | os.PathLike[str]) -> Path:
@@ -88,7 +91,16 @@ def token_content(value: Any) -> str | None:
 def read(model_dir_or_file: str | os.PathLike[str]) -> TextFiles:
     """The text facts of the folder; NoTokenizerError where it has no tokenizer.json, ValueError for a file that
     cannot be read."""
-    folder = model_folder(model_dir_or_file)
+    try:
+        model = resolve(model_dir_or_file)  # ValueError for a config that says something of the wrong kind
+        folder, eos, sampling = model.folder, model.eos_token_ids, model.sampling_defaults
+    except FileNotFoundError:  # a tokenizer's folder without a model
+        folder = model_folder(model_dir_or_file)
+        generation = _optional(folder, GENERATION_CONFIG)
+        genai = _optional(folder, GENAI_CONFIG).get("model", {})
+        eos = _ids(genai.get("eos_token_id") if isinstance(genai, dict) else None) or _ids(
+            generation.get("eos_token_id"))
+        sampling = {k: generation[k] for k in SAMPLING_KEYS if k in generation}
     tokenizer_json = folder / TOKENIZER_JSON
     if not tokenizer_json.is_file():
         raise NoTokenizerError(f"{folder} has no {TOKENIZER_JSON}: text in and out needs the model's tokenizer "
@@ -125,12 +137,10 @@ def read(model_dir_or_file: str | os.PathLike[str]) -> TextFiles:
                 raise ValueError(f"{folder / TOKENIZER_CONFIG}: added_tokens_decoder key {index!r} is not an "
                                  "id") from None
     templates, source = _chat_templates(folder, config)
-    genai = _optional(folder, GENAI_CONFIG).get("model", {})
     return TextFiles(folder=folder, tokenizer_json=tokenizer_json, config=config, special_tokens=ordered,
                      extra_special_tokens=[t for t in extra if token_content(t) is not None],
                      added_tokens_decoder=added, chat_templates=templates, chat_template_source=source,
-                     generation_config=_optional(folder, GENERATION_CONFIG),
-                     genai_model=genai if isinstance(genai, dict) else {})
+                     model_eos_token_ids=eos, sampling_defaults=sampling)
 
 
 def _chat_templates(folder: Path, config: dict[str, Any]) -> tuple[dict[str, str], str | None]:
@@ -160,12 +170,9 @@ def _chat_templates(folder: Path, config: dict[str, Any]) -> tuple[dict[str, str
 
 
 def eos_token_ids(files: TextFiles, eos_token_id: int | None) -> tuple[int, ...]:
-    """The ids that end a generation: generation_config.json's (one or a list), else genai_config.json's, else the
-    tokenizer's eos token."""
-    for value in (files.generation_config.get("eos_token_id"), files.genai_model.get("eos_token_id")):
-        ids = _ids(value)
-        if ids:
-            return ids
+    """The ids that end a generation: the model's configs' (see the module), else the tokenizer's eos token."""
+    if files.model_eos_token_ids:
+        return files.model_eos_token_ids
     return (eos_token_id,) if eos_token_id is not None else ()
 
 
@@ -177,8 +184,3 @@ def _ids(value: Any) -> tuple[int, ...]:
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return tuple(value)
     return ()
-
-
-def sampling_defaults(files: TextFiles) -> dict[str, Any]:
-    """The sampling settings generation_config.json ships (do_sample, temperature, top_k, top_p), those present."""
-    return {k: files.generation_config[k] for k in SAMPLING_KEYS if k in files.generation_config}

@@ -72,7 +72,7 @@ class Tokenizer:
         self.eos_token_id = self.convert_tokens_to_ids(self.eos_token) if self.eos_token else None
         self.pad_token_id = self.convert_tokens_to_ids(self.pad_token) if self.pad_token else None
         self.eos_token_ids = files.eos_token_ids(self.files, self.eos_token_id)
-        self.sampling_defaults = files.sampling_defaults(self.files)
+        self.sampling_defaults = dict(self.files.sampling_defaults)
         self.chat_templates = dict(self.files.chat_templates)
         self.chat_template = self.chat_templates.get("default")
         added = backend.get_added_tokens_decoder()
