@@ -263,3 +263,26 @@ def test_npurt_chat(folders):
     turns = [line for line in done.stderr.splitlines() if "tokens/s" in line]
     assert len(turns) == 3 and "(conversation reset)" in done.stderr
     assert "prefilled" in turns[1] and "(cached 0)" not in turns[1]
+
+
+def test_a_reply_left_unfinished_ends_where_the_next_turn_starts(folders):
+    """A turn whose stream the app stopped reading: the next turn closes it (the Generator's loop ends, its reply
+    is what was shown) and goes on; its ids are encoded anew (they hold text never shown)."""
+    folder = folders["bytelevel"]
+    tok = Tokenizer(folder)
+    with runner(folder) as r, Generator(r) as gen:
+        chat = ChatSession(gen, tok, max_new_tokens=12)
+        stream = chat.stream("Hello")
+        shown = next(stream, "")
+        second = chat.send("Next")
+        assert stream.result is not None and stream.result.closed and stream.result.finish_reason == "length"
+        assert stream.result.text == shown and len(stream.result.ids) < 12
+        assert [m["content"] for m in chat.messages] == ["Hello", shown, "Next", second.text]
+        assert second.prompt_ids == tok.apply_chat_template(chat.messages[:-1], True, tokenize=True)
+        reference = greedy_onnxruntime(folder / MODEL_FILE, second.prompt_ids, 12, eos_token_id=EOS_TOKEN_ID)
+        assert_tokens_agree(second.ids, reference, "the turn after an unfinished one")
+        with chat.stream("Third") as third:
+            next(third, "")
+        assert third.result is not None and third.result.closed
+        chat.reset()
+        assert chat.messages == [] and chat.send("Again").finish_reason in ("stop", "length")
