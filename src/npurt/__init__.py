@@ -1,5 +1,7 @@
 """npurt: one VART-ML style API for NPUs, over OpenVINO and ONNX Runtime (Vitis AI EP)."""
 
+from typing import TYPE_CHECKING, Any
+
 from . import share
 from .factory import RunnerFactory
 from .formats import convert
@@ -8,7 +10,6 @@ from .infer_queue import InferQueue, QueueSlot
 from .runner import Runner
 from .serve import connect
 from .tensor import NpuTensor
-from .text import ChatSession, Tokenizer
 from .types import (
     DataType,
     DeviceInfo,
@@ -28,6 +29,9 @@ from .types import (
     TensorType,
 )
 
+if TYPE_CHECKING:
+    from .text import ChatSession, Tokenizer
+
 __version__ = "0.1.0"  # the only place the version is written: pyproject.toml reads it from here
 
 __all__ = [
@@ -37,3 +41,13 @@ __all__ = [
     "QueueSlot", "RoundingMode", "Runner", "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection",
     "TensorType", "Tokenizer", "connect", "convert", "share", "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The text layer (``Tokenizer``, ``ChatSession``) is imported where it is first named: an app without text
+    does not pay for it."""
+    if name in ("ChatSession", "Tokenizer"):
+        from . import text
+
+        return getattr(text, name)
+    raise AttributeError(f"module 'npurt' has no attribute {name!r}")
