@@ -404,3 +404,26 @@ def test_importing_npurt_imports_neither_tokenizers_nor_jinja2(folders):
     out = subprocess.run([sys.executable, "-c", code, str(folders["bytelevel"])], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "False", out.stdout
+
+
+def test_named_templates_pick_tool_use_where_tools_are_given(folders, tmp_path):
+    """tokenizer_config.json's list of named templates: "default", and "tool_use" where tools are passed (as
+    transformers picks); a name picks one; an unknown name is a clear error."""
+    folder = tmp_path / "named"
+    shutil.copytree(folders["bytelevel"], folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": SYSTEM_MERGED}, {"name": "tool_use", "template": TOOLS}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok, ref = Tokenizer(folder), auto_tokenizer(folder)
+    chat = CHATS[1]
+    assert tok.apply_chat_template(chat) == ref.apply_chat_template(chat, tokenize=False)
+    assert tok.apply_chat_template(chat, True, [WEATHER]) == ref.apply_chat_template(chat, tools=[WEATHER],
+                                                                                       add_generation_prompt=True,
+                                                                                       tokenize=False)
+    assert tok.apply_chat_template(chat, chat_template="tool_use") == ref.apply_chat_template(
+        chat, chat_template="tool_use", tokenize=False)
+    with pytest.raises(ValueError, match=r"chat_template 'other': no template of that name in .*it has: default, "
+                                         r"tool_use"):
+        tok.apply_chat_template(chat, chat_template="other")
+    with pytest.raises(NotImplementedError, match="continue_final_message"):
+        tok.apply_chat_template(chat, continue_final_message=True)

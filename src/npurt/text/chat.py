@@ -89,16 +89,16 @@ class ChatSession:
         return True
 
     # ------------------------------------------------------------------------------------------------------ a turn
-    def stream(self, content: str, *, max_new_tokens: int | None = None, stop: str | Sequence[str] | None = None,
-               **sampling_settings: Any) -> TextStream:
-        """Send a user message; the reply's text as it comes. The reply joins the conversation when the stream ends
-        (or is closed)."""
+    def stream(self, content: str, *, role: str = "user", max_new_tokens: int | None = None,
+               stop: str | Sequence[str] | None = None, **sampling_settings: Any) -> TextStream:
+        """Send a message (``role``: "user", or e.g. "tool" for a tool's result where the template takes one); the
+        reply's text as it comes. The reply joins the conversation when the stream ends (or is closed)."""
         if not isinstance(content, str):
             raise TypeError(f"content: a str, got {type(content).__name__}")
         if self._streaming is not None:  # a reply left unfinished: it ends here, as far as it was shown
             self._streaming.close()
             self._streaming = None
-        messages, ids, text = self._fit(self.messages + [{"role": "user", "content": content}])
+        messages, ids, text = self._fit(self.messages + [{"role": role, "content": content}])
         max_length = self.gen.facts.max_length
         room = max_length - len(ids) + 1
         wanted = max_new_tokens if max_new_tokens is not None else self.max_new_tokens
@@ -129,7 +129,7 @@ class ChatSession:
         return self._streaming
 
     def send(self, content: str, **options: Any) -> TextResult:
-        """Send a user message; the whole reply (options: those of ``stream``)."""
+        """Send a message; the whole reply (options: those of ``stream``)."""
         stream = self.stream(content, **options)
         for _ in stream:
             pass

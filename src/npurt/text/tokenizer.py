@@ -168,6 +168,9 @@ class Tokenizer:
         ``enable_thinking=False``), over the special tokens' names (``bos_token``, ...).
 
         ChatTemplateError (a ValueError) names the template and the cause."""
+        if "continue_final_message" in template_vars:
+            raise NotImplementedError("continue_final_message is not supported: end the messages with the user's "
+                                      "and add_generation_prompt=True, or pass the rendered text to encode")
         text, source = self.render_chat(messages, add_generation_prompt, tools, documents=documents,
                                         chat_template=chat_template, mark=tokenize and sanitize_control_tokens,
                                         **template_vars)
