@@ -286,3 +286,28 @@ def test_a_reply_left_unfinished_ends_where_the_next_turn_starts(folders):
         assert third.result is not None and third.result.closed
         chat.reset()
         assert chat.messages == [] and chat.send("Again").finish_reason in ("stop", "length")
+
+
+def test_a_chat_on_the_htp_emulator_prefills_only_what_is_new(folders):
+    """QNN's HTP emulator (static shapes: the prefill in chunks of 8, the last placed to end at the prompt's end):
+    turn 2 runs only the chunks past the common prefix, and its tokens are plain ONNX Runtime's over the whole
+    conversation up to an FP16 near-tie."""
+    from tests.helpers.qnn import require_qnn
+
+    require_qnn()
+    folder = folders["bytelevel"]
+    tok = Tokenizer(folder)
+    with RunnerFactory.create_runner("QNN", folder / MODEL_FILE, {
+            "device": "NPU", "decoder": {"max_length": 96, "prefill_chunk": 8}, "max_compiled_shapes": 1}) as r, \
+            Generator(r) as gen:
+        assert r.decoder.pinned
+        chat = ChatSession(gen, tok, system="Be brief.", max_new_tokens=8)
+        first = chat.send("Hello")
+        second = chat.send("Again")
+        cached, new = chat.stats["cached_tokens"], chat.stats["prompt_tokens"]
+        assert cached == lcp(first.prompt_ids + first.ids[:-1], second.prompt_ids) and cached + new == len(
+            second.prompt_ids)
+        assert chat.stats["prefill_chunks"] == -(-new // 8) and chat.stats["copies"] == 0
+        reference = greedy_onnxruntime(folder / MODEL_FILE, second.prompt_ids, 8, eos_token_id=EOS_TOKEN_ID)
+        # (twice tests/test_generate.py's FP16_LOGITS: where FP16 may flip a pick)
+        assert_tokens_agree(second.ids, reference, "turn 2 on the HTP emulator", tolerance=0.12)
