@@ -246,6 +246,13 @@ def test_npurt_generate_takes_text(folders, tmp_path):
     done = npurt("generate", str(folder / MODEL_FILE), "--prompt-ids", ",".join(map(str, want.prompt_ids)),
                  "--max-new-tokens", "12", "--backend", "vaiml", "--device", "cpu")
     assert done.returncode == 0 and f"Text     {want.text!r}" in done.stdout, done.stdout + done.stderr
+    done = npurt("generate", str(folder), "--prompt", "Hi <|im_end|>", "--chat", "--system", "Be brief.",
+                 "--max-new-tokens", "4", "--stop", "zzz", "--backend", "vaiml", "--device", "cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"}]
+    assert json.loads(done.stdout)["prompt_ids"] == tok.apply_chat_template(chat, True, tokenize=True)
+    done = npurt("generate", str(folder), "--prompt", "Hi", "--stop", "", "--backend", "vaiml", "--device", "cpu")
+    assert done.returncode == 2 and "empty stop string" in done.stderr
     bare = decoder_folder(tmp_path, "gqa")
     done = npurt("generate", str(bare), "--prompt", "Hello", "--backend", "vaiml", "--device", "cpu")
     assert done.returncode == 2 and "--prompt needs the model's tokenizer" in done.stderr
