@@ -33,7 +33,7 @@ from .. import onnx_graph
 from ..options import DecoderSpec, RunnerOptions
 from ..types import DecoderFacts, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from . import folder as folder_of
-from . import layout, openvino_form, verify
+from . import layout, merged, openvino_form, verify
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
@@ -89,10 +89,13 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
     except ValueError as e:
         raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
     try:
+        merged.resolve_cache_branch(weightless)
         shape = layout.read(weightless, spec.max_length, {w.name: w.dims for w in skeleton.weights.values()})
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
+    int8_activations = any(n.op_type == "MatMulNBits" and any(a.name == "accuracy_level" and a.i == 4
+                                                               for a in n.attribute) for n in weightless.graph.node)
     external = any(w.external for w in skeleton.weights.values())
     del weightless, skeleton
     if shape.vocab is None:
@@ -129,7 +132,9 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             cache = "stream buffers, written in place (past and present bound to one buffer)"
         pad = found.pad_token_id or 0
         engine = "openvino" if openvino else "onnxruntime"
-        verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad)
+        verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
+                                  int8_activations=int8_activations,
+                                  engine_options=options.engine_options if openvino else None)
         checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance {verdict['tolerance']:.2g}) "
                    f"on {engine}, a {verdict['prompt_tokens']}-id prompt in one run and in chunks, then "
                    f"{verdict['steps']} steps")
@@ -199,6 +204,7 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
             model = onnx.load(str(model_path))
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
             raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
+        merged.resolve_cache_branch(model)
         form = static_form.derive(model, shape.max_length)
         del model
         partial = folder / f"decoder_static.onnx.{os.getpid()}.partial"  # (other processes may write theirs)

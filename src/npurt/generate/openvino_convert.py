@@ -1,7 +1,7 @@
 """The child process of ``openvino_form``: a decoder export converted by OpenVINO's ONNX frontend, edited, made
 stateful and saved as IR. Run as ``python -m npurt.generate.openvino_convert SOURCE TARGET PAIRS_JSON FORM``
-(FORM: ``static`` or ``growing``); exit status 3 with a JSON object {operator: why} on stdout where operators did
-not convert; 2 with one line on stderr where the form cannot be made.
+(FORM: ``static`` or ``growing``); exit status 3 with a JSON list of reasons on stdout where operators did not
+convert (the frontend's report, naming them); 2 with one line on stderr where the form cannot be made.
 
 The growing form replaces each GroupQueryAttention by standard operations, as ONNX Runtime computes it: the IR
 reader does not take OpenVINO's own GroupQueryAttention (an internal operation: "unsupported opset: extension"), so
@@ -11,10 +11,11 @@ the past [B, Hkv, P, D], ``seqlens_k`` [B]:
 - the new tokens' positions are seqlens_k + 1 - S + [0 .. S-1] (ONNX Runtime's rule; ``total_sequence_length`` is
   ignored, as OpenVINO's own conversion does);
 - rotary (``do_rotary``, rotate-half) from the cos / sin caches gathered at those positions, on q and k;
-- present = Concat(past, new) on the sequence axis (the state grows);
+- present = Concat(the past's first seqlens_k + 1 - S rows, new) on the sequence axis: the state grows by S rows a
+  run, and a run from an earlier position (a new prompt, a rewind) drops the rows after it;
 - the KV heads repeated for the query heads (Unsqueeze / Broadcast / Reshape, the pattern of Hugging Face's
   repeat_kv), and ScaledDotProductAttention with a boolean mask: key t is seen by the query at position p iff
-  t <= p (key t holds position t: the state's length equals the first new position).
+  t <= p (key t holds position t).
 
 Other settings of the node (interleaved rotary, a local window, smooth softmax, a quantized cache, extra inputs) are
 refused naming them.
@@ -41,15 +42,23 @@ class Refused(Exception):
     """An operator's settings that the growing form does not take."""
 
 
-def _unconverted(model: ov.Model) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for op in model.get_ordered_ops():
-        if op.get_type_name() in _FRAMEWORK_NODES:
-            attrs = op.get_attributes()
-            name = f"{attrs.get('ONNX_META_domain') or 'ai.onnx'}.{attrs.get('ONNX_META_type', op.get_type_name())}"
-            error = str(attrs.get("ONNX_META_error", "") or "").strip()
-            found.setdefault(name, error.splitlines()[-1] if error else "no conversion rule")
-    return found
+def _unconverted(frontend: Any, model: ov.Model, source: str) -> list[str]:
+    """What the frontend left unconverted, as its own report says it ("No conversion rule found for operations:
+    com.microsoft.X", "Conversion is failed for: ..."): a framework node's own attributes may name no operator."""
+    nodes = [op for op in model.get_ordered_ops() if op.get_type_name() in _FRAMEWORK_NODES]
+    if not nodes:
+        return []
+    try:
+        frontend.convert(frontend.load(source))
+    except Exception as e:  # noqa: BLE001 - the report comes as the conversion's error
+        text = str(e)
+        summary = text.split("Summary:", 1)[1] if "Summary:" in text else ""
+        lines = [line.strip().removeprefix("-- ") for line in summary.splitlines() if line.strip().startswith("--")]
+        if lines:
+            return lines
+    named = {f"{op.get_attributes().get('ONNX_META_domain') or 'ai.onnx'}."
+             f"{op.get_attributes().get('ONNX_META_type') or op.get_friendly_name()}" for op in nodes}
+    return [f"operations not converted: {', '.join(sorted(named))}"]
 
 
 def _const(value: Any, dtype: Any = np.int64) -> Any:
@@ -117,6 +126,11 @@ def _decompose_gqa(op: Any) -> None:
         cos = ops.unsqueeze(ops.gather(inputs[7], positions, _const(0)), _const([1]))  # [B, 1, S, D/2]
         sin = ops.unsqueeze(ops.gather(inputs[8], positions, _const(0)), _const([1]))
         q, k = _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+    # the past the state holds, cut to its first `first` rows: a run from an earlier position (a new prompt, a
+    # rewind) overwrites what followed, as the static form's rows are (ONNX Runtime's GQA reads a larger past buffer
+    # the same way: its first seqlens_k + 1 - S rows)
+    kept = ops.gather(first, _const([0]), _const(0))  # [1] (batch 1)
+    past_k, past_v = (ops.slice(p, _const([0]), kept, _const([1]), _const([2])) for p in (past_k, past_v))
     present_k = ops.concat([past_k, k], 2)
     present_v = ops.concat([past_v, v], 2)
     keys, values = present_k, present_v
@@ -143,6 +157,14 @@ def _decompose_gqa(op: Any) -> None:
             consumer.replace_source_output(replacement)
 
 
+def decompose_group_query_attention(model: ov.Model) -> None:
+    """Each GroupQueryAttention of ``model`` replaced by standard operations (see the module); Refused naming a
+    setting they do not compute. (benchmarks/generate.py builds OpenVINO GenAI's IR of a builder-form export
+    with it.)"""
+    for op in [op for op in model.get_ordered_ops() if op.get_type_name() == "GroupQueryAttention"]:
+        _decompose_gqa(op)
+
+
 def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> int:
     frontend = FrontEndManager().load_by_framework("onnx")
     try:
@@ -151,7 +173,7 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> i
         lines = [line for line in str(e).splitlines() if line.strip()]
         print(f"cannot read ONNX model {source}: {lines[-1] if lines else type(e).__name__}", file=sys.stderr)
         return 2
-    unconverted = _unconverted(model)
+    unconverted = _unconverted(frontend, model, source)
     if unconverted:
         print(json.dumps(unconverted))
         return UNCONVERTED
@@ -167,10 +189,9 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> i
             shape[0] = 1
             param.set_partial_shape(shape)
         try:
-            for op in [op for op in model.get_ordered_ops() if op.get_type_name() == "GroupQueryAttention"]:
-                _decompose_gqa(op)
+            decompose_group_query_attention(model)
         except Refused as e:
-            print(json.dumps({"com.microsoft.GroupQueryAttention": str(e)}))
+            print(json.dumps([str(e)]))
             return UNCONVERTED
     model.validate_nodes_and_infer_types()
     apply_make_stateful_transformation(model, pairs)

@@ -10,9 +10,10 @@ compression), one compiled model with the sequence dim open for the prefill and 
   int64 [1] replaces ``attention_mask``: the graph computes it as position + S ones (from a Range comparison, not a
   ConstantOfShape), and the export's own mask subgraph derives ``seqlens_k`` from it. Each GroupQueryAttention is
   replaced by standard operations (``openvino_convert``: OpenVINO's own is an internal operation its IR reader does
-  not read back). The new rows go after the past the state holds and take positions from ``seqlens_k``, so the
-  state's length must equal ``position`` at every run: ``DecoderFacts.cache`` is ``GROWING`` for this form, and a
-  caller that goes back (rewinds) resets the state and prefills again.
+  not read back). A run uses the state's first ``position`` rows and appends its S: a new prompt or a rewind needs
+  no reset, but a position past the state's length (rows never run) would give wrong logits: ``DecoderFacts.cache``
+  is ``GROWING`` for this form (the state's length is the position after the last run; go back freely, never
+  forward past it).
 
 OpenVINO decides what it runs, not a list of names: the export is converted by OpenVINO's ONNX frontend
 (``convert_partially``), and operators it has no conversion for (or whose conversion fails, or whose settings the
@@ -35,10 +36,10 @@ from pathlib import Path
 from ..types import NpuError, NpuUnsupportedError
 from . import layout
 
-GROWING = "growing"  # DecoderFacts.cache of the GroupQueryAttention form: the state grows, its length is the position
+GROWING = "growing"  # DecoderFacts.cache of the GroupQueryAttention form: runs may go back, never past the state
 STATIC = "OpenVINO state (the compiled model's variables, one set per stream)"
 GROWING_ATTENTION = "GroupQueryAttention"  # the operator whose exports take the growing form
-_UNCONVERTED = 3  # openvino_convert's exit status where operators did not convert (its stdout: their JSON)
+_UNCONVERTED = 3  # openvino_convert.UNCONVERTED (not imported: it imports OpenVINO, which stays in the child)
 _CHILD = Path(__file__).with_name("openvino_convert.py")  # run as a script: OpenVINO's memory stays in the child
 
 
@@ -74,20 +75,19 @@ def growing(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
 
 
 def _convert(source: Path, path: Path, shape: layout.Layout, *, growing: bool, named: str) -> None:
-    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
+    draft = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
     pairs = json.dumps({p.past: p.present for p in shape.pairs})
-    done = subprocess.run([sys.executable, str(_CHILD), str(source), str(partial), pairs,
+    done = subprocess.run([sys.executable, str(_CHILD), str(source), str(draft), pairs,
                            "growing" if growing else "static"], capture_output=True, text=True)
     if done.returncode == _UNCONVERTED:
-        unconverted: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
-        raise NpuUnsupportedError(f"{named}: OpenVINO cannot run "
-                                  + "; ".join(f"{op} ({why})" for op, why in sorted(unconverted.items()))
-                                  + ": use an ONNX Runtime backend")
+        reasons: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+        raise NpuUnsupportedError(f"{named}: OpenVINO cannot convert it ({'; '.join(reasons)}): use an ONNX Runtime "
+                                  "backend")
     if done.returncode != 0:
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
         if last.startswith("cannot read ONNX model"):
             raise NpuError(last)
         raise NpuError(f"OpenVINO cannot make the decoder's {'growing' if growing else 'static'} form stateful: "
                        f"{last}")
-    partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
-    partial.replace(path)
+    draft.with_suffix(".bin").replace(path.with_suffix(".bin"))
+    draft.replace(path)
