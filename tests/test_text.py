@@ -37,12 +37,13 @@ def streamed(tok: Tokenizer, ids, skip_special_tokens=False) -> tuple[list[str],
 
 
 @pytest.mark.parametrize("kind", list(KIND_SHAPES))
-def test_the_vocabulary_is_the_decoder_s(folders, kind):
+def test_the_vocabulary_is_the_decoder_s(folders, references, kind):
     """The trained tokenizer has the decoder's exact vocabulary and its pad / bos / eos ids (0 / 1 / 2)."""
     from npurt.models.decoders import SHAPES
 
     tok = Tokenizer(folders[kind])
-    assert len(tok) == SHAPES[KIND_SHAPES[kind]].vocab
+    assert len(tok) == SHAPES[KIND_SHAPES[kind]].vocab == len(references[kind])
+    assert tok.vocab_size == references[kind].vocab_size < len(tok)
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     assert tok.eos_token_ids == (2,)  # genai_config.json's; no generation_config.json here
 

@@ -91,8 +91,9 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """The vocabulary, added tokens included (as ``len(tokenizer)``: the decoder's logits are this wide)."""
-        return len(self)
+        """The base vocabulary, without the added tokens (as transformers has it; ``len(tokenizer)`` counts them
+        too: the decoder's logits are that wide)."""
+        return int(self.backend_tokenizer.get_vocab_size(with_added_tokens=False))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The ids of ``text`` (``add_special_tokens``: what the tokenizer's post-processor adds, e.g. a bos id)."""
