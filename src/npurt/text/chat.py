@@ -102,9 +102,9 @@ class ChatSession:
         max_length = self.gen.facts.max_length
         room = max_length - len(ids) + 1
         wanted = max_new_tokens if max_new_tokens is not None else self.max_new_tokens
-        new = room if wanted is None else min(wanted, room)
-        if new < 1:
+        if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1):
             raise ValueError(f"max_new_tokens: a positive integer, got {wanted!r}")
+        new = room if wanted is None else min(wanted, room)
         cache = self.gen.tokens
         start = _common_prefix(cache, ids)
         if start == len(ids):
@@ -147,8 +147,10 @@ class ChatSession:
             fewer = None
             if self.on_full == "drop_oldest":
                 fewer = _without_oldest(messages, keep_last=True)
-            elif self.on_full == "reset" and len(messages) > 2 - (messages[0]["role"] != "system"):
-                fewer = [m for m in messages[:1] if m["role"] == "system"] + messages[-1:]
+            elif self.on_full == "reset":
+                system = [m for m in messages[:1] if m.get("role") == "system"]
+                if len(messages) > len(system) + 1:  # something besides the system message and the new one
+                    fewer = system + messages[-1:]
             if fewer is None:
                 how = ("even with the oldest turns dropped" if self.on_full != "error" else
                        "go on with on_full='drop_oldest' (or drop_oldest()), on_full='reset' (or reset()), or a "
