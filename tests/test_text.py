@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import jinja2
 import pytest
 
 from npurt import Tokenizer
@@ -216,8 +217,20 @@ TOOLS = """{%- if tools %}<|im_start|>system
 </think>
 
 {% endif %}{% endif %}"""
+FILTERS = """{%- set roles = messages | map(attribute='role') | list %}
+{%- set users = messages | selectattr('role', 'equalto', 'user') | list %}
+{{- bos_token }}[{{ roles | join(',') }}] users={{ users | length }}
+{%- if tools is not none %} tools={{ tools | map(attribute='function.name') | join('|') }}
+{{ tools[0] | tojson(indent=4) }}{% endif %}
+{%- for message in messages %}
+{%- set content = message.content if message.content is string else message.content | tojson %}
+{%- if loop.previtem is defined and loop.previtem.role == message.role %} (again){% endif %}
+<{{ message.role | upper }}>{{ content[:40] | replace('\n', ' ') }}{% if content | length > 40 %}...{% endif %}
+{%- for key, value in message | dictsort if key not in ('role', 'content') %} {{ key }}={{ value | tojson }}{% endfor %}
+{%- endfor %}
+{%- if add_generation_prompt %}<ASSISTANT>{% endif %}"""
 TEMPLATES = {"system": SYSTEM_MERGED, "alternating": ALTERNATING, "namespace": NAMESPACE_LOOP,
-             "strings": STRING_METHODS, "tools": TOOLS}
+             "strings": STRING_METHODS, "tools": TOOLS, "filters": FILTERS}
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Météo d'une ville <b>now</b>",
@@ -348,6 +361,11 @@ def test_template_errors_name_the_template_and_the_cause(folders, tmp_path):
     (folder / "chat_template.jinja").write_text("{{ messages.__class__ }}{{ ''.__class__.__mro__ }}")
     with pytest.raises(ChatTemplateError, match="sandbox|failed"):
         Tokenizer(folder).apply_chat_template(chat)
+    (folder / "chat_template.jinja").write_text("{% set seen = [] %}{{ seen.append(1) }}")  # immutable sandbox
+    with pytest.raises(ChatTemplateError, match=r"chat_template\.jinja did something its sandbox refuses"):
+        Tokenizer(folder).apply_chat_template(chat)
+    with pytest.raises(jinja2.exceptions.SecurityError):  # transformers' own sandbox refuses it too
+        auto_tokenizer(folder).apply_chat_template(chat, tokenize=False)
     (folder / "chat_template.jinja").unlink()
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     with pytest.raises(ValueError, match="has no chat template"):
