@@ -91,7 +91,7 @@ from npurt.models.decoders import (
     PAST_VALUE,
     PRESENT_KEY,
     PRESENT_VALUE,
-    SHAPES,
+    TEST_SHAPES,
     DecoderShape,
     build_decoder,
     build_openvino_stateful,
@@ -295,9 +295,15 @@ def npurt_available() -> bool:
 
 # -------------------------------------------------------------------------------------------------------- one model
 def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table) -> None:
-    shape = shape_of(name)
-    folder = tmp / name
-    model = build_decoder(folder, shape, 0)
+    """``name``: a preset, in its default form (``*-builder``: ONNX Runtime GenAI's builder form), or
+    ``PRESET@FORM`` and ``...:PRECISION`` (``bench-builder:int4``: MatMulNBits as the builder writes it for the
+    CPU, block 32, accuracy level 4)."""
+    preset, _, precision = name.partition(":")
+    preset, _, form = preset.partition("@")
+    shape = shape_of(preset)
+    folder = tmp / name.replace(":", "-").replace("@", "-")
+    model = build_decoder_form(folder, preset, 0, form=form or None, precision=precision or "fp32",
+                               int4=BUILDER_INT4_SETTINGS if precision == "int4" else None)
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, shape.vocab, args.prompt_tokens)]
     max_length = args.prompt_tokens + NEW_TOKENS
     if max_length > shape.context_length:
@@ -330,9 +336,11 @@ def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table)
             options["num_threads"] = threads
         for backend in ("ONNXRUNTIME", "OPENVINO"):
             sides.append(npurt_side(backend, model, prompt, options))
-        write_tokenizer(folder, "bytelevel", shape.vocab)
-        sides.append(npurt_text_side("ONNXRUNTIME", model, prompt, options))
-    _run_sides(report, name, args, sides, table, TARGET_BENCH if name == "bench" else TARGET_SMALL, reference)
+        if not form and not precision:  # the text row: on the default form (the text layer is the same on each)
+            write_tokenizer(folder, "bytelevel", shape.vocab)
+            sides.append(npurt_text_side("ONNXRUNTIME", model, prompt, options))
+    _run_sides(report, name, args, sides, table, TARGET_BENCH if preset.startswith("bench") else TARGET_SMALL,
+               reference)
 
 
 def _run_sides(report: Report, name: str, args: Any, sides: list[Side], table: Table, limit: float,
@@ -639,7 +647,7 @@ def main() -> int:
             else:
                 measure_shape(report, name, args, Path(tmp), table)
         if not args.raw_only:
-            chat_shape = next((n for n in ("bench", *shapes) if n in shapes and n in SHAPES), None)
+            chat_shape = next((n for n in ("bench", *TEST_SHAPES) if n in shapes), None)
             if chat_shape is not None:
                 measure_chat(report, chat_shape, args, Path(tmp))
             measure_memory(report, build_decoder(Path(tmp) / "memory", "bench", 0), 1 if args.quick else 3)
