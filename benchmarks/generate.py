@@ -44,6 +44,13 @@ OpenVINO GenAI (OPENVINO): >= 1.0x on the bench model, >= 0.9x on the test shape
 (stats["copies"] over the decode steps): none beyond the token in and the logits out. ``--raw-only`` measures the
 raw sides alone (no npurt rows, no targets).
 
+Text (issue 44): a row "npurt ONNXRUNTIME, text" beside the ids rows: the same generation through
+``npurt.text.stream_text`` with a ByteLevel tokenizer of the model's vocabulary trained here
+(`npurt.models.tokenizer_files`), each id decoded as it comes and a stop string checked; target: the text layer
+adds <= 10 us per generated token. Chat: turn 2 of a conversation (a long first message, its reply, then a short
+one) on ONNXRUNTIME: its time to first token <= 1.2x that of a one-turn prompt of the same new length (the cache
+kept), the full re-prefill of the whole conversation stated beside it as the baseline.
+
     python -m benchmarks.generate [--quick] [--json] [--raw-only] [--shapes gqa,bench] [--runs N]
                                   [--prompt-tokens N] [--prefill-chunk N] [--threads N] [--ovgenai-python PATH]
 """
@@ -84,18 +91,21 @@ from npurt.models.decoders import (
     PAST_VALUE,
     PRESENT_KEY,
     PRESENT_VALUE,
+    TEST_SHAPES,
     DecoderShape,
     build_decoder,
     build_openvino_stateful,
     hf_config,
     shape_of,
 )
+from npurt.models.tokenizer_files import write_tokenizer
 
 from . import finish, parser
 
 NEW_TOKENS = 64
 TARGET_BENCH = 1.0  # the bench model: compute dominates
 TARGET_SMALL = 0.9  # the test shapes: the per-token Python shows
+TARGET_TEXT_US = 10.0  # the text layer's cost per generated token (issue 44)
 OV_FOLDER = "openvino"  # the stateful IR's folder inside the model's
 
 
@@ -108,6 +118,7 @@ class Run:
     decode_tps: float
     copies: float | None = None
     prefill_chunks: int | None = None
+    text_us: float | None = None  # the text layer's time per token (streaming decode and stop strings)
 
 
 @dataclass
@@ -229,6 +240,53 @@ def npurt_side(backend: str, model: Path, prompt: Sequence[int], options: dict[s
                 close=close)
 
 
+def text_cost(tokenizer: Any, ids: Sequence[int], replays: int = 5) -> float:
+    """The text layer's us per token on ``ids``: the streaming decode and a stop string, replayed alone (the
+    in-loop figure, stats["text_us_per_token"], takes in whatever preempts the process on a loaded machine), the
+    median of ``replays``."""
+    from npurt.text import DecodeStream, StopStrings
+
+    costs = []
+    for _ in range(replays):
+        decoder, stops = DecodeStream(tokenizer, True), StopStrings(["\n\n\n\n"])
+        t0 = time.perf_counter()
+        for token in ids:
+            stops.feed(decoder.step(token))
+        stops.feed(decoder.flush())
+        costs.append((time.perf_counter() - t0) / max(len(ids), 1) * 1e6)
+    return float(np.median(costs))
+
+
+def npurt_text_side(backend: str, model: Path, prompt: Sequence[int], options: dict[str, Any]) -> Side:
+    """The same generation through the text layer (issue 44): ``npurt.text.stream_text`` over one Generator, the
+    folder's tokenizer decoding each id as it comes and a stop string checked (one never met, so the loop runs as
+    the ids row's)."""
+    import npurt
+    from npurt import RunnerFactory, RunnerType
+    from npurt.text import stream_text
+
+    runner = RunnerFactory.create_runner(getattr(RunnerType, backend), str(model), options)
+    gen = npurt.Generator(runner)
+    tokenizer = npurt.Tokenizer(model.parent)
+
+    def run() -> Run:
+        stream = stream_text(gen, tokenizer, list(prompt), NEW_TOKENS, eos_token_id=EOS_TOKEN_ID,
+                             stop=["\n\n\n\n"])
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        stats = stream.result.stats
+        return Run(list(stream.result.ids), float(stats["time_to_first_token_s"]),
+                   float(stats["decode_tokens_per_s"]), None, int(stats["prefill_chunks"]),
+                   text_cost(tokenizer, stream.result.ids))
+
+    def close() -> None:
+        gen.close()
+        runner.close()
+
+    return Side(f"npurt {backend}, text", run, close=close)
+
+
 def npurt_available() -> bool:
     import npurt
 
@@ -278,6 +336,9 @@ def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table)
             options["num_threads"] = threads
         for backend in ("ONNXRUNTIME", "OPENVINO"):
             sides.append(npurt_side(backend, model, prompt, options))
+        if not form and not precision:  # the text row: on the default form (the text layer is the same on each)
+            write_tokenizer(folder, "bytelevel", shape.vocab)
+            sides.append(npurt_text_side("ONNXRUNTIME", model, prompt, options))
     _run_sides(report, name, args, sides, table, TARGET_BENCH if preset.startswith("bench") else TARGET_SMALL,
                reference)
 
@@ -327,6 +388,87 @@ def _run_sides(report: Report, name: str, args: Any, sides: list[Side], table: T
                                          copies, 0, unit=""))
         table.add(name, side.label, ttft, tps, ttft_ratio, tps_ratio, len(side.runs[-1].tokens),
                   side.runs[-1].prefill_chunks, copies)
+        if side.runs[-1].text_us is not None:
+            text_us = float(np.median([r.text_us for r in side.runs]))
+            ids_side = by_label.get(side.label.removesuffix(", text"))
+            if ids_side is not None:
+                ids_tps = float(np.median([r.decode_tps for r in ids_side.runs]))
+                report.notes.append(f"{name}: the text row decodes at {tps / ids_tps:.2f}x the ids row's tokens/s "
+                                    f"({side.label} against {ids_side.label})")
+            report.targets.append(Target(f"{name}: the text layer per generated token (streaming decode and a stop "
+                                         "string, us)", text_us, TARGET_TEXT_US, unit=" us"))
+
+
+# Chat (issue 44): the time to first token of turn 2 of a conversation (the cache kept: only the new message and the
+# template's markers are prefilled) against a one-turn prompt of the same new length, and the full re-prefill of
+# the whole conversation stated as the baseline (what a session without a kept cache pays).
+TARGET_TURN2 = 1.2
+
+
+def measure_chat(report: Report, name: str, args: Any, tmp: Path) -> None:
+    import npurt
+    from npurt import ChatSession, RunnerFactory, RunnerType
+    from npurt.models.tokenizer_files import corpus
+
+    shape = shape_of(name)
+    folder = tmp / f"chat-{name}"
+    model = build_decoder(folder, shape, 0)
+    write_tokenizer(folder, "bytelevel", shape.vocab)
+    tokenizer = npurt.Tokenizer(folder)
+    words = iter(" ".join(corpus(lines=400)).split())
+    max_length = min(shape.context_length, 512)
+
+    def message(tokens: int) -> str:
+        text = next(words)
+        while len(tokenizer.encode(text)) < tokens:
+            text += " " + next(words)
+        return text
+
+    first = message(max_length // 2)  # a long first message: the conversation is long when turn 2 comes
+    second = message(24)
+    options: dict[str, Any] = {"decoder": {"max_length": max_length, "prefill_chunk": args.prefill_chunk}}
+    if args.threads is not None:
+        options["num_threads"] = args.threads
+    table = Table(["model", "conversation tokens", "turn 2 new tokens", "turn 2 first token ms",
+                   "one-turn prompt of that length ms", "full re-prefill ms", "turn 2 / one-turn",
+                   "full re-prefill / turn 2", "turn 2 render + encode ms"],
+                  formats=["", "", "", "{:.2f}", "{:.2f}", "{:.2f}", "{:.2f}x", "{:.2f}x", "{:.2f}"])
+    report.tables.append(table)
+    turn2: list[float] = []
+    one: list[float] = []
+    full: list[float] = []
+    host: list[float] = []  # turn 2's render, encode and common prefix, before its prefill
+    with RunnerFactory.create_runner(RunnerType.ONNXRUNTIME, str(model), options) as runner, \
+            npurt.Generator(runner) as gen:
+        for r in range(max(3 * args.runs, 15) + 1):  # the first round warms up (each round takes milliseconds)
+            chat = ChatSession(gen, tokenizer, system="You are brief.", max_new_tokens=8)
+            chat.send(first)
+            t0 = time.perf_counter()
+            stream = chat.stream(second)  # (nothing runs before the first piece is asked for)
+            host_s = time.perf_counter() - t0
+            for _ in stream:
+                pass
+            assert stream.result is not None
+            result = stream.result
+            new, ids = int(chat.stats["prompt_tokens"]), result.prompt_ids
+            timed = [float(chat.stats["time_to_first_token_s"])]
+            for prompt in ((ids[-new:], ids) if r % 2 else (ids, ids[-new:])):  # the order turned each round
+                # the host work a turn does before its prefill (render and encode the chat), done before these too:
+                # on a small model it leaves the CPU's caches as cold for them as for turn 2
+                tokenizer.apply_chat_template(chat.messages, True, tokenize=True)
+                gen.generate(prompt, 8, start=0)
+                timed.append(float(gen.stats["time_to_first_token_s"]))
+            if r:
+                host.append(host_s)
+                turn2.append(timed[0])
+                one.append(timed[1] if r % 2 else timed[2])
+                full.append(timed[2] if r % 2 else timed[1])
+    ratio = float(np.median([a / b for a, b in zip(turn2, one)]))
+    baseline = float(np.median([c / a for a, c in zip(turn2, full)]))
+    table.add(name, len(ids), new, float(np.median(turn2)) * 1e3, float(np.median(one)) * 1e3,
+              float(np.median(full)) * 1e3, ratio, baseline, float(np.median(host)) * 1e3)
+    report.targets.append(Target(f"{name}: chat turn 2's time to first token / a one-turn prompt of its "
+                                 f"{new} new tokens (conversation {len(ids)} tokens)", ratio, TARGET_TURN2, unit="x"))
 
 
 # ------------------------------------------------------------------------------- the int4 builder form on OpenVINO
@@ -505,6 +647,9 @@ def main() -> int:
             else:
                 measure_shape(report, name, args, Path(tmp), table)
         if not args.raw_only:
+            chat_shape = next((n for n in ("bench", *TEST_SHAPES) if n in shapes), None)
+            if chat_shape is not None:
+                measure_chat(report, chat_shape, args, Path(tmp))
             measure_memory(report, build_decoder(Path(tmp) / "memory", "bench", 0), 1 if args.quick else 3)
     report.notes.append(f"took {time.perf_counter() - t0:.0f} s")
     return finish(report, args.json)

@@ -98,7 +98,8 @@ def test_runnable_block(block: Block, results: dict[str, subprocess.CompletedPro
 
 # -- coverage of the public names ------------------------------------------------------------------------------
 PUBLIC_CLASSES = [npurt.Runner, npurt.RunnerFactory, npurt.NpuTensor, npurt.NpuTensorInfo, npurt.InferQueue,
-                  npurt.QueueSlot, npurt.DeviceInfo, npurt.QuantParameters, npurt.JobHandle, Stream]
+                  npurt.Tokenizer, npurt.ChatSession, npurt.QueueSlot, npurt.DeviceInfo, npurt.QuantParameters,
+                  npurt.JobHandle, Stream]
 
 
 def public_members(cls: type) -> list[str]:

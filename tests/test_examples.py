@@ -496,3 +496,13 @@ def test_generate_example_runs_a_decoder_on_two_backends(tmp_path):
                        "8", timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"generator 0: {want}" in done.stdout and "generator 1: [" in done.stdout
+
+
+def test_chat_example_keeps_the_cache_across_turns():
+    """examples/chat.py: the decoder and tokenizer it builds; turn 2 prefills fewer tokens than the conversation
+    holds (the rest is the cache's)."""
+    done = run_example("examples/chat.py", "--say", "Hello", "--say", "And then?", timeout=120)
+    assert done.returncode == 0, done.stderr
+    turns = re.findall(r"^\[prefilled (\d+) of (\d+) tokens", done.stdout, re.M)
+    assert len(turns) == 2 and turns[0][0] == turns[0][1]
+    assert int(turns[1][0]) < int(turns[1][1]) // 2, turns

@@ -1,5 +1,7 @@
 """npurt: one VART-ML style API for NPUs, over OpenVINO and ONNX Runtime (Vitis AI EP)."""
 
+from typing import TYPE_CHECKING, Any
+
 from . import share
 from .factory import RunnerFactory
 from .formats import convert
@@ -27,11 +29,25 @@ from .types import (
     TensorType,
 )
 
+if TYPE_CHECKING:
+    from .text import ChatSession, Tokenizer
+
 __version__ = "0.1.0"  # the only place the version is written: pyproject.toml reads it from here
 
 __all__ = [
-    "DataType", "DeviceInfo", "Generator", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType", "NodePlacement",
+    "ChatSession", "DataType", "DeviceInfo", "Generator", "InferQueue", "JobHandle", "MemoryLayout", "MemoryType",
+    "NodePlacement",
     "NpuError", "NpuFallbackWarning", "NpuTensor", "NpuTensorInfo", "NpuUnsupportedError", "QuantParameters",
     "QueueSlot", "RoundingMode", "Runner", "RunnerFactory", "RunnerType", "StatusCode", "TensorDirection",
-    "TensorType", "connect", "convert", "share", "__version__",
+    "TensorType", "Tokenizer", "connect", "convert", "share", "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The text layer (``Tokenizer``, ``ChatSession``) is imported where it is first named: an app without text
+    does not pay for it."""
+    if name in ("ChatSession", "Tokenizer"):
+        from . import text
+
+        return getattr(text, name)
+    raise AttributeError(f"module 'npurt' has no attribute {name!r}")

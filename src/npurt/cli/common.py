@@ -103,18 +103,22 @@ def parse_device(text: str) -> str:
     return device
 
 
-def add_model_options(p: argparse.ArgumentParser, backends: str, default_backend: str) -> None:
-    """The flags every command that loads a model takes."""
+def add_model_options(p: argparse.ArgumentParser, backends: str, default_backend: str, *,
+                      decoder: bool = False) -> None:
+    """The flags every command that loads a model takes (``decoder``: those that apply to a decoder only: its
+    shapes, views and frames are derived, so --shape, --frame and --hw-view are not offered)."""
     p.add_argument("--backend", default=default_backend, metavar="NAME", help=f"{backends} (default: "
                    f"{default_backend})")
     p.add_argument("--device", default="AUTO", metavar="DEVICE",
                    help="AUTO (NPU, then GPU, then CPU), NPU, GPU or CPU (default: AUTO)")
+    p.add_argument("--fallback", choices=("cpu", "error"), default="cpu",
+                   help="when the device asked for is absent: run on CPU and say so (default), or fail")
+    if decoder:
+        return
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,...",
                    help="pin an input's shape (repeatable), e.g. --shape x=1,3,48,192: the engine is compiled for "
                         "exactly that shape (without it, dynamic dims stay dynamic where the device allows)")
     p.add_argument("--frame", action="append", metavar="INPUT=FORMAT[,key=value...]", help=FRAME_FLAG_HELP)
-    p.add_argument("--fallback", choices=("cpu", "error"), default="cpu",
-                   help="when the device asked for is absent: run on CPU and say so (default), or fail")
     p.add_argument("--hw-view", choices=("device", "npu"), default="device",
                    help="whose view the HW ports take: the attached device's (default; on CPU the model's own), "
                         "or the NPU's (FP16 NHWC / BF16 HCWNC4) wherever it runs")

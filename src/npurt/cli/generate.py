@@ -1,44 +1,43 @@
-"""`npurt generate MODEL --prompt-ids 1,2,3 --max-new-tokens N`: a decoder's new ids, time to first token and
-tokens/s, through option ``decoder`` and ``npurt.Generator`` on any backend (ids in, ids out: no tokenizer)."""
+"""`npurt generate MODEL_DIR --prompt "text"` (or `--prompt-ids 1,2,3`): a decoder's new text and ids, time to first
+token and tokens/s, through option ``decoder``, ``npurt.Generator`` and, for text, the folder's tokenizer
+(``npurt.text``), on any backend."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+import sys
 from typing import Any
 
-from .common import EXIT_USAGE, CliError, add_model_options, create_runner, describe_device, resolve_backend
-
-DEFAULT_MAX_LENGTH = 256
+from .common import EXIT_USAGE, CliError, describe_device
+from .decoder import Speed, add_decoder_options, load, model_file, sampling, tokenizer
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("generate", parents=[common], help="run a decoder: prompt ids in, new ids out",
+    p = sub.add_parser("generate", parents=[common], help="run a decoder: a prompt in, new text (and ids) out",
                        description="Generate with a decoder-only ONNX export (input_ids, attention_mask, "
                                    "past_key_values.* in; logits, present.* out; genai_config.json beside it is "
-                                   "read): the static form an NPU compiles is derived from it, the KV cache stays "
-                                   "on the device. Prints the new ids, time to first token and tokens/s.")
-    p.add_argument("model", metavar="MODEL", help="the decoder's model.onnx")
-    add_model_options(p, "openvino, vaiml, qnn, onnxruntime or auto", "auto")
-    p.add_argument("--prompt-ids", required=True, metavar="ID,ID,...", help="the prompt's token ids")
+                                   "read, and tokenizer.json for text): the static form an NPU compiles is derived "
+                                   "from it, the KV cache stays on the device. Prints the new text and ids, time to "
+                                   "first token and tokens/s.")
+    add_decoder_options(p)
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt's text (encoded by the folder's tokenizer)")
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt's token ids")
+    p.add_argument("--chat", action="store_true",
+                   help="send --prompt as a user message through the folder's chat template")
+    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="how many ids to make (default 32)")
-    p.add_argument("--max-length", type=int, metavar="L",
-                   help=f"rows of the KV cache (default: the prompt and the new ids, at least {DEFAULT_MAX_LENGTH}, "
-                        "at most the model's context length)")
-    p.add_argument("--prefill-chunk", type=int, default=16, metavar="C", help="prompt tokens per run (default 16)")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end the text at this string (repeatable; not shown; needs the tokenizer)")
     p.add_argument("--eos", type=int, metavar="ID",
-                   help="stop after this id (default: any of genai_config.json's eos ids)")
-    p.add_argument("--sample", action="store_true", help="sample instead of greedy")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+                   help="stop after this id (default: the eos ids of generation_config.json / genai_config.json / "
+                        "the tokenizer)")
+    p.add_argument("--json", action="store_true", help="machine-readable output: ids (the new ids) and text")
     p.set_defaults(func=run)
 
 
-def _prompt(text: str) -> list[int]:
+def _prompt_ids(text: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
@@ -49,50 +48,63 @@ def _prompt(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generate.folder import resolve
     from ..generate.generator import Generator
+    from ..text import generation
 
-    path = Path(args.model)
-    prompt = _prompt(args.prompt_ids)
+    model = model_file(args.model)
+    path = model.model
+    if args.chat and args.prompt is None:
+        raise CliError("--chat sends --prompt as a user message: give --prompt", EXIT_USAGE)
+    if args.stop and any(not s for s in args.stop):
+        raise CliError("--stop: an empty stop string would end the text before it starts", EXIT_USAGE)
+    asked = "--prompt" if args.prompt is not None else "--stop" if args.stop else None
+    tok = tokenizer(args.model, asked)
+    if args.prompt is None:
+        prompt: Any = _prompt_ids(args.prompt_ids)
+    elif args.chat:
+        prompt = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+            {"role": "user", "content": args.prompt}]
+    else:
+        prompt = args.prompt
     try:
-        context = resolve(path).context_length
-    except (FileNotFoundError, ValueError) as e:
+        ids = generation.prompt_ids(tok, prompt) if tok is not None else list(prompt)
+    except ValueError as e:  # a template that fails
         raise CliError(str(e)) from None
-    max_length = args.max_length or max(DEFAULT_MAX_LENGTH, len(prompt) + args.max_new_tokens)
-    if args.max_length is None and context is not None:
-        max_length = min(max_length, context)
-    options: dict[str, Any] = {"device": args.device, "fallback": args.fallback, "hw_view": args.hw_view,
-                               "decoder": {"max_length": max_length,
-                                           "prefill_chunk": min(args.prefill_chunk, max_length)}}
-    if args.backend.upper() == "OPENVINO":
-        options["inference_precision"] = "f32"  # a decoder's tokens change at near-ties in bf16
-    loaded = create_runner(resolve_backend(args.backend), path, options)
+    loaded = load(args, model, len(ids) + args.max_new_tokens)
     runner = loaded.runner
     try:
-        eos = args.eos if args.eos is not None else runner.decoder.eos_token_ids  # each of the config's ends it
         with Generator(runner) as gen:
+            eos = [args.eos] if args.eos is not None else list(dict.fromkeys(
+                [*(tok.eos_token_ids if tok is not None else ()), *runner.decoder.eos_token_ids]))
             try:
-                ids = gen.generate(prompt, args.max_new_tokens, eos_token_id=eos, do_sample=args.sample,
-                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+                if tok is not None:
+                    result = generation.generate_text(gen, tok, ids, args.max_new_tokens, stop=args.stop,
+                                                      eos_token_id=eos, **sampling(args))
+                    new, text, reason = result.ids, result.text, result.finish_reason
+                else:
+                    new = gen.generate(ids, args.max_new_tokens, eos_token_id=eos, **sampling(args))
+                    text, reason = None, "stop" if new and new[-1] in eos else "length"
             except ValueError as e:
                 raise CliError(str(e), EXIT_USAGE) from None
             stats = dict(gen.stats)
         if args.json:
-            print(json.dumps({"backend": loaded.backend, "device": runner.device_info.attached, "ids": ids,
-                              "stats": stats, "decoder": runner.decoder.describe()}, indent=2))
+            print(json.dumps({"backend": loaded.backend, "device": runner.device_info.attached, "ids": new,
+                              "text": text, "finish_reason": reason, "prompt_ids": ids, "stats": stats,
+                              "decoder": runner.decoder.describe()}, indent=2, ensure_ascii=False))
             return 0
         lines = [f"Model    {path}", f"Backend  {loaded.backend}", *(f"         {n}" for n in loaded.notes),
                  "Device   " + "\n         ".join(describe_device(runner)),
-                 f"Decoder  max_length {max_length}, prefill chunk {runner.decoder.prefill_chunk}; cache: "
-                 f"{runner.decoder.cache}",
-                 f"Prompt   {len(prompt)} ids in {stats['prefill_chunks']} runs of up to "
-                 f"{runner.decoder.prefill_chunk}",
-                 f"Ids      {','.join(str(i) for i in ids)}",
-                 f"Speed    time to first token {stats['time_to_first_token_s'] * 1e3:.1f} ms, "
-                 f"{stats['decode_tokens_per_s']:.1f} tokens/s after it, host copies {stats['copies']}"]
+                 f"Decoder  max_length {runner.decoder.max_length}, prefill chunk {runner.decoder.prefill_chunk}; "
+                 f"cache: {runner.decoder.cache}",
+                 f"Prompt   {len(ids)} ids in {stats['prefill_chunks']} runs",
+                 f"Ids      {','.join(str(i) for i in new)}"]
+        if text is not None:
+            lines.append(f"Text     {text!r} (finish: {reason})")
+        lines.append(f"Speed    {Speed.of(stats).line()}, host copies {stats['copies']}")
         if runner.device_info.full_name and "emulator" in runner.device_info.full_name:
             lines.append("         (an emulator: the NPU's compiler and numerics, not its speed)")
         print("\n".join(lines))
+        sys.stdout.flush()
     finally:
         runner.close()
     return 0

@@ -1,5 +1,5 @@
 """Small Llama-style decoder-only ONNX models for tests, examples and benchmarks:
-``python -m npurt.models.decoders OUT --shape NAME [--seed N] [--external-data] [--openvino]``.
+``python -m npurt.models.decoders OUT --shape NAME [--seed N] [--external-data] [--openvino] [--tokenizer KIND]``.
 
 Random weights from a fixed seed, standard ONNX ops only (no com.microsoft), in the layout of ONNX Runtime GenAI's
 model builder and optimum's exports, so that onnxruntime-genai runs the folder as written:
@@ -472,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--external-data", action="store_true", help="the weights as ONNX external data (model.onnx.data)")
     p.add_argument("--openvino", action="store_true",
                    help="also the stateful OpenVINO IR for OpenVINO GenAI's LLMPipeline (needs openvino)")
+    p.add_argument("--tokenizer", choices=("bytelevel", "metaspace"),
+                   help="also a tokenizer of the decoder's vocabulary trained here (npurt.models.tokenizer_files; "
+                        "needs tokenizers): text in and out, npurt chat OUT")
     args = p.parse_args(argv)
     shape = shape_of(args.shape)
     path = build_decoder(args.out, shape, args.seed, external_data=args.external_data)
@@ -479,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{shape.parameters * 4 / 1e6:.1f} MB of float32 weights, seed {args.seed}")
     if args.openvino:
         print(f"wrote {build_openvino_stateful(args.out, shape, args.seed)}")
+    if args.tokenizer:
+        from .tokenizer_files import write_tokenizer
+
+        write_tokenizer(args.out, args.tokenizer, shape.vocab)
+        print(f"wrote a {args.tokenizer} tokenizer of {shape.vocab} ids: {args.out / 'tokenizer.json'}, "
+              f"{args.out / 'tokenizer_config.json'} (ChatML chat template)")
     return 0
 
 
