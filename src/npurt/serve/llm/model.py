@@ -1,0 +1,112 @@
+"""A served language model: a decoder runner (option ``decoder``), its folder's tokenizer where it has one, and the
+``Scheduler`` that runs its sequences. ``GenerationSettings`` are the flags every served decoder takes.
+
+Memory per sequence (a cache held by a pooled Generator; ``max_sequences`` of them at most, whatever the number of
+clients): ``2 x layers x kv_heads x max_length x head_dim x 4`` bytes of keys and values (float32), one row of
+logits (``vocab x 4``), the ids of its runs, and on OpenVINO an infer request of its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...generate.model import read_genai_config
+from ...runner import Runner
+from .scheduler import Scheduler, SequenceObserver
+from .textout import TextTokenizer
+
+log = logging.getLogger("npurt.serve")
+
+MODEL_FILE = "model.onnx"
+DEFAULT_MAX_LENGTH = 2048  # rows of each cache where the model's context length is not known (or is larger)
+
+
+@dataclass
+class GenerationSettings:
+    max_length: int | None = None  # None: the model's context length, at most DEFAULT_MAX_LENGTH
+    prefill_chunk: int = 16
+    max_sequences: int = 4  # caches held (sequences generating at once)
+    max_queue: int = 64  # requests waiting for a cache; more: 429
+    max_output_tokens: int = 1024  # a request that leaves max_tokens out gets what the context has left, at most this
+    prefix_reuse: bool = True
+
+
+def model_file(path: Path) -> Path:
+    """The decoder's ONNX file: ``path`` itself, or the folder's model.onnx (ValueError where there is none)."""
+    if path.is_dir():
+        candidate = path / MODEL_FILE
+        if not candidate.is_file():
+            onnx = sorted(path.glob("*.onnx"))
+            if len(onnx) != 1:
+                raise ValueError(f"{path}: a decoder folder holds {MODEL_FILE} (or one .onnx file); found "
+                                 f"{[p.name for p in onnx] or 'none'}")
+            candidate = onnx[0]
+        return candidate
+    if not path.is_file():
+        raise ValueError(f"{path}: no such decoder folder or file")
+    return path
+
+
+def runner_options(path: Path, settings: GenerationSettings, base: dict[str, Any], backend: str) -> dict[str, Any]:
+    """The decoder runner's options: ``base`` (device, threads, cache_dir ...) and option ``decoder``."""
+    context = read_genai_config(model_file(path)).get("model", {}).get("context_length")
+    max_length = settings.max_length
+    if max_length is None:
+        max_length = min(context, DEFAULT_MAX_LENGTH) if isinstance(context, int) else DEFAULT_MAX_LENGTH
+    options = {**base, "decoder": {"max_length": max_length, "prefill_chunk": min(settings.prefill_chunk,
+                                                                                    max_length)}}
+    if backend.upper() == "OPENVINO":
+        options.setdefault("inference_precision", "f32")  # a decoder's tokens change at near-ties in bf16
+    return options
+
+
+def load_tokenizer(path: Path) -> TextTokenizer | None:
+    """The folder's tokenizer (``npurt.Tokenizer``), None where the folder has none (ids only)."""
+    folder = path if path.is_dir() else path.parent
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    text = importlib.import_module("npurt.text")  # the 'text' extra's layer, imported only where there is text
+    tokenizer: TextTokenizer = text.Tokenizer(folder)
+    return tokenizer
+
+
+class LanguageModel:
+    """One ``--generate NAME=MODEL_DIR``: its runner, tokenizer and scheduler."""
+
+    def __init__(self, name: str, path: Path, runner: Runner, settings: GenerationSettings,
+                 observer: SequenceObserver | None = None) -> None:
+        facts = runner.decoder
+        if facts is None:
+            raise ValueError(f"--generate {name}: the runner was made without option 'decoder'")
+        self.name, self.path, self.runner, self.settings, self.facts = name, path, runner, settings, facts
+        self.created = int(time.time())
+        self.tokenizer = load_tokenizer(path)
+        self.eos = frozenset(facts.eos_token_ids)
+        self.scheduler = Scheduler(name, runner, settings.max_sequences, settings.max_queue, settings.prefix_reuse,
+                                   observer)
+        log.info("language model %s (%s): context %d, prefill chunk %d, %s; %d sequences at once (%.3g MiB of cache "
+                 "each), %d may wait; %s", name, path, facts.max_length, facts.prefill_chunk,
+                 runner.device_info.summary(), settings.max_sequences, self.cache_bytes / 2**20, settings.max_queue,
+                 "text and ids" if self.tokenizer is not None else "ids only (no tokenizer.json)")
+
+    @property
+    def max_length(self) -> int:
+        return self.facts.max_length
+
+    @property
+    def cache_bytes(self) -> int:
+        """One sequence's keys and values: 2 x layers x kv_heads x max_length x head_dim x 4 bytes (float32)."""
+        f = self.facts
+        return 2 * f.layers * f.kv_heads * f.max_length * f.head_dim * 4
+
+    def close(self, why: str) -> None:
+        self.scheduler.close(why)
+        self.runner.close()
+
+
+__all__ = ["GenerationSettings", "LanguageModel", "load_tokenizer", "model_file", "runner_options"]
