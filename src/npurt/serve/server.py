@@ -145,6 +145,8 @@ class Service:
             metrics = front.metrics = GenerationMetrics(self.metrics.registry, front.counts)
         try:
             for name, path in self.generate.items():
+                if metrics is not None:
+                    metrics.add_model(name)
                 options = runner_options(path, settings, self.generate_options, self.backend)
                 runner = self._create_runner(model_file(path), options)
                 try:

@@ -109,12 +109,20 @@ class GenerationFront:
         tokenizer = model.tokenizer
         assert tokenizer is not None and request.messages is not None
         try:
-            text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tools=request.tools,
-                                                 **request.template_vars)
-        except (ValueError, TypeError, LookupError) as e:
-            raise ApiError(400, f"model {model.name!r}: its chat template refused the messages: {e}",
+            source, _ = tokenizer.get_chat_template(None, request.tools)
+        except ValueError as e:  # no template at all
+            raise ApiError(400, f"model {model.name!r}: {e}; POST /v1/completions with a prompt",
                            param="messages") from None
-        return tokenizer.encode(text, add_special_tokens=False)
+        if request.tools and "tools" not in source:
+            raise ApiError(400, f"tools: the chat template of model {model.name!r} takes no tools", param="tools")
+        try:
+            # control tokens written in the messages are encoded as text: only the template's own are control ids
+            ids: list[int] = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True,
+                                                           tools=request.tools, tokenize=True,
+                                                           **request.template_vars)
+        except (ValueError, TypeError, LookupError) as e:  # ChatTemplateError: the template's own words
+            raise ApiError(400, f"model {model.name!r}: {e}", param="messages") from None
+        return ids
 
     def start(self, prepared: Prepared, emit: Callable[[Event], None]) -> Sequence:
         """The prepared request as a sequence of its model's scheduler (ApiError 429 / 503 where refused)."""

@@ -5,6 +5,7 @@
 - ``npurt_prompt_tokens_total{model}``, ``npurt_generated_tokens_total{model}``;
 - ``npurt_time_to_first_token_seconds{model}``: from a request's arrival (its queueing included) to its first id;
   ``npurt_inter_token_seconds{model}``: between a sequence's ids (histograms);
+- ``npurt_sequences_cancelled_total{model}``: sequences freed before their end because their client went away;
 - ``npurt_sequences_active{model}`` / ``npurt_sequences_queued{model}``: read at each scrape.
 """
 
@@ -46,11 +47,18 @@ class GenerationMetrics:
                                 ["model", "api"], registry=r)
         self.prompt_tokens = Counter("npurt_prompt_tokens", "prompt ids of the sequences run", ["model"], registry=r)
         self.generated = Counter("npurt_generated_tokens", "ids generated", ["model"], registry=r)
+        self.cancelled = Counter("npurt_sequences_cancelled", "sequences freed early: their client went away",
+                                 ["model"], registry=r)
         self.ttft = Histogram("npurt_time_to_first_token_seconds", "a request's arrival to its first id", ["model"],
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("npurt_inter_token_seconds", "time between a sequence's ids", ["model"],
                              buckets=ITL_BUCKETS, registry=r)
         r.register(_Sequences(counts))
+
+    def add_model(self, model: str) -> None:
+        """Show a model's series from the start (at 0), not from its first request."""
+        for family in (self.prompt_tokens, self.generated, self.cancelled, self.ttft, self.itl):
+            family.labels(model)
 
     def first_token(self, model: str, seconds: float) -> None:
         self.ttft.labels(model).observe(seconds)
@@ -61,6 +69,8 @@ class GenerationMetrics:
     def sequence_ended(self, model: str, prompt_tokens: int, completion_tokens: int, ok: bool) -> None:
         self.prompt_tokens.labels(model).inc(prompt_tokens)
         self.generated.labels(model).inc(completion_tokens)
+        if not ok:
+            self.cancelled.labels(model).inc()
 
     def request(self, model: str, api: str, ok: bool) -> None:
         self.requests.labels(model, api).inc()

@@ -8,7 +8,6 @@ logits (``vocab x 4``), the ids of its runs, and on OpenVINO an infer request of
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from dataclasses import dataclass
@@ -17,8 +16,8 @@ from typing import Any
 
 from ...generate.model import read_genai_config
 from ...runner import Runner
+from ...text.tokenizer import Tokenizer
 from .scheduler import Scheduler, SequenceObserver
-from .textout import TextTokenizer
 
 log = logging.getLogger("npurt.serve")
 
@@ -65,14 +64,12 @@ def runner_options(path: Path, settings: GenerationSettings, base: dict[str, Any
     return options
 
 
-def load_tokenizer(path: Path) -> TextTokenizer | None:
+def load_tokenizer(path: Path) -> Tokenizer | None:
     """The folder's tokenizer (``npurt.Tokenizer``), None where the folder has none (ids only)."""
     folder = path if path.is_dir() else path.parent
     if not (folder / "tokenizer.json").is_file():
         return None
-    text = importlib.import_module("npurt.text")  # the 'text' extra's layer, imported only where there is text
-    tokenizer: TextTokenizer = text.Tokenizer(folder)
-    return tokenizer
+    return Tokenizer(folder)
 
 
 class LanguageModel:
