@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -36,6 +39,7 @@ from npurt.serve.process import ServiceProcess  # noqa: E402
 from npurt.text.tokenizer import Tokenizer  # noqa: E402
 from tests.helpers.decoders import decoder_folder  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 MAX_LENGTH, CHUNK = 256, 4
 # ChatML with a system prompt first, then user / assistant in turn, as Mistral's and Llama 2's templates check it
 ALTERNATING = (
@@ -269,6 +273,24 @@ def test_an_oip_infer_on_a_language_model_names_its_routes(server):
     status, doc, _ = post(server, "/v2/models/digits/infer",
                           {"inputs": [{"name": "image", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": x}]})
     assert status == 200 and doc["outputs"]  # the OIP models are served beside them
+
+
+def test_the_chat_client_example_keeps_the_conversation(server, reference, tokenizer):
+    turns = ["hello there", "and then?"]
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "chat_client.py"), "--base-url",
+                          f"http://{server.http_address}/v1", "--model", "lm", "--max-tokens", "20",
+                          *[a for t in turns for a in ("--message", t)]], capture_output=True, timeout=120,
+                         env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert run.returncode == 0, run.stderr
+    messages: list[dict[str, str]] = []
+    want = ""
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        ids = reference.ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True), 20)
+        answer = text_of(tokenizer, ids)
+        messages.append({"role": "assistant", "content": answer})
+        want += answer + "\n"
+    assert run.stdout.decode() == want  # bytes: a random decoder's text holds carriage returns
 
 
 # ---------------------------------------------------------------------------------------------------- bad input

@@ -60,7 +60,7 @@ def _add_models(p: argparse.ArgumentParser) -> None:
 
 def _add_generate(p: argparse.ArgumentParser) -> None:
     """Language models: OpenAI's API and Triton's generate extension on the --http listener."""
-    from ..serve.llm.model import GenerationSettings  # no aiohttp there: --help needs no 'serve' extra
+    from ..serve.llm.settings import GenerationSettings  # no aiohttp there: --help needs no 'serve' extra
 
     d = GenerationSettings()
     g = p.add_argument_group("language models (OpenAI's /v1 API and Triton's generate on --http; see docs/serve.md)")
@@ -84,7 +84,7 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 
 
 def generation_settings(args: argparse.Namespace) -> Any:
-    from ..serve.llm.model import GenerationSettings
+    from ..serve.llm.settings import GenerationSettings
 
     for value, flag in ((args.prefill_chunk, "--prefill-chunk"), (args.max_sequences, "--max-sequences"),
                         (args.max_output_tokens, "--max-output-tokens"), (args.max_length or 1, "--max-length")):

@@ -33,7 +33,7 @@ from .session import Session
 
 if TYPE_CHECKING:
     from .llm.front import GenerationFront
-    from .llm.model import GenerationSettings
+    from .llm.settings import GenerationSettings
     from .oip.metrics import ServeMetrics
     from .oip.server import OipConfig, OipServer
     from .oip.shm import SharedMemoryRegions
@@ -136,7 +136,8 @@ class Service:
         """The --generate models, each a decoder runner (compiled now) with its scheduler."""
         from .llm.front import GenerationFront
         from .llm.metrics import GenerationMetrics
-        from .llm.model import GenerationSettings, LanguageModel, model_file, runner_options
+        from .llm.model import LanguageModel, model_file, runner_options
+        from .llm.settings import GenerationSettings
 
         settings = self.generation_settings or GenerationSettings()
         front = GenerationFront({})

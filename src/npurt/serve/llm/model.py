@@ -1,5 +1,5 @@
 """A served language model: a decoder runner (option ``decoder``), its folder's tokenizer where it has one, and the
-``Scheduler`` that runs its sequences. ``GenerationSettings`` are the flags every served decoder takes.
+``Scheduler`` that runs its sequences. ``GenerationSettings`` (``settings``) are the flags every served decoder takes.
 
 Memory per sequence (a cache held by a pooled Generator; ``max_sequences`` of them at most, whatever the number of
 clients): ``2 x layers x kv_heads x max_length x head_dim x 4`` bytes of keys and values (float32), one row of
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +17,11 @@ from ...generate.model import read_genai_config
 from ...runner import Runner
 from ...text.tokenizer import Tokenizer
 from .scheduler import Scheduler, SequenceObserver
+from .settings import DEFAULT_MAX_LENGTH, GenerationSettings
 
 log = logging.getLogger("npurt.serve")
 
 MODEL_FILE = "model.onnx"
-DEFAULT_MAX_LENGTH = 2048  # rows of each cache where the model's context length is not known (or is larger)
-
-
-@dataclass
-class GenerationSettings:
-    max_length: int | None = None  # None: the model's context length, at most DEFAULT_MAX_LENGTH
-    prefill_chunk: int = 16
-    max_sequences: int = 4  # caches held (sequences generating at once)
-    max_queue: int = 64  # requests waiting for a cache; more: 429
-    max_output_tokens: int = 1024  # a request that leaves max_tokens out gets what the context has left, at most this
-    prefix_reuse: bool = True
 
 
 def model_file(path: Path) -> Path:
@@ -106,4 +95,4 @@ class LanguageModel:
         self.runner.close()
 
 
-__all__ = ["GenerationSettings", "LanguageModel", "load_tokenizer", "model_file", "runner_options"]
+__all__ = ["LanguageModel", "load_tokenizer", "model_file", "runner_options"]
