@@ -52,7 +52,7 @@ ALTERNATING = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SERVE = ["--backend", "onnxruntime", "--device", "CPU", "--threads", "1", "--max-length", str(MAX_LENGTH),
-         "--prefill-chunk", str(CHUNK), "--max-sequences", "4", "--max-queue", "16"]
+         "--prefill-chunk", str(CHUNK), "--max-sequences", "4", "--max-queue", "16", "--max-output-tokens", "32"]
 OPTIONS = {"device": "CPU", "num_threads": 1, "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": CHUNK}}
 
 
@@ -68,12 +68,17 @@ def folders(tmp_path_factory):
     return {"lm": text, "ids": decoder_folder(root, "gqa"), "chatml": plain}
 
 
+def server_folder(svc, name: str) -> Path:
+    return svc.folders[name]
+
+
 @pytest.fixture(scope="module")
 def server(folders, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     args = [*SERVE, "--http", "127.0.0.1:0", "--generate", f"lm={folders['lm']}", "--generate",
             f"ids={folders['ids']}", "--generate", f"chatml={folders['chatml']}"]
     with ServiceProcess.start({"digits": DEFAULT_MODEL}, tmp / "serve.sock", args) as svc:
+        svc.folders = folders
         yield svc
 
 
@@ -89,6 +94,12 @@ class Reference:
         self.runner = RunnerFactory.create_runner("ONNXRUNTIME", folder / "model.onnx", OPTIONS)
         self.eos = self.runner.decoder.eos_token_ids
         self.lock = threading.Lock()
+
+    def __enter__(self) -> Reference:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.close()
 
     def ids(self, prompt: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
             seed: int | None = None) -> list[int]:
@@ -194,6 +205,29 @@ def test_chat_streams_a_role_chunk_deltas_a_finish_and_usage(server, reference, 
     usage = chunks[-1]
     assert usage.choices == [] and usage.usage.completion_tokens == len(want)
     assert usage.usage.prompt_tokens == len(prompt)
+
+
+def test_max_tokens_left_out_is_what_the_context_has_left_capped(server, reference):
+    for prompt, room in (([1, 17, 42], 32), ([1] + [7] * 239, MAX_LENGTH - 240)):  # --max-output-tokens 32
+        got = client(server).completions.create(model="lm", prompt=prompt, temperature=0)
+        assert got.choices[0].token_ids == reference.ids(prompt, room)
+
+
+def test_a_chat_s_next_turn_prefills_only_what_is_new(server, reference, tokenizer):
+    messages = [{"role": "user", "content": "tell me about the quick brown fox and the lazy dog"}]
+    c = client(server)
+    first = c.chat.completions.create(model="chatml", messages=messages, max_tokens=12, temperature=0)
+    cached = metric(server, "npurt_cached_prompt_tokens_total", "chatml")
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "and then?"}]
+    second = c.chat.completions.create(model="chatml", messages=messages, max_tokens=12, temperature=0)
+    ids = Tokenizer(server_folder(server, "chatml")).apply_chat_template(messages, add_generation_prompt=True,
+                                                                           tokenize=True)
+    assert second.usage.prompt_tokens == len(ids)
+    reused = metric(server, "npurt_cached_prompt_tokens_total", "chatml") - cached
+    assert reused >= len(tokenizer.apply_chat_template(messages[:1], add_generation_prompt=False, tokenize=True))
+    with Reference(server_folder(server, "chatml")) as ref:
+        assert second.choices[0].token_ids == ref.ids(ids, 12)
 
 
 def test_stop_strings_end_the_text_and_are_not_shown(server, reference, tokenizer):
@@ -441,7 +475,7 @@ def test_metrics_count_tokens_and_time_them(server):
 
 # ---------------------------------------------------------------------------------------------------- the end
 def test_the_token_and_the_drain_on_sigterm(folders, tmp_path):
-    args = [*SERVE[:-2], "--max-queue", "64", "--max-length", "256", "--http", "127.0.0.1:0", "--token", "s3cret",
+    args = [*SERVE, "--max-queue", "64", "--max-length", "256", "--http", "127.0.0.1:0", "--token", "s3cret",
             "--drain-timeout", "0.5", "--generate", f"lm={folders['lm']}"]
     with ServiceProcess.start({}, tmp_path / "serve.sock", args) as svc:
         with pytest.raises(openai.AuthenticationError) as e:

@@ -2,7 +2,8 @@
 
 - ``npurt_generation_requests_total{model,api}`` / ``npurt_generation_failures_total{model,api}``: requests (api
   "completions", "chat", "generate") and those answered with an error (refused, failed, or cut short);
-- ``npurt_prompt_tokens_total{model}``, ``npurt_generated_tokens_total{model}``;
+- ``npurt_prompt_tokens_total{model}``, ``npurt_generated_tokens_total{model}``; ``npurt_cached_prompt_tokens_total``:
+  prompt ids a cache held already (prefix reuse: not prefilled again);
 - ``npurt_time_to_first_token_seconds{model}``: from a request's arrival (its queueing included) to its first id;
   ``npurt_inter_token_seconds{model}``: between a sequence's ids (histograms);
 - ``npurt_sequences_cancelled_total{model}``: sequences freed before their end because their client went away;
@@ -46,6 +47,8 @@ class GenerationMetrics:
         self.failures = Counter("npurt_generation_failures", "generation requests answered with an error",
                                 ["model", "api"], registry=r)
         self.prompt_tokens = Counter("npurt_prompt_tokens", "prompt ids of the sequences run", ["model"], registry=r)
+        self.cached = Counter("npurt_cached_prompt_tokens", "prompt ids a cache held already (not prefilled)",
+                              ["model"], registry=r)
         self.generated = Counter("npurt_generated_tokens", "ids generated", ["model"], registry=r)
         self.cancelled = Counter("npurt_sequences_cancelled", "sequences freed early: their client went away",
                                  ["model"], registry=r)
@@ -57,7 +60,7 @@ class GenerationMetrics:
 
     def add_model(self, model: str) -> None:
         """Show a model's series from the start (at 0), not from its first request."""
-        for family in (self.prompt_tokens, self.generated, self.cancelled, self.ttft, self.itl):
+        for family in (self.prompt_tokens, self.cached, self.generated, self.cancelled, self.ttft, self.itl):
             family.labels(model)
 
     def first_token(self, model: str, seconds: float) -> None:
@@ -66,8 +69,10 @@ class GenerationMetrics:
     def next_token(self, model: str, seconds: float) -> None:
         self.itl.labels(model).observe(seconds)
 
-    def sequence_ended(self, model: str, prompt_tokens: int, completion_tokens: int, ok: bool) -> None:
+    def sequence_ended(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+                       ok: bool) -> None:
         self.prompt_tokens.labels(model).inc(prompt_tokens)
+        self.cached.labels(model).inc(cached_tokens)
         self.generated.labels(model).inc(completion_tokens)
         if not ok:
             self.cancelled.labels(model).inc()

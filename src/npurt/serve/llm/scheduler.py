@@ -45,7 +45,8 @@ class SequenceObserver(Protocol):
 
     def next_token(self, model: str, seconds: float) -> None: ...
 
-    def sequence_ended(self, model: str, prompt_tokens: int, completion_tokens: int, ok: bool) -> None: ...
+    def sequence_ended(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+                       ok: bool) -> None: ...
 
 
 class Sequence:
@@ -288,7 +289,7 @@ class Scheduler:
         if ok:
             self._recent_s = 0.8 * self._recent_s + 0.2 * (time.perf_counter() - seq.submitted)
         if self.observer is not None:
-            self.observer.sequence_ended(self.model, len(seq.prompt), len(seq.generated), ok)
+            self.observer.sequence_ended(self.model, len(seq.prompt), seq.reused, len(seq.generated), ok)
         self._remove(seq)
 
     def _remove(self, seq: Sequence) -> None:
