@@ -4,7 +4,8 @@ header fields and body), in a thread of its own with its own event loop (uvloop 
 Routes: ``/v2/health/live``, ``/v2/health/ready``, ``GET /v2``, ``GET /v2/models/{m}[/versions/{v}]``,
 ``.../ready``, ``.../config``, ``.../stats`` (and ``/v2/models/stats``), ``POST .../infer`` (JSON, and Triton's
 binary tensor extension), Triton's system shared memory extension under ``/v2/systemsharedmemory``, its CUDA shared
-memory routes answered as a server without GPUs answers them, and ``/metrics``. Every error is a 4xx / 5xx with
+memory routes answered as a server without GPUs answers them, and ``/metrics``; with ``extra`` routes beside them
+(``npurt serve --generate``: OpenAI's /v1 and Triton's generate, ``npurt.serve.llm``) under the same token. Every error is a 4xx / 5xx with
 ``{"error": ...}`` and ``Content-Type: application/json``; no request, however malformed, ends the server. With a
 token, every route but the health probes and ``/metrics`` needs ``Authorization: Bearer <token>`` (the scheme in any
 case).
@@ -115,7 +116,8 @@ class HttpFrontEnd:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Authentication, and every failure as the protocol's ``{"error": ...}``."""
+        """Authentication, and every failure as the protocol's ``{"error": ...}`` (as the extra routes answer it on
+        theirs: OpenAI's error object on /v1)."""
         if self.token is not None and request.path not in OPEN_ROUTES:
             if not bearer_ok(request.headers.get("Authorization", ""), self.token):
                 return self._error(request, 401, "missing or wrong bearer token (Authorization: Bearer ...)")
