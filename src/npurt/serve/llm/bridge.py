@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Iterator
 
 from aiohttp import web
@@ -23,37 +24,66 @@ GONE: Event = ("gone",)
 
 
 class Running:
-    """One request's sequence, its events as they come (``events``)."""
+    """One request's sequence, its events as they come (``batches``).
+
+    Events gather in a list on the scheduler's thread; the loop is woken once for all that came before it looks
+    (one ``call_soon_threadsafe`` per batch, not per id: each wakes the loop's thread), and a writer sends a batch in
+    one write."""
 
     def __init__(self, front: GenerationFront, prepared: Prepared, request: web.Request) -> None:
         self.front, self.prepared, self.request = front, prepared, request
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._pending: list[Event] = []
+        self._lock = threading.Lock()
+        self._woken = False  # a wake-up is on its way to the loop
+        self._ready = asyncio.Event()
         loop = asyncio.get_running_loop()
-        put = self.queue.put_nowait
+        ready = self._ready.set
 
         def emit(event: Event) -> None:  # on the scheduler's thread
+            with self._lock:
+                self._pending.append(event)
+                if self._woken:
+                    return
+                self._woken = True
             try:
-                loop.call_soon_threadsafe(put, event)
+                loop.call_soon_threadsafe(ready)
             except RuntimeError:  # the loop closed (the server stops): nobody reads it any more
                 pass
 
         self.sequence: Sequence = front.start(prepared, emit)  # ApiError 429 / 503 before anything is sent
         self.over = False  # the sequence ended (its end, error or cancellation is known here)
+        self._told = False  # its last event was given out
+
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The sequence's events, as many as have come at each look, up to and including its end ("end" or
+        "error"; "gone": the client went away)."""
+        while not self._told:
+            await self._ready.wait()
+            with self._lock:
+                self._ready.clear()
+                events, self._pending = self._pending, []
+                self._woken = False
+            for k, event in enumerate(events):
+                if event[0] in ("end", "error", "gone"):
+                    self.over = self._told = True
+                    del events[k + 1:]
+                    break
+            yield events
 
     async def events(self) -> AsyncIterator[Event]:
-        """The sequence's events up to and including its end ("end" or "error"; "gone": the client went away)."""
-        while not self.over:
-            event = await self.queue.get()
-            if event[0] in ("end", "error", "gone"):
-                self.over = True
-            yield event
+        """The events one by one (see ``batches``)."""
+        async for batch in self.batches():
+            for event in batch:
+                yield event
 
     def cancel(self) -> None:
         """Free the sequence (its client is gone, or its handler ends early)."""
         if not self.over:
             self.front.cancel(self.prepared.model.name, self.sequence)
             self.over = True
-            self.queue.put_nowait(GONE)
+            with self._lock:
+                self._pending.append(GONE)
+            self._ready.set()
 
 
 class Watch:

@@ -57,17 +57,19 @@ class GenerationMetrics:
         self.itl = Histogram("npurt_inter_token_seconds", "time between a sequence's ids", ["model"],
                              buckets=ITL_BUCKETS, registry=r)
         r.register(_Sequences(counts))
+        self._timers: dict[str, tuple[Any, Any]] = {}  # per model: its TTFT and inter-token series (looked up once)
 
     def add_model(self, model: str) -> None:
         """Show a model's series from the start (at 0), not from its first request."""
-        for family in (self.prompt_tokens, self.cached, self.generated, self.cancelled, self.ttft, self.itl):
+        for family in (self.prompt_tokens, self.cached, self.generated, self.cancelled):
             family.labels(model)
+        self._timers[model] = (self.ttft.labels(model), self.itl.labels(model))
 
     def first_token(self, model: str, seconds: float) -> None:
-        self.ttft.labels(model).observe(seconds)
+        self._timers[model][0].observe(seconds)
 
-    def next_token(self, model: str, seconds: float) -> None:
-        self.itl.labels(model).observe(seconds)
+    def next_token(self, model: str, seconds: float) -> None:  # once per id: no label lookup
+        self._timers[model][1].observe(seconds)
 
     def sequence_ended(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
                        ok: bool) -> None:

@@ -166,24 +166,27 @@ class GenerationRoutes:
                 held: list[int] = []
                 made = 0
                 text_model = prepared.model.tokenizer is not None
-                async for event in running.events():
-                    kind = event[0]
-                    if kind == "delta":
-                        held.append(event[1])
-                        made += 1
-                        if event[2] or not text_model:
-                            await response.write(chunk(event[2], held, None))
-                            held = []
-                    elif kind == "end":
-                        await response.write(chunk(None if chat else "", held, event[1]))
-                        if req.include_usage:
-                            usage = _usage(prepared, made)
-                            await response.write(b"data: " + _dumps({**head, "choices": [], "usage": usage})
-                                                 + b"\n\n")
-                        await response.write(b"data: [DONE]\n\n")
-                    elif kind == "error":
-                        await response.write(b"data: " + _dumps(ApiError(event[1], event[2]).doc()) + b"\n\n")
-                        await response.write(b"data: [DONE]\n\n")
+                async for batch in running.batches():
+                    out = bytearray()  # the batch's chunks in one write
+                    for event in batch:
+                        kind = event[0]
+                        if kind == "delta":
+                            held.append(event[1])
+                            made += 1
+                            if event[2] or not text_model:
+                                out += chunk(event[2], held, None)
+                                held = []
+                        elif kind == "end":
+                            out += chunk(None if chat else "", held, event[1])
+                            if req.include_usage:
+                                usage = _usage(prepared, made)
+                                out += b"data: " + _dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
+                            out += b"data: [DONE]\n\n"
+                        elif kind == "error":
+                            out += b"data: " + _dumps(ApiError(event[1], event[2]).doc()) + b"\n\n"
+                            out += b"data: [DONE]\n\n"
+                    if out:
+                        await response.write(bytes(out))
                 await response.write_eof()
             except ConnectionError:
                 pass  # the client went away: leaving the watch frees its sequence
@@ -233,21 +236,25 @@ class GenerationRoutes:
                 held: list[int] = []
                 made = 0
                 text_model = prepared.model.tokenizer is not None
-                async for event in running.events():
-                    kind = event[0]
-                    if kind == "delta":
-                        held.append(event[1])
-                        made += 1
-                        if event[2] or not text_model:
-                            await response.write(b"data: " + _dumps({**head, "text_output": event[2],
-                                                                     "output_ids": held}) + b"\n\n")
-                            held = []
-                    elif kind == "end":
-                        await response.write(b"data: " + _dumps({**head, "text_output": "", "output_ids": held,
-                                                                 "finish_reason": event[1],
-                                                                 "usage": _usage(prepared, made)}) + b"\n\n")
-                    elif kind == "error":
-                        await response.write(b"data: " + _dumps({"error": event[2]}) + b"\n\n")
+                async for batch in running.batches():
+                    out = bytearray()
+                    for event in batch:
+                        kind = event[0]
+                        if kind == "delta":
+                            held.append(event[1])
+                            made += 1
+                            if event[2] or not text_model:
+                                out += b"data: " + _dumps({**head, "text_output": event[2], "output_ids": held}) + (
+                                    b"\n\n")
+                                held = []
+                        elif kind == "end":
+                            out += b"data: " + _dumps({**head, "text_output": "", "output_ids": held,
+                                                       "finish_reason": event[1], "usage": _usage(prepared, made)}
+                                                      ) + b"\n\n"
+                        elif kind == "error":
+                            out += b"data: " + _dumps({"error": event[2]}) + b"\n\n"
+                    if out:
+                        await response.write(bytes(out))
                 await response.write_eof()
             except ConnectionError:
                 pass

@@ -5,10 +5,10 @@ Routes: ``/v2/health/live``, ``/v2/health/ready``, ``GET /v2``, ``GET /v2/models
 ``.../ready``, ``.../config``, ``.../stats`` (and ``/v2/models/stats``), ``POST .../infer`` (JSON, and Triton's
 binary tensor extension), Triton's system shared memory extension under ``/v2/systemsharedmemory``, its CUDA shared
 memory routes answered as a server without GPUs answers them, and ``/metrics``; with ``extra`` routes beside them
-(``npurt serve --generate``: OpenAI's /v1 and Triton's generate, ``npurt.serve.llm``) under the same token. Every error is a 4xx / 5xx with
-``{"error": ...}`` and ``Content-Type: application/json``; no request, however malformed, ends the server. With a
-token, every route but the health probes and ``/metrics`` needs ``Authorization: Bearer <token>`` (the scheme in any
-case).
+(``npurt serve --generate``: OpenAI's /v1 and Triton's generate, ``npurt.serve.llm``) under the same token. Every
+error is a 4xx / 5xx with ``{"error": ...}`` (OpenAI's error object on /v1) and ``Content-Type: application/json``;
+no request, however malformed, ends the server. With a token, every route but the health probes and ``/metrics``
+needs ``Authorization: Bearer <token>`` (the scheme in any case).
 
 An infer request's body is read on the event loop; its decoding (JSON included), its run and its answer's encoding
 happen on a thread of a pool (one per request admitted, ``--max-in-flight``), so that a slow model or a large JSON
