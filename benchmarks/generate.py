@@ -14,9 +14,16 @@ of weights: compute dominates). Each run: a prompt of ``--prompt-tokens`` random
   done (`npurt.models.decoder_reference.GenaiDecoder`): the raw side of npurt's ONNXRUNTIME backend.
 - OpenVINO GenAI: ``LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32")`` on the stateful IR of the same
   weights (`npurt.models.decoders.build_openvino_stateful`), ``generate(ov.Tensor(ids), config, streamer)``: the
-  raw side of npurt's OPENVINO backend. openvino-genai pins OpenVINO's minor version, so it runs in a venv of its
-  own, never the project's (``--ovgenai-python``, or ``$NPURT_OVGENAI_PYTHON``; e.g. ``python3 -m venv
-  ~/ovgenai-venv && ~/ovgenai-venv/bin/pip install openvino-genai``), a worker process that times itself.
+  raw side of npurt's OPENVINO backend. openvino-genai pins OpenVINO's minor version: it runs in the python of
+  ``--ovgenai-python`` or ``$NPURT_OVGENAI_PYTHON`` (a venv of its own), else in this one where the test extra
+  installed it beside the OpenVINO it pins; a worker process that times itself.
+- ``bench-builder-int4`` (a --shapes name; in the default set, not in --quick's): the bench decoder in ONNX Runtime
+  GenAI's builder form (GroupQueryAttention), int4 as the builder writes it for the CPU (MatMulNBits, block 32,
+  symmetric, accuracy level 4), npurt OPENVINO (its growing form of the export) against LLMPipeline on the closest
+  form it loads: OpenVINO's conversion of the same export, each GroupQueryAttention as npurt's growing form computes
+  it (OpenVINO's own does not save as IR that reads back), ``beam_idx`` added, made stateful
+  (`build_ovgenai_builder_ir`); both at f32 with ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` 32 (accuracy level 4's int8
+  activations); tokens checked between the two.
 - For scale, not targets: the plain Python loops of ONNX Runtime and of OpenVINO at f32 over the dynamic model
   (numpy KV arrays growing by Concat, `npurt.models.decoder_reference`).
 
@@ -43,6 +50,7 @@ raw sides alone (no npurt rows, no targets).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -57,6 +65,8 @@ from typing import Any
 import numpy as np
 
 from npurt.bench import BenchError, Report, Table, Target
+from npurt.models.decoder_forms import build_decoder_form
+from npurt.models.decoder_precision import Int4
 from npurt.models.decoder_reference import (
     GenaiDecoder,
     Greedy,
@@ -64,7 +74,22 @@ from npurt.models.decoder_reference import (
     OpenVinoDecoder,
     agreeing_prefix,
 )
-from npurt.models.decoders import EOS_TOKEN_ID, build_decoder, build_openvino_stateful, shape_of
+from npurt.models.decoders import (
+    BEAM_IDX,
+    BOS_TOKEN_ID,
+    EOS_TOKEN_ID,
+    OPENVINO_MODEL,
+    PAD_TOKEN_ID,
+    PAST_KEY,
+    PAST_VALUE,
+    PRESENT_KEY,
+    PRESENT_VALUE,
+    DecoderShape,
+    build_decoder,
+    build_openvino_stateful,
+    hf_config,
+    shape_of,
+)
 
 from . import finish, parser
 
@@ -103,7 +128,7 @@ OVGENAI_WORKER = """
 import json, sys, time
 import numpy as np, openvino as ov, openvino_genai as ovg
 folder, threads = sys.argv[1], int(sys.argv[2])
-props = {"INFERENCE_PRECISION_HINT": "f32"}
+props = {"INFERENCE_PRECISION_HINT": "f32", **(json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})}
 if threads > 0:
     props["INFERENCE_NUM_THREADS"] = threads
 pipe = ovg.LLMPipeline(folder, "CPU", **props)
@@ -138,11 +163,13 @@ for line in sys.stdin:
 class OvGenaiWorker:
     """OpenVINO GenAI's LLMPipeline in a process of its own venv, one generate per request line."""
 
-    def __init__(self, python: str, folder: Path, threads: int | None, log: Path) -> None:
+    def __init__(self, python: str, folder: Path, threads: int | None, log: Path,
+                 properties: dict[str, Any] | None = None) -> None:
         script = folder / "ovgenai_worker.py"
         script.write_text(OVGENAI_WORKER)
         self.log = open(log, "wb")  # noqa: SIM115 - closed in close()
-        self.process = subprocess.Popen([python, str(script), str(folder), str(threads or 0)], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([python, str(script), str(folder), str(threads or 0),
+                                         json.dumps(properties or {})], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True)
         ready = self._reply(log)
         self.version = str(ready["ready"])
@@ -245,14 +272,24 @@ def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table)
             options["num_threads"] = threads
         for backend in ("ONNXRUNTIME", "OPENVINO"):
             sides.append(npurt_side(backend, model, prompt, options))
+    _run_sides(report, name, args, sides, table, TARGET_BENCH if name == "bench" else TARGET_SMALL, reference)
+
+
+def _run_sides(report: Report, name: str, args: Any, sides: list[Side], table: Table, limit: float,
+               reference: Greedy | None = None) -> None:
+    """Warm each side up with its tokens checked (against ``reference`` up to a near-tie; without one, against the
+    first side's, all of them), run the alternating rounds, and put the rows and targets in."""
+    against = "plain ONNX Runtime's" if reference is not None else f"{sides[0].label}'s"
     try:
+        if reference is None:
+            reference = Greedy(tokens=sides[0].run().tokens)
         expected = [t for t in reference.tokens if t != EOS_TOKEN_ID]
         n = min(agreeing_prefix(reference), len(expected))
         for side in sides:  # warm-up, and the tokens checked
             tokens = [t for t in side.run().tokens if t != EOS_TOKEN_ID]
             if tokens[:n] != expected[:n] or (n == len(expected) and len(tokens) != n):
-                report.problems.append(f"{name}: {side.label}'s tokens differ from plain ONNX Runtime's (first "
-                                       f"{n} compared): {tokens[:n]} against {expected[:n]}")
+                report.problems.append(f"{name}: {side.label}'s tokens differ from {against} (first {n} "
+                                       f"compared): {tokens[:n]} against {expected[:n]}")
         for r in range(args.runs):  # alternating, the order turned each round
             k = r % len(sides)
             for side in sides[k:] + sides[:k]:
@@ -262,7 +299,6 @@ def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table)
             if side.close is not None:
                 side.close()
     by_label = {side.label: side for side in sides}
-    limit = TARGET_BENCH if name == "bench" else TARGET_SMALL
     for side in sides:
         ttft = float(np.median([r.ttft_s for r in side.runs])) * 1e3
         tps = float(np.median([r.decode_tps for r in side.runs]))
@@ -284,6 +320,80 @@ def measure_shape(report: Report, name: str, args: Any, tmp: Path, table: Table)
                                          copies, 0, unit=""))
         table.add(name, side.label, ttft, tps, ttft_ratio, tps_ratio, len(side.runs[-1].tokens),
                   side.runs[-1].prefill_chunks, copies)
+
+
+# ------------------------------------------------------------------------------- the int4 builder form on OpenVINO
+BUILDER_INT4 = "bench-builder-int4"  # a --shapes name: the row below, not a preset
+BUILDER_INT4_SETTINGS = Int4(block_size=32, symmetric=True, accuracy_level=4)  # the model builder's CPU int4 default
+
+
+def build_ovgenai_builder_ir(model_path: Path, folder: Path, shape: DecoderShape) -> Path:
+    """The closest form OpenVINO GenAI's LLMPipeline loads of a builder-form export: OpenVINO's conversion of the
+    export itself (the int4 MatMulNBits as OpenVINO's u4 weights), each GroupQueryAttention replaced by the standard
+    operations npurt's growing form uses (OpenVINO's own GroupQueryAttention cannot be saved as IR that reads back),
+    ``beam_idx`` gathering each past, the cache made state (sequence dim open); inputs input_ids, attention_mask,
+    beam_idx; config.json and generation_config.json beside it."""
+    import openvino as ov
+    from openvino import opset13 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    from npurt.generate.openvino_convert import decompose_group_query_attention
+
+    model = ov.Core().read_model(str(model_path))
+    decompose_group_query_attention(model)
+    beam_idx = ops.parameter(ov.PartialShape([-1]), ov.Type.i32, name=BEAM_IDX)
+    beam_idx.output(0).get_tensor().set_names({BEAM_IDX})
+    pairs: dict[str, str] = {}
+    for i in range(shape.layers):
+        for past, present in ((PAST_KEY % i, PRESENT_KEY % i), (PAST_VALUE % i, PRESENT_VALUE % i)):
+            port = model.input(past)
+            consumers = list(port.get_target_inputs())
+            gathered = ops.gather(port.get_node(), beam_idx, ops.constant(np.int64(0)))
+            for consumer in consumers:
+                consumer.replace_source_output(gathered.output(0))
+            pairs[past] = present
+    model.add_parameters([beam_idx])
+    model.validate_nodes_and_infer_types()
+    apply_make_stateful_transformation(model, pairs)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / OPENVINO_MODEL
+    ov.save_model(model, str(path), compress_to_fp16=False)
+    (folder / "config.json").write_text(json.dumps(hf_config(shape), indent=2, sort_keys=True) + "\n")
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "pad_token_id": PAD_TOKEN_ID,
+         "do_sample": False}, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def measure_builder_int4(report: Report, args: Any, tmp: Path, table: Table) -> None:
+    """npurt OPENVINO (the growing form of the export) against OpenVINO GenAI's LLMPipeline on the same int4
+    weights (`build_ovgenai_builder_ir`), both at f32 with OpenVINO's activation quantization per 32 (the block:
+    accuracy level 4's int8 activations, as ONNX Runtime's)."""
+    name = BUILDER_INT4
+    shape = shape_of("bench-builder")
+    folder = tmp / name
+    model = build_decoder_form(folder, shape, form="builder", precision="int4", int4=BUILDER_INT4_SETTINGS)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, shape.vocab, args.prompt_tokens)]
+    max_length = args.prompt_tokens + NEW_TOKENS
+    properties: dict[str, Any] = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": BUILDER_INT4_SETTINGS.block_size}
+    if not args.ovgenai_python:
+        report.notes.append(f"{name}: no OpenVINO GenAI python: its row is left out")
+        return
+    build_ovgenai_builder_ir(model, folder / OV_FOLDER, shape)
+    worker = OvGenaiWorker(args.ovgenai_python, folder / OV_FOLDER, args.threads, tmp / f"ovgenai_{name}.log",
+                           properties)
+    sides = [Side("OpenVINO GenAI", lambda: worker.generate(prompt, NEW_TOKENS, EOS_TOKEN_ID), close=worker.close)]
+    options: dict[str, Any] = {"decoder": {"max_length": max_length, "prefill_chunk": args.prefill_chunk},
+                               "inference_precision": "f32", "engine_options": properties}
+    if args.threads is not None:
+        options["num_threads"] = args.threads
+    if not args.raw_only:
+        sides.append(npurt_side("OPENVINO", model, prompt, options))
+    report.notes.append(f"{name}: the builder form of bench-builder, int4 {BUILDER_INT4_SETTINGS.label} "
+                        f"(MatMulNBits), max_length {max_length}; OpenVINO GenAI runs OpenVINO's conversion of the "
+                        "same export, GroupQueryAttention as npurt's growing form computes it, made stateful with "
+                        "beam_idx (its own GroupQueryAttention does not save as IR)")
+    _run_sides(report, name, args, sides, table, TARGET_BENCH)
 
 
 # Memory: VmRSS after the first generated token minus VmRSS after the imports, in a fresh process per side: npurt
@@ -346,8 +456,8 @@ def measure_memory(report: Report, model: Path, rounds: int) -> None:
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--raw-only", action="store_true", help="the raw sides alone (no npurt rows, no targets)")
-    p.add_argument("--shapes", default=None, help="comma-separated presets (default gqa,mha,nopos,bench; --quick: "
-                                                  "gqa,bench)")
+    p.add_argument("--shapes", default=None, help="comma-separated presets, or bench-builder-int4 (default gqa,mha,"
+                                                  "nopos,bench,bench-builder-int4; --quick: gqa,bench)")
     p.add_argument("--runs", type=int, default=None, help="alternating rounds after the warm-up (default 9; "
                                                           "--quick: 5)")
     p.add_argument("--prompt-tokens", type=int, default=32)
@@ -358,7 +468,9 @@ def main() -> int:
     p.add_argument("--ovgenai-python", default=os.environ.get("NPURT_OVGENAI_PYTHON"),
                    help="the python of a venv with openvino-genai (default: $NPURT_OVGENAI_PYTHON)")
     args = p.parse_args()
-    shapes = (args.shapes or ("gqa,bench" if args.quick else "gqa,mha,nopos,bench")).split(",")
+    shapes = (args.shapes or ("gqa,bench" if args.quick else f"gqa,mha,nopos,bench,{BUILDER_INT4}")).split(",")
+    if not args.ovgenai_python and importlib.util.find_spec("openvino_genai") is not None:
+        args.ovgenai_python = sys.executable  # (the test extra installs it beside the OpenVINO it pins)
     args.runs = args.runs or (5 if args.quick else 9)
     import onnxruntime as ort
     import openvino as ov
@@ -381,7 +493,10 @@ def main() -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for name in shapes:
-            measure_shape(report, name, args, Path(tmp), table)
+            if name == BUILDER_INT4:
+                measure_builder_int4(report, args, Path(tmp), table)
+            else:
+                measure_shape(report, name, args, Path(tmp), table)
         if not args.raw_only:
             measure_memory(report, build_decoder(Path(tmp) / "memory", "bench", 0), 1 if args.quick else 3)
     report.notes.append(f"took {time.perf_counter() - t0:.0f} s")

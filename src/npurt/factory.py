@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .engine import Backend
+from .generate import model as decoder_model
+from .options import parse_options
 from .runner import Runner
 from .types import NpuError, RunnerType
 
@@ -148,7 +151,7 @@ def create_auto(model_path: str | Path, options: Mapping[str, Any] | None = None
     failures: list[tuple[str, str]] = []
     for name, _ in order:
         try:
-            runner = Runner(classes[name], model_path, options)
+            runner = make_runner(classes[name], model_path, options)
         except ValueError:
             raise  # a bad argument is bad for every backend
         except Exception as e:  # noqa: BLE001 - try the next backend, report all at the end
@@ -157,6 +160,22 @@ def create_auto(model_path: str | Path, options: Mapping[str, Any] | None = None
         return runner, AutoChoice(order, name, tuple(failures))
     raise AutoLoadError("no backend could run the model: " + "; ".join(f"{n}: {why}" for n, why in failures),
                         tuple(failures))
+
+
+def make_runner(cls: type[Backend], model_path: str | Path, options: Mapping[str, Any] | None) -> Runner:
+    """A runner of ``cls``; with option ``decoder``, over the decoder's form derived for that backend (and checked
+    against the export: ``generate.model.prepare``), whose temporary folder goes with the runner."""
+    parsed = parse_options(options)
+    if parsed.decoder is None:
+        return Runner(cls, model_path, parsed)
+    prepared = decoder_model.prepare(Path(model_path), cls.name, parsed)
+    try:
+        return Runner(cls, model_path, prepared.options, engine_model=prepared.path, decoder=prepared.facts,
+                      owned_folder=prepared.temporary)
+    except BaseException:
+        if prepared.temporary is not None:
+            shutil.rmtree(prepared.temporary, ignore_errors=True)
+        raise
 
 
 def backend_class(name: str) -> type[Backend] | None:
@@ -191,7 +210,7 @@ class RunnerFactory:
             valid = sorted(set(classes) | {RunnerType.AUTO.name})
             raise ValueError(f"unknown runner type {name!r}; available: {', '.join(valid) or 'none'}"
                              + (f" (failed to load: {', '.join(sorted(errors))})" if errors else ""))
-        return Runner(cls, model_path, options)
+        return make_runner(cls, model_path, options)
 
     @staticmethod
     def _create_auto(classes: dict[str, type[Backend]], model_path: str | Path,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import shutil
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -31,8 +32,6 @@ from .arrays import ArrayRuns
 from .bound import BoundRun
 from .core import RunnerCore
 from .engine import Backend, Engine
-from .generate import model as generate_model
-from .generate.model import DecoderFacts
 from .jobs import JobScheduler
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
@@ -45,6 +44,7 @@ from .stream_state import StreamTable
 from .streams import Stream, StreamRuns
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
 from .types import (
+    DecoderFacts,
     DeviceInfo,
     JobHandle,
     MemoryType,
@@ -68,18 +68,22 @@ class Runner:
     """
 
     def __init__(self, backend: type[Backend], model_path: str | Path,
-                 options: Mapping[str, Any] | None = None) -> None:
-        self.options: RunnerOptions = parse_options(options)
+                 options: Mapping[str, Any] | RunnerOptions | None = None, *, engine_model: Path | None = None,
+                 decoder: DecoderFacts | None = None, owned_folder: Path | None = None) -> None:
+        """``engine_model``: the file the engine opens where it is not ``model_path`` (a decoder's derived form),
+        with its ``decoder`` facts; ``owned_folder``: a folder removed with the runner (at close, or when it is
+        collected). Option ``decoder`` comes prepared by ``RunnerFactory.create_runner``, which derives them."""
+        self.options = options if isinstance(options, RunnerOptions) else parse_options(options)
         self.model_path = Path(model_path)
+        if self.options.decoder is not None and decoder is None:
+            raise ValueError("option 'decoder' is prepared by RunnerFactory.create_runner (it derives the model the "
+                             "engine opens and checks it against the export): make the runner there")
         if backend.model_is_a_file and not self.model_path.exists():
             raise ValueError(f"model file not found: {self.model_path}")
-        self.decoder: DecoderFacts | None = None  # option decoder: the static form's facts (npurt.Generator)
-        self._remove_derived: Callable[[], Any] | None = None  # a derived model's temporary folder, at close
-        engine_model = self.model_path
-        if self.options.decoder is not None:  # the engine opens the decoder's static form, derived once
-            prepared = generate_model.prepare(self.model_path, backend.name, self.options)
-            self._remove_derived = generate_model.remove_with(self, prepared.path, self.options)
-            engine_model, self.options, self.decoder = prepared.path, prepared.options, prepared.facts
+        self.decoder = decoder  # option decoder: the derived form's facts (npurt.Generator)
+        # a derived model's temporary folder goes with the runner: at close, or when it is collected unclosed
+        self._remove_owned = weakref.finalize(self, shutil.rmtree, owned_folder, True) if owned_folder else None
+        engine_model = engine_model or self.model_path
         self.log = RunnerLog(self.options.log_level)
         stats = RunnerStats()
         self._backend = backend(engine_model, self.options)
@@ -429,8 +433,8 @@ class Runner:
                 core.variants.close()
             finally:
                 self._backend.close()
-                if self._remove_derived is not None:
-                    self._remove_derived()
+                if self._remove_owned is not None:
+                    self._remove_owned()
 
     @property
     def closed(self) -> bool:

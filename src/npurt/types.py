@@ -456,3 +456,35 @@ class DeviceInfo:
         if self.placement:
             s += "; nodes: " + ", ".join(f"{p}: {n}" for p, n in self.placement)
         return s
+
+
+@dataclass(frozen=True)
+class DecoderFacts:
+    """What a Generator needs of a decoder runner (option ``decoder``: ``Runner.decoder``), and what ``npurt info``
+    shows. Made by ``npurt.generate.model.prepare``."""
+
+    max_length: int
+    prefill_chunk: int
+    vocab_size: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    context_length: int | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int
+    pinned: bool  # the prefill chunk and the step are two static shapes (else the sequence dim is open)
+    cache: str  # where the cache lives: "stream buffers, written in place" or "OpenVINO state"
+    config: str | None  # the genai_config.json read, where there was one
+    contrib_ops: tuple[str, ...] = field(default=())  # com.microsoft operators the model uses
+    attention: str = "concat"  # how the export's cache is made (generate.layout.CONCAT, GROUP_QUERY)
+    verification: str = ""  # how the derived form was checked against the export (generate.verify)
+
+    def describe(self) -> dict[str, Any]:
+        return {"max_length": self.max_length, "prefill_chunk": self.prefill_chunk, "vocab_size": self.vocab_size,
+                "layers": self.layers, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                "context_length": self.context_length, "eos_token_ids": list(self.eos_token_ids),
+                "bos_token_id": self.bos_token_id, "shapes": "prefill chunk and step pinned" if self.pinned
+                else "sequence dim open (one compiled model)", "cache": self.cache, "genai_config": self.config,
+                "contrib_ops": list(self.contrib_ops), "attention": self.attention,
+                "verification": self.verification}

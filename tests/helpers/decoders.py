@@ -82,10 +82,11 @@ def assert_tokens_agree(got: Sequence[int], reference: Greedy, what: str, tolera
     return n
 
 
-def numpy_logits(shape: DecoderShape | str, seed: int, ids: Sequence[int]) -> np.ndarray:
+def numpy_logits(shape: DecoderShape | str, seed: int, ids: Sequence[int], window: int | None = None) -> np.ndarray:
     """The decoder's logits [len(ids), vocab] for one sequence from position 0 (no past), in float64 numpy, computed
     from the weights as a Llama decoder means them: RMSNorm, rotate-half RoPE, grouped-query causal attention,
-    SwiGLU."""
+    SwiGLU. ``window``: a sliding window, query q seeing the ``window`` keys q - window + 1 .. q, its own included
+    (GroupQueryAttention's local_window_size, measured)."""
     shape = shape_of(shape) if isinstance(shape, str) else shape
     w = {k: v.astype(np.float64) for k, v in make_weights(shape, seed).items()}
     cos, sin = (c.astype(np.float64)[: len(ids)] for c in rope_caches(shape))  # [S, D/2]
@@ -100,6 +101,8 @@ def numpy_logits(shape: DecoderShape | str, seed: int, ids: Sequence[int]) -> np
 
     x = w["model.embed_tokens.weight"][np.asarray(ids)]
     causal = np.triu(np.full((s, s), -np.inf), k=1)
+    if window is not None:
+        causal += np.tril(np.full((s, s), -np.inf), k=-window)
     for i in range(shape.layers):
         p = f"model.layers.{i}."
         h = rms(x, w[p + "input_layernorm.weight"])

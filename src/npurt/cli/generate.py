@@ -49,20 +49,17 @@ def _prompt(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..generate.folder import resolve
     from ..generate.generator import Generator
-    from ..generate.model import read_genai_config
 
     path = Path(args.model)
-    if not path.is_file():
-        raise CliError(f"model file not found: {path}")
     prompt = _prompt(args.prompt_ids)
     try:
-        config = read_genai_config(path).get("model", {})
-    except ValueError as e:
+        context = resolve(path).context_length
+    except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
     max_length = args.max_length or max(DEFAULT_MAX_LENGTH, len(prompt) + args.max_new_tokens)
-    context = config.get("context_length")
-    if args.max_length is None and isinstance(context, int):
+    if args.max_length is None and context is not None:
         max_length = min(max_length, context)
     options: dict[str, Any] = {"device": args.device, "fallback": args.fallback, "hw_view": args.hw_view,
                                "decoder": {"max_length": max_length,

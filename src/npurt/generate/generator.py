@@ -33,6 +33,7 @@ from ..streams import Stream
 from ..tensor import NpuTensor
 from ..types import NpuError, StatusCode, TensorType
 from . import layout
+from .openvino_form import GROWING
 
 
 class Generator:
@@ -64,7 +65,9 @@ class Generator:
         # the one other length the last prompt had
         self._io: dict[int, tuple[np.ndarray, BoundRun]] = {}
         self._tokens: list[int] = []  # the ids the cache holds, row by row
-        self._runs = 0  # runs of the engine so far
+        self._run_count = 0  # runs of the engine so far
+        self._growing = facts.cache == GROWING  # the cache grows run by run (OpenVINO's GroupQueryAttention form)
+        self._state_rows = 0  # the rows the cache has been written to, as far as the engine's runs went
         self.stats: dict[str, Any] = {}
         self.last_logits: np.ndarray | None = None  # the logits the last id was picked from (the engine's memory)
 
@@ -107,12 +110,20 @@ class Generator:
 
     def _feed(self, new: list[int], chunk: int | None) -> np.ndarray:
         start = len(self._tokens)
+        if self._growing and self._state_rows != start:
+            # OpenVINO's growing form appends every run's rows to its state: the state must hold exactly the rows
+            # before the new ids, so going back (a rewind, a failed run) starts the sequence again
+            status = self.runner.reset_stream(self._stream)
+            if status is not StatusCode.SUCCESS:
+                raise NpuError(f"the decoder's cache could not be reset: {status.name}: {self.runner.last_error}")
+            new, start, self._tokens, self._state_rows = self._tokens + new, 0, [], 0
         everything = self._tokens + new  # (the rows recomputed by an overlapping chunk come from here)
         total = len(everything)
         if not self.facts.pinned:
             size = chunk or len(new)
             for at in range(start, total, size):
                 row = self._run(everything[at:at + size], at, min(size, total - at))
+                self._state_rows = at + min(size, total - at)
             self._tokens = everything
             return row
         size = self.facts.prefill_chunk
@@ -129,6 +140,7 @@ class Generator:
         if at < total:
             row = self._run(everything[at:], at, 1)
         self._tokens = everything
+        self._state_rows = total
         return row
 
     def _bound(self, length: int) -> tuple[np.ndarray, BoundRun]:
@@ -156,9 +168,10 @@ class Generator:
         status = run.execute()
         if status is not StatusCode.SUCCESS:
             del self._tokens[position:]  # what that run wrote is not known to be there
+            self._state_rows = -1
             raise NpuError(f"the decoder's run at position {position} failed: {status.name}: "
                            f"{self.runner.last_error}")
-        self._runs += 1
+        self._run_count += 1
         return self._row
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, start: int = 0,
@@ -205,9 +218,9 @@ class Generator:
         self.stats = {"prompt_tokens": len(prompt), "cached_tokens": start, "prefill_chunks": 0, "new_tokens": 0,
                       "time_to_first_token_s": 0.0, "decode_tokens_per_s": 0.0, "copies": 0}
         del self._tokens[start:]
-        runs0 = self._runs
+        runs0 = self._run_count
         row = self._feed(prompt, None)
-        self.stats["prefill_chunks"] = self._runs - runs0
+        self.stats["prefill_chunks"] = self._run_count - runs0
         made = 0
         t_first = 0.0
         try:

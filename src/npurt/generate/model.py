@@ -22,20 +22,18 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import onnx_graph
 from ..options import DecoderSpec, RunnerOptions
-from ..types import NpuError, NpuUnsupportedError, TensorDirection, TensorType
-from . import layout
+from ..types import DecoderFacts, NpuError, NpuUnsupportedError, TensorDirection, TensorType
+from . import folder as folder_of
+from . import layout, merged, openvino_form, verify
 
 GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
@@ -43,51 +41,11 @@ _EXTERNAL_DATA = "decoder_static.onnx.data"  # the static form's weights past MA
 
 
 @dataclass(frozen=True)
-class DecoderFacts:
-    """What a Generator needs of a decoder runner, and what ``npurt info`` shows."""
-
-    max_length: int
-    prefill_chunk: int
-    vocab_size: int
-    layers: int
-    kv_heads: int
-    head_dim: int
-    context_length: int | None
-    eos_token_ids: tuple[int, ...]
-    bos_token_id: int | None
-    pad_token_id: int
-    pinned: bool  # the prefill chunk and the step are two static shapes (else the sequence dim is open)
-    cache: str  # where the cache lives: "stream buffers, written in place" or "OpenVINO state"
-    config: str | None  # the genai_config.json read, where there was one
-    contrib_ops: tuple[str, ...] = field(default=())  # com.microsoft operators the model uses
-
-    def describe(self) -> dict[str, Any]:
-        return {"max_length": self.max_length, "prefill_chunk": self.prefill_chunk, "vocab_size": self.vocab_size,
-                "layers": self.layers, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
-                "context_length": self.context_length, "eos_token_ids": list(self.eos_token_ids),
-                "bos_token_id": self.bos_token_id, "shapes": "prefill chunk and step pinned" if self.pinned
-                else "sequence dim open (one compiled model)", "cache": self.cache, "genai_config": self.config,
-                "contrib_ops": list(self.contrib_ops)}
-
-
-@dataclass(frozen=True)
 class PreparedDecoder:
     path: Path  # the model file the backend opens
     options: RunnerOptions  # the runner's options with what the decoder derives (state pairs, shapes, views)
     facts: DecoderFacts
-
-
-def read_genai_config(model_path: Path) -> dict[str, Any]:
-    path = model_path.parent / GENAI_CONFIG
-    if not path.is_file():
-        return {}
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable genai_config.json ({e})") from None
-    if not isinstance(config, dict) or not isinstance(config.get("model", {}), dict):
-        raise ValueError(f"{path}: its 'model' entry is not an object")
-    return config
+    temporary: Path | None  # the derived form's folder where it goes with the runner (no cache_dir)
 
 
 def _config_names(config: dict[str, Any]) -> None:
@@ -103,21 +61,26 @@ def _config_names(config: dict[str, Any]) -> None:
                                           f"takes the exporters' own name {expected[key]!r}")
 
 
-def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> PreparedDecoder:
-    """The decoder's static form for ``backend_name``, written once (into ``cache_dir`` where there is one, else a
-    folder that goes with the runner) and the options the runner then runs with."""
+def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) -> PreparedDecoder:
+    """The decoder's derived form for ``backend_name`` (a model folder, or its model file: ``folder.resolve``),
+    written once (into ``cache_dir`` where there is one, else a folder that goes with the runner) and checked against
+    the export (``verify``), and the options the runner then runs with."""
     spec = options.decoder
     assert spec is not None
+    try:
+        found = folder_of.resolve(model_dir_or_file)
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
+    model_path = found.model
     if model_path.suffix.lower() != ".onnx":
         raise ValueError(f"option 'decoder' takes an ONNX export (input_ids, attention_mask, past_key_values.*); "
                          f"{model_path.name} is not one")
-    config = read_genai_config(model_path)
+    config = found.genai_config
     _config_names(config)
-    model_facts = config.get("model", {})
-    context = model_facts.get("context_length")
-    if isinstance(context, int) and spec.max_length > context:
+    context = found.context_length
+    if context is not None and spec.max_length > context:
         raise ValueError(f"option 'decoder': max_length {spec.max_length} is beyond the model's context length "
-                         f"{context} (genai_config.json)")
+                         f"{context} ({', '.join(found.sources)})")
     # what the runner needs is read from the graph without its weights; the weights are loaded only where the
     # static form's file is not there yet (npurt's cache_dir keeps it)
     try:
@@ -126,7 +89,8 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     except ValueError as e:
         raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
     try:
-        shape = layout.read(weightless, spec.max_length)
+        merged.resolve_cache_branch(weightless)
+        shape = layout.read(weightless, spec.max_length, {w.name: w.dims for w in skeleton.weights.values()})
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
@@ -134,54 +98,55 @@ def prepare(model_path: Path, backend_name: str, options: RunnerOptions) -> Prep
     del weightless, skeleton
     if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
-    if "GroupQueryAttention" in contrib:
-        # the static form's "the export's last S present rows are the new rows" does not hold for it: it writes the
-        # new rows where seqlens_k says (wrong tokens reported as success, issue 43), so it is refused until its own
-        # shared-buffer mode is derived and verified
-        raise NpuUnsupportedError(f"{model_path.name}: attention by com.microsoft GroupQueryAttention (ONNX Runtime "
-                                  "GenAI's model builder form) is not supported by option 'decoder' yet: its static "
-                                  "form would give wrong tokens; run the export with onnxruntime-genai")
     openvino = backend_name == "OPENVINO"
-    if openvino and contrib:
-        raise NpuUnsupportedError(f"{model_path.name} uses ONNX Runtime's contrib operators {', '.join(contrib)} "
-                                  "(com.microsoft), which OpenVINO does not run: use an ONNX Runtime backend, or an "
-                                  "export in standard operators")
     if openvino and options.device == "NPU":
         raise NpuUnsupportedError(
             "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
             "(OpenVINO GenAI's NPUW), which npurt does not drive yet (untested here: no Intel NPU); use device='CPU' "
             "or 'GPU', or an ONNX Runtime backend")
     folder = _folder(model_path, spec, backend_name, options, external)
-    pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
-    if openvino:
-        path = _derived(_openvino_stateful, model_path, shape, folder, options)
-        derived = replace(options, tensor_types={**options.tensor_types,
-                                                 (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU})
-        cache = "OpenVINO state (the compiled model's variables, one set per stream)"
-    else:
-        path = _derived(_onnx_file, model_path, shape, folder, options)
-        views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
-        for pair in shape.pairs:
-            views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
-            views[(TensorDirection.OUTPUT, pair.present)] = TensorType.CPU
-        shape_sets: tuple[dict[str, tuple[int, ...]], ...] = ()
-        if pinned:
-            shape_sets = tuple({layout.INPUT_IDS: (1, s), layout.POSITION: (1,)}
-                               for s in dict.fromkeys((spec.prefill_chunk, 1)))
-        derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in shape.pairs},
-                          shape_sets=shape_sets, shapes=shape_sets[0] if shape_sets else {})
-        cache = "stream buffers, written in place (past and present bound to one buffer)"
-    eos = model_facts.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else (eos,) if isinstance(eos, int) else ()
-    first = shape.pairs[0]
-    facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=shape.vocab,
-                         layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
-                         context_length=context if isinstance(context, int) else None, eos_token_ids=eos_ids,
-                         bos_token_id=model_facts.get("bos_token_id"),
-                         pad_token_id=int(model_facts.get("pad_token_id") or 0), pinned=pinned and not openvino,
-                         cache=cache, config=str(model_path.parent / GENAI_CONFIG) if config else None,
-                         contrib_ops=contrib)
-    return PreparedDecoder(path, derived, facts)
+    try:
+        pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
+        if openvino:  # OpenVINO converts the export, or refuses naming what it cannot convert (openvino_form)
+            make, cache = openvino_form.form_of(contrib, _onnx_file)
+            path = _derived(make, model_path, shape, folder, options)
+            # compiled fresh from the derived IR every load, never from a compiled-model cache: OpenVINO 2026.4's
+            # export_model / import_model (and its own CACHE_DIR) of these stateful models gives NaN logits (measured:
+            # fresh compile 508, imported blob NaN, argmax 0), which npurt's cache served as SUCCESS
+            logits_view = {(TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
+            derived = replace(options, cache_dir=None, tensor_types={**options.tensor_types, **logits_view})
+        else:
+            path = _derived(_onnx_file, model_path, shape, folder, options)
+            views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
+            for pair in shape.pairs:
+                views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
+                views[(TensorDirection.OUTPUT, pair.present)] = TensorType.CPU
+            shape_sets: tuple[dict[str, tuple[int, ...]], ...] = ()
+            if pinned:
+                shape_sets = tuple({layout.INPUT_IDS: (1, s), layout.POSITION: (1,)}
+                                   for s in dict.fromkeys((spec.prefill_chunk, 1)))
+            derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in shape.pairs},
+                              shape_sets=shape_sets, shapes=shape_sets[0] if shape_sets else {})
+            cache = "stream buffers, written in place (past and present bound to one buffer)"
+        pad = found.pad_token_id or 0
+        engine = "openvino" if openvino else "onnxruntime"
+        verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad)
+        checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance {verdict['tolerance']:.2g}) "
+                   f"on {engine}, a {verdict['prompt_tokens']}-id prompt in one run and in chunks, then "
+                   f"{verdict['steps']} steps")
+        first = shape.pairs[0]
+        facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=shape.vocab,
+                             layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
+                             context_length=context, eos_token_ids=found.eos_token_ids,
+                             bos_token_id=found.bos_token_id,
+                             pad_token_id=pad, pinned=pinned and not openvino,
+                             cache=cache, config=", ".join(str(found.folder / n) for n in found.sources) or None,
+                             contrib_ops=contrib, attention=shape.attention, verification=checked)
+    except BaseException:
+        if options.cache_dir is None:  # (a temporary folder: no runner is there to remove it)
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return PreparedDecoder(path, derived, facts, None if options.cache_dir is not None else folder)
 
 
 def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, external: bool) -> Path:
@@ -220,16 +185,7 @@ def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path
 _FOLDERS_LOCK = threading.Lock()
 _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
-_VERSION = 1  # of the derivation: a change to static_form makes new cache entries
-
-
-def remove_with(owner: object, path: Path, options: RunnerOptions) -> Callable[[], Any] | None:
-    """Remove a temporary derived model's folder once ``owner`` (the runner) is collected, or earlier when the
-    returned callable is called (at the runner's close; once either way); None where the model is kept in
-    ``cache_dir``."""
-    if options.cache_dir is None:
-        return weakref.finalize(owner, shutil.rmtree, path.parent, True)
-    return None
+_VERSION = 2  # of the derivation: a change to static_form makes new cache entries
 
 
 def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
@@ -244,6 +200,7 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
             model = onnx.load(str(model_path))
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
             raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
+        merged.resolve_cache_branch(model)
         form = static_form.derive(model, shape.max_length)
         del model
         partial = folder / f"decoder_static.onnx.{os.getpid()}.partial"  # (other processes may write theirs)
@@ -254,38 +211,4 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
         else:
             partial.write_bytes(form.model.SerializeToString())
         partial.replace(path)
-    return path
-
-
-# Run in a child process: OpenVINO's reader and save_model hold the weights more than once on the way, and a
-# process seldom hands that memory back (measured on a 75 MB decoder: 320 MiB added in-process, 188 with the
-# conversion in a child, against 184 for OpenVINO compiling the export itself).
-_STATEFUL_IR = """
-import json, sys
-import openvino as ov
-from openvino._offline_transformations import apply_make_stateful_transformation
-source, target, pairs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-model = ov.Core().read_model(source)
-apply_make_stateful_transformation(model, pairs)
-ov.save_model(model, target, compress_to_fp16=False)
-"""
-
-
-def _openvino_stateful(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
-    """The static form as OpenVINO IR with the cache as the model's variables (past -> present)."""
-    path = folder / "decoder_stateful.xml"
-    if path.exists():
-        return path
-    onnx_path = _onnx_file(model_path, shape, folder)
-    partial = folder / f"decoder_stateful.{os.getpid()}.partial.xml"
-    pairs = json.dumps({p.past: p.present for p in shape.pairs})
-    done = subprocess.run([sys.executable, "-c", _STATEFUL_IR, str(onnx_path), str(partial), pairs],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise NpuError(f"OpenVINO cannot make the decoder's static form stateful: "
-                       f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
-    partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
-    partial.replace(path)
-    onnx_path.unlink(missing_ok=True)
-    (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # the ONNX form's weights, where they were external
     return path

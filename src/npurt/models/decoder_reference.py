@@ -2,8 +2,12 @@
 ``decoder`` option and ``npurt.Generator`` are checked against (tests) and timed against (benchmarks).
 
 - `OnnxRuntimeDecoder` / `greedy_onnxruntime`: plain ONNX Runtime (CPU provider) over the dynamic model, the KV
-  cache growing by Concat: the new tokens, the logits each was picked from, each step's top-2 logit gap, and when
-  each token was known.
+  cache growing (each run's present fed back as the next run's past): the new tokens, the logits each was picked
+  from, each step's top-2 logit gap, and when each token was known. Any form of `npurt.models.decoder_forms`: the
+  past in the export's own float type (float16 in fp16 exports), ``use_cache_branch`` fed where the model has it
+  (optimum's merged decoder: false for the prompt, true after).
+- `SharedBufferDecoder`: plain ONNX Runtime over a GroupQueryAttention (builder form) export with past and present
+  one buffer of max_length rows written in place, as onnxruntime-genai runs it, with the logits.
 - `OpenVinoDecoder` / `greedy_openvino`: the same loop on OpenVINO's CPU plugin at ``INFERENCE_PRECISION_HINT`` f32.
 - `GenaiDecoder` / `greedy_genai`: onnxruntime-genai's own greedy search over the model's folder
   (``genai_config.json``).
@@ -35,6 +39,7 @@ from .decoders import (
     PRESENT_KEY,
     PRESENT_VALUE,
 )
+from .optimum_forms import USE_CACHE_BRANCH
 
 NEAR_TIE = 1e-3  # the top-2 logit gap under which a greedy step may pick either token
 
@@ -85,15 +90,17 @@ class _Ports:
     kv_heads: int
     head_dim: int
     has_position_ids: bool
+    kv_dtype: type[np.floating[Any]] = np.float32  # the past's element type (float16 in fp16 exports)
+    use_cache_branch: bool = False  # optimum's merged decoder: the bool input choosing the with-past branch
 
 
-def _ports(inputs: dict[str, Sequence[Any]]) -> _Ports:
+def _ports(inputs: dict[str, Sequence[Any]], kv_dtype: type[np.floating[Any]] = np.float32) -> _Ports:
     """The KV layout read from the model's inputs {name: shape}."""
     layers = sum(1 for name in inputs if name.startswith("past_key_values.") and name.endswith(".key"))
     if layers == 0 or PAST_KEY % 0 not in inputs:
         raise ValueError(f"not a decoder with {PAST_KEY % 0!r}: inputs {sorted(inputs)}")
     shape = inputs[PAST_KEY % 0]
-    return _Ports(layers, int(shape[1]), int(shape[3]), POSITION_IDS in inputs)
+    return _Ports(layers, int(shape[1]), int(shape[3]), POSITION_IDS in inputs, kv_dtype, USE_CACHE_BRANCH in inputs)
 
 
 def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], ports: _Ports,
@@ -104,13 +111,15 @@ def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], port
     past: dict[str, np.ndarray] = {}
     for i in range(ports.layers):
         for name in (PAST_KEY % i, PAST_VALUE % i):
-            past[name] = np.zeros((1, ports.kv_heads, 0, ports.head_dim), dtype=np.float32)
+            past[name] = np.zeros((1, ports.kv_heads, 0, ports.head_dim), dtype=ports.kv_dtype)
     ids = np.asarray([prompt_ids], dtype=np.int64)
     total = ids.shape[1]
     for _ in range(max_new_tokens):
         feeds: dict[str, np.ndarray] = {INPUT_IDS: ids, ATTENTION_MASK: np.ones((1, total), dtype=np.int64), **past}
         if ports.has_position_ids:
             feeds[POSITION_IDS] = np.arange(total - ids.shape[1], total, dtype=np.int64)[None, :]
+        if ports.use_cache_branch:
+            feeds[USE_CACHE_BRANCH] = np.array([total > ids.shape[1]])
         results = step(feeds)
         logits = np.array(results[LOGITS][0, -1], dtype=np.float32)
         token = int(np.argmax(logits))
@@ -140,7 +149,10 @@ class OnnxRuntimeDecoder:
         if threads is not None:
             so.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-        self.ports = _ports({i.name: i.shape for i in self.session.get_inputs()})
+        inputs = self.session.get_inputs()
+        past_type = next((i.type for i in inputs if i.name == PAST_KEY % 0), "")
+        self.ports = _ports({i.name: i.shape for i in inputs},
+                            np.float16 if past_type == "tensor(float16)" else np.float32)
         self.names = [o.name for o in self.session.get_outputs()]
 
     def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -152,19 +164,85 @@ class OnnxRuntimeDecoder:
         return _greedy(self.step, self.ports, prompt_ids, max_new_tokens, eos_token_id)
 
 
+class SharedBufferDecoder:
+    """Plain ONNX Runtime over a GroupQueryAttention export (the builder form) as onnxruntime-genai runs it with
+    ``past_present_share_buffer``: each layer's past and present bound (IOBinding) to one buffer [1, kv_heads,
+    ``max_length``, head_dim] that the attention writes the new rows into in place; the mask is ``total`` ones, so
+    that seqlens_k = total - 1 and total_sequence_length = total. Unlike onnxruntime-genai it returns the logits."""
+
+    def __init__(self, model_path: str | Path, max_length: int, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        if threads is not None:
+            so.intra_op_num_threads = threads
+        self.ort = ort
+        self.session = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+        inputs = self.session.get_inputs()
+        past_type = next((i.type for i in inputs if i.name == PAST_KEY % 0), "")
+        self.ports = _ports({i.name: i.shape for i in inputs},
+                            np.float16 if past_type == "tensor(float16)" else np.float32)
+        if self.ports.has_position_ids or self.ports.use_cache_branch:
+            raise ValueError("SharedBufferDecoder runs GroupQueryAttention exports (no position_ids input)")
+        self.max_length = max_length
+        self.vocab = int(next(o.shape[-1] for o in self.session.get_outputs() if o.name == LOGITS))
+        self.buffers: dict[str, np.ndarray] = {}  # the last run's cache, by present name: [1, kv, max_length, D]
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                 eos_token_id: int | None = None) -> Greedy:
+        """Greedy tokens; stops after ``eos_token_id`` (kept) or at ``max_length`` tokens in all."""
+        if not prompt_ids:
+            raise ValueError("an empty prompt")
+        if len(prompt_ids) + max_new_tokens > self.max_length:
+            raise ValueError(f"{len(prompt_ids)} + {max_new_tokens} tokens exceed max_length {self.max_length}")
+        out = Greedy(start=time.perf_counter())
+        p = self.ports
+        binding = self.session.io_binding()
+        self.buffers.clear()
+        for i in range(p.layers):
+            for past, present in ((PAST_KEY % i, PRESENT_KEY % i), (PAST_VALUE % i, PRESENT_VALUE % i)):
+                self.buffers[present] = np.zeros((1, p.kv_heads, self.max_length, p.head_dim), dtype=p.kv_dtype)
+                buffer = self.ort.OrtValue.ortvalue_from_numpy(self.buffers[present])  # the same memory
+                binding.bind_ortvalue_input(past, buffer)
+                binding.bind_ortvalue_output(present, buffer)
+        ids = np.asarray([prompt_ids], dtype=np.int64)
+        total = ids.shape[1]
+        for _ in range(max_new_tokens):
+            binding.bind_cpu_input(INPUT_IDS, ids)
+            binding.bind_cpu_input(ATTENTION_MASK, np.ones((1, total), dtype=np.int64))
+            all_logits = np.empty((1, ids.shape[1], self.vocab), dtype=p.kv_dtype)  # filled in place by the run
+            binding.bind_ortvalue_output(LOGITS, self.ort.OrtValue.ortvalue_from_numpy(all_logits))
+            self.session.run_with_iobinding(binding)
+            logits = np.array(all_logits[0, -1], dtype=np.float32)
+            token = int(np.argmax(logits))
+            out.times.append(time.perf_counter())
+            out.tokens.append(token)
+            out.logits.append(logits)
+            out.gaps.append(top2_gap(logits))
+            if token == eos_token_id:
+                break
+            ids = np.asarray([[token]], dtype=np.int64)
+            total += 1
+        return out
+
+
 class OpenVinoDecoder:
     """The same loop on OpenVINO's CPU plugin, computing in f32 (``INFERENCE_PRECISION_HINT``: its default on a
     bf16-capable CPU is bf16, which changes tokens at near-ties); one compiled model and request for many runs."""
 
-    def __init__(self, model_path: str | Path, threads: int | None = None) -> None:
+    def __init__(self, model_path: str | Path, threads: int | None = None,
+                 properties: dict[str, Any] | None = None) -> None:
         import openvino as ov
 
-        properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+        # int4 exports: DYNAMIC_QUANTIZATION_GROUP_SIZE 0 keeps the activations float (by default the plugin
+        # quantizes them to int8 for MatMulNBits: logits move by ~0.1)
+        properties = {"INFERENCE_PRECISION_HINT": "f32", **(properties or {})}
         if threads is not None:
             properties["INFERENCE_NUM_THREADS"] = threads
         compiled = ov.Core().compile_model(str(model_path), "CPU", properties)
+        past_type = next((p.get_element_type() for p in compiled.inputs if PAST_KEY % 0 in p.get_names()), None)
         self.ports = _ports({p.any_name: [d.get_length() if d.is_static else -1 for d in p.get_partial_shape()]
-                             for p in compiled.inputs})
+                             for p in compiled.inputs}, np.float16 if past_type == ov.Type.f16 else np.float32)
         self.request = compiled.create_infer_request()
         self.outputs = [(o, o.any_name) for o in compiled.outputs]
 

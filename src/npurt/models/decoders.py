@@ -107,6 +107,21 @@ SHAPES: dict[str, DecoderShape] = {
                           context_length=256, has_position_ids=False, kv_repeat="expand"),
     "bench": DecoderShape(layers=4, hidden=512, heads=8, kv_heads=2, head_dim=64, intermediate=1280, vocab=8192,
                           context_length=1024),
+    # the ranges of issue 43 (vocab 300..8000, hidden 64..512, 1..4 layers, head_dim 16..64, 1..3 KV heads), each
+    # head_dim a multiple of 16 (ONNX Runtime's CPU GroupQueryAttention with a fused rotary needs it)
+    "v300": DecoderShape(layers=1, hidden=64, heads=2, kv_heads=1, head_dim=32, intermediate=160, vocab=300,
+                         context_length=256),
+    "kv3": DecoderShape(layers=3, hidden=96, heads=6, kv_heads=3, head_dim=16, intermediate=256, vocab=2000,
+                        context_length=256),
+    "h64": DecoderShape(layers=2, hidden=256, heads=4, kv_heads=1, head_dim=64, intermediate=512, vocab=4000,
+                        context_length=256),
+    "l4v8k": DecoderShape(layers=4, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256, vocab=8000,
+                          context_length=256),
+    "h512": DecoderShape(layers=1, hidden=512, heads=8, kv_heads=1, head_dim=64, intermediate=1024, vocab=1000,
+                         context_length=256),
+    # the benchmark decoder of the builder form (`npurt.models.decoder_forms`: preset names ending "-builder")
+    "bench-builder": DecoderShape(layers=4, hidden=512, heads=8, kv_heads=2, head_dim=64, intermediate=1280,
+                                  vocab=8000, context_length=1024),
 }
 TEST_SHAPES = ("gqa", "mha", "nopos")
 

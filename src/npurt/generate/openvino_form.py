@@ -1,0 +1,93 @@
+"""OpenVINO's form of a decoder (option ``decoder`` on OPENVINO): the cache in the compiled model's variables
+(``apply_make_stateful_transformation``: one set per infer request, so per stream), saved as IR at f32 (no weight
+compression), one compiled model with the sequence dim open for the prefill and the steps. Two forms:
+
+- standard attention (the cache grown by Concat): npurt's static form (``static_form``, a cache of max_length rows
+  written at ``position``) made stateful.
+- com.microsoft ``GroupQueryAttention`` (ONNX Runtime GenAI's model builder form): with a static past the stateful
+  model fails at its first infer (measured), so the export itself is made stateful with the cache's sequence dim
+  left open, as OpenVINO GenAI's models are: the state grows by the S rows of each run. One input ``position``
+  int64 [1] replaces ``attention_mask``: the graph computes it as position + S ones (from a Range comparison, not a
+  ConstantOfShape), and the export's own mask subgraph derives ``seqlens_k`` from it. Each GroupQueryAttention is
+  replaced by standard operations (``openvino_convert``: OpenVINO's own is an internal operation its IR reader does
+  not read back). A run uses the state's first ``position`` rows and appends its S: a new prompt or a rewind needs
+  no reset, but a position past the state's length (rows never run) would give wrong logits: ``DecoderFacts.cache``
+  is ``GROWING`` for this form (the state's length is the position after the last run; go back freely, never
+  forward past it).
+
+OpenVINO decides what it runs, not a list of names: the export is converted by OpenVINO's ONNX frontend
+(``convert_partially``), and operators it has no conversion for (or whose conversion fails, or whose settings the
+growing form does not take) make an NpuUnsupportedError naming them, so AUTO moves on, before anything is compiled.
+Conversion runs in a child process: OpenVINO's reader and save_model hold the weights more than once on the way,
+and a process seldom hands that memory back (measured on a 75 MB decoder: 320 MiB added in-process, 188 with the
+conversion in a child, against 184 for OpenVINO compiling the export).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from ..types import NpuError, NpuUnsupportedError
+from . import layout
+
+GROWING = "growing"  # DecoderFacts.cache of the GroupQueryAttention form: runs may go back, never past the state
+STATIC = "OpenVINO state (the compiled model's variables, one set per stream)"
+GROWING_ATTENTION = "GroupQueryAttention"  # the operator whose exports take the growing form
+_UNCONVERTED = 3  # openvino_convert.UNCONVERTED (not imported: it imports OpenVINO, which stays in the child)
+_CHILD = Path(__file__).with_name("openvino_convert.py")  # run as a script: OpenVINO's memory stays in the child
+
+
+def form_of(contrib_ops: tuple[str, ...], onnx_file: Callable[[Path, layout.Layout, Path], Path]
+            ) -> tuple[Callable[[Path, layout.Layout, Path], Path], str]:
+    """The form an export with these com.microsoft operators takes on OpenVINO: its maker (model_path, layout,
+    folder) -> the IR's path, and ``DecoderFacts.cache``. ``onnx_file`` writes npurt's static form as ONNX."""
+    if GROWING_ATTENTION in contrib_ops:
+        return growing, GROWING
+    return partial(stateful, onnx_file), STATIC
+
+
+def stateful(onnx_file: Callable[[Path, layout.Layout, Path], Path], model_path: Path, shape: layout.Layout,
+             folder: Path) -> Path:
+    """The static form (written by ``onnx_file``) as OpenVINO IR with the cache as the model's variables; the ONNX
+    form is removed once converted."""
+    path = folder / "decoder_stateful.xml"
+    if path.exists():
+        return path
+    onnx_path = onnx_file(model_path, shape, folder)
+    _convert(onnx_path, path, shape, growing=False, named=model_path.name)
+    onnx_path.unlink(missing_ok=True)
+    onnx_path.with_name(onnx_path.name + ".data").unlink(missing_ok=True)  # its weights, where they were external
+    return path
+
+
+def growing(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
+    """The export itself as OpenVINO IR, ``position`` in place of its mask, the cache as variables that grow."""
+    path = folder / "decoder_growing.xml"
+    if not path.exists():
+        _convert(model_path, path, shape, growing=True, named=model_path.name)
+    return path
+
+
+def _convert(source: Path, path: Path, shape: layout.Layout, *, growing: bool, named: str) -> None:
+    draft = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
+    pairs = json.dumps({p.past: p.present for p in shape.pairs})
+    done = subprocess.run([sys.executable, str(_CHILD), str(source), str(draft), pairs,
+                           "growing" if growing else "static"], capture_output=True, text=True)
+    if done.returncode == _UNCONVERTED:
+        reasons: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+        raise NpuUnsupportedError(f"{named}: OpenVINO cannot convert it ({'; '.join(reasons)}): use an ONNX Runtime "
+                                  "backend")
+    if done.returncode != 0:
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+        if last.startswith("cannot read ONNX model"):
+            raise NpuError(last)
+        raise NpuError(f"OpenVINO cannot make the decoder's {'growing' if growing else 'static'} form stateful: "
+                       f"{last}")
+    draft.with_suffix(".bin").replace(path.with_suffix(".bin"))
+    draft.replace(path)

@@ -1,0 +1,70 @@
+"""Every derived form is checked against the export itself before it is ever used (issue 43 part 2): a graph
+pattern npurt does not understand is a clear refusal, never wrong tokens.
+
+The check (``verify_child``, in a child process, so that the export's weights never join the runner's memory) feeds
+the export and the derived form the same ids, a prompt of ``prefill_chunk + 3`` ids (in one run, and in chunks as
+the runner lays them) and a few greedy steps, on the engine the runner uses, and compares the logits of every run.
+The verdict is kept beside the derived form (``verified-<engine>-c<chunk>.json``): with ``cache_dir`` a load checks
+once; without it, every load checks (about a second: a Python process, the engine, both models).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from ..types import NpuError, NpuUnsupportedError
+from .layout import Layout
+
+STEPS = 4  # greedy steps after the prompt
+TOLERANCE_F32 = 1e-3  # of the reference logits' largest magnitude: what summing in another order moves (~1e-6 seen)
+TOLERANCE_F16 = 3e-2  # float16 exports: another engine's fp16 kernels round differently
+_CHILD = Path(__file__).with_name("verify_child.py")
+
+
+def verified(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, folder: Path,
+             pad_token_id: int) -> dict[str, object]:
+    """The verdict on ``derived`` (kept in ``folder``, else checked now); NpuUnsupportedError naming the step and
+    the difference where the derived form's logits are not the export's, NpuError where the check cannot run."""
+    verdict_path = folder / f"verified-{engine}-c{chunk}.json"
+    try:
+        verdict: dict[str, object] = json.loads(verdict_path.read_text())
+    except (OSError, ValueError):
+        verdict = _check(export, derived, shape, engine, chunk, pad_token_id)
+        # (runners made at once over one cache_dir each check and write theirs)
+        partial = verdict_path.with_name(f"{verdict_path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        partial.write_text(json.dumps(verdict))
+        partial.replace(verdict_path)
+    if not verdict.get("ok"):
+        raise NpuUnsupportedError(
+            f"{export.name}: npurt's derived form for {engine} does not give the export's logits (first at "
+            f"{verdict['where']}; they differ by up to {verdict['max_diff']:.3g}, more than "
+            f"{verdict['tolerance']:.3g}); it is refused rather than give wrong tokens")
+    return verdict
+
+
+def _check(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, pad_token_id: int
+           ) -> dict[str, object]:
+    vocab = shape.vocab or 2
+    length = min(chunk + 3, shape.max_length - STEPS)
+    if length < 1:
+        raise NpuUnsupportedError(f"{export.name}: max_length {shape.max_length} leaves no room to check the derived "
+                                  f"form against the export (a prompt and {STEPS} steps)")
+    prompt = [(7 * i + 3) % vocab for i in range(length)]
+    f16 = any(p.elem_type != 1 for p in shape.pairs)
+    args = {"export": str(export), "derived": str(derived), "engine": engine, "prompt": prompt, "steps": STEPS,
+            "chunk": min(chunk, length), "max_length": shape.max_length, "pad": pad_token_id,
+            "tolerance": TOLERANCE_F16 if f16 else TOLERANCE_F32}
+    done = subprocess.run([sys.executable, str(_CHILD), json.dumps(args)], capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.strip().splitlines()
+        raise NpuError(f"{export.name}: checking npurt's derived form against the export failed: "
+                       f"{tail[-1] if tail else f'exit status {done.returncode}'}")
+    verdict: dict[str, object] = json.loads(lines[-1])
+    verdict["prompt_tokens"], verdict["steps"] = length, STEPS
+    return verdict

@@ -1,0 +1,163 @@
+"""Run in a child process by ``verify`` (``python verify_child.py JSON``; it imports no npurt, so that the export's
+weights never join the runner's process): the export and its derived form fed the same ids, their logits compared.
+
+The reference is plain ONNX Runtime (CPU provider) over the export, its cache growing run by run, the greedy id of
+each run fed to the next. The derived form runs on the engine the runner uses:
+
+- ``onnxruntime``: the static form's ONNX file on the CPU provider, each past and its present bound to one buffer
+  of max_length rows (an OrtValue bound as both, as the runner binds them), in two ways on fresh caches: the prompt
+  in one run, then in chunks laid as a runner with pinned shapes lays them (the last chunk ending at the prompt's
+  end over rows already there);
+- ``openvino``: the stateful IR on OpenVINO's CPU plugin at f32, the cache in the infer request's state: the prompt
+  in one run, then (state reset) in consecutive chunks.
+
+Each way then takes the same steps. Prints one JSON object: ``ok``, ``where`` (the first run past the tolerance,
+else the one that came closest), ``max_diff`` (the largest difference) and ``tolerance`` (the given tolerance x the
+reference logits' largest magnitude, at least 1).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Run = Callable[[list[int], int], np.ndarray]  # (ids, position) -> the last row's logits
+
+
+def _reference(export: str, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+    """The export's greedy ids after the prompt, and the logits each run ended with."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(export, providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    past = {name: np.zeros((1, int(i.shape[1]), 0, int(i.shape[3])), _dtype(i.type))
+            for name, i in inputs.items() if name.startswith("past_key_values.")}
+    ids, total = list(prompt), len(prompt)
+    fed, rows = [], []
+    for _ in range(steps + 1):
+        feeds: dict[str, Any] = {"input_ids": np.array([ids], np.int64),
+                                 "attention_mask": np.ones((1, total), np.int64), **past}
+        if "position_ids" in inputs:
+            feeds["position_ids"] = np.arange(total - len(ids), total, dtype=np.int64)[None]
+        if "use_cache_branch" in inputs:  # optimum's merged decoder: the with-past branch once there is a past
+            feeds["use_cache_branch"] = np.array([total > len(ids)])
+        out = dict(zip(names, session.run(names, feeds)))
+        row = np.asarray(out["logits"][0, -1], np.float64)
+        rows.append(row)
+        token = int(np.argmax(row))
+        fed.append(token)
+        past = {name: out[name.replace("past_key_values.", "present.")] for name in past}
+        ids, total = [token], total + 1
+    return fed[:-1], rows
+
+
+def _dtype(onnx_type: str) -> Any:
+    return {"tensor(float)": np.float32, "tensor(float16)": np.float16}.get(onnx_type, np.float32)
+
+
+def _onnxruntime(derived: str, max_length: int) -> Callable[[], Run]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(derived, providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+
+    def fresh() -> Run:
+        binding = session.io_binding()
+        caches = []
+        for name, info in inputs.items():
+            if name.startswith("past_key_values."):
+                cache = ort.OrtValue.ortvalue_from_numpy(
+                    np.zeros((1, int(info.shape[1]), max_length, int(info.shape[3])), _dtype(info.type)))
+                caches.append(cache)
+                binding.bind_ortvalue_input(name, cache)
+                binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), cache)
+        binding.bind_output("logits")
+
+        def run(ids: list[int], position: int) -> np.ndarray:
+            binding.bind_cpu_input("input_ids", np.array([ids], np.int64))
+            binding.bind_cpu_input("position", np.array([position], np.int64))
+            session.run_with_iobinding(binding)
+            return np.asarray(binding.copy_outputs_to_cpu()[-1][0, -1], np.float64)
+        run.caches = caches  # type: ignore[attr-defined]  # (kept alive with the binding)
+        return run
+    return fresh
+
+
+def _openvino(derived: str) -> Callable[[], Run]:
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(derived, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+    def fresh() -> Run:
+        request = compiled.create_infer_request()
+
+        def run(ids: list[int], position: int) -> np.ndarray:
+            request.infer({"input_ids": np.array([ids], np.int64), "position": np.array([position], np.int64)})
+            return np.asarray(request.get_tensor("logits").data[0, -1], np.float64)
+        return run
+    return fresh
+
+
+def _pinned_chunks(sequence: list[int], chunk: int, run: Run, pad: int) -> np.ndarray:
+    """The prompt as a runner with pinned shapes lays it (generator.Generator._feed)."""
+    total, at = len(sequence), 0
+    row = np.empty(0)
+    while total - at > 1:
+        if total - at < chunk:
+            at = total - chunk
+            if at < 0:
+                run(sequence[:total - 1] + [pad] * (chunk - total + 1), 0)
+                at = total - 1
+                break
+        row = run(sequence[at:at + chunk], at)
+        at += chunk
+    if at < total:
+        row = run(sequence[at:], at)
+    return row
+
+
+def _consecutive_chunks(sequence: list[int], chunk: int, run: Run, pad: int) -> np.ndarray:
+    row = np.empty(0)
+    for at in range(0, len(sequence), chunk):
+        row = run(sequence[at:at + chunk], at)
+    return row
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[1])
+    prompt, steps, chunk = args["prompt"], args["steps"], args["chunk"]
+    fed, want = _reference(args["export"], prompt, steps)
+    scale = max(1.0, max(float(np.abs(r).max()) for r in want))
+    tolerance = args["tolerance"] * scale
+    if args["engine"] == "openvino":
+        fresh, chunked = _openvino(args["derived"]), _consecutive_chunks
+    else:
+        fresh, chunked = _onnxruntime(args["derived"], args["max_length"]), _pinned_chunks
+    # the largest difference, and where the first one past the tolerance was (else where the largest was)
+    worst: dict[str, Any] = {"ok": True, "where": "", "max_diff": 0.0, "tolerance": tolerance}
+    ways: list[tuple[str, Callable[[Run], np.ndarray]]] = [
+        ("the prompt in one run", lambda run: run(prompt, 0)),
+        (f"the prompt in chunks of {chunk}", lambda run: chunked(prompt, chunk, run, args["pad"]))]
+    for way, prefill in ways:
+        run = fresh()
+        rows = [prefill(run)]
+        rows += [run([token], len(prompt) + k) for k, token in enumerate(fed)]
+        for k, (got, ref) in enumerate(zip(rows, want)):
+            diff = float(np.abs(got - ref).max())
+            diff = diff if np.isfinite(diff) else float("inf")
+            at = f"step {k} (position {len(prompt) + k - 1})" if k else "the prompt's last row"
+            if worst["ok"] and (diff > tolerance or diff > worst["max_diff"]):
+                worst["where"] = f"{way}: {at}"
+                worst["ok"] = diff <= tolerance
+            worst["max_diff"] = max(worst["max_diff"], diff)
+    print(json.dumps(worst))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

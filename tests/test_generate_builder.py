@@ -1,0 +1,142 @@
+"""Option ``decoder`` on ONNX Runtime GenAI's model-builder form (issue 43 parts 1 and 2): GroupQueryAttention in
+its own shared-buffer mode gives onnxruntime-genai's tokens on the ONNX Runtime backends (shapes open and pinned,
+separate and packed QKV, four shapes), and every derived form is checked against its export before use: a form that
+does not give the export's logits, rotary tables shorter than max_length and attention forms npurt does not derive
+are refused before anything runs, never wrong tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from npurt import Generator, NpuUnsupportedError, RunnerFactory
+from npurt.generate import layout
+from npurt.models import decoder_forms
+from tests.helpers.decoders import MODEL_FILE, assert_tokens_agree, greedy_genai, greedy_onnxruntime, require_genai
+
+PROMPT = [1, 23, 5, 77, 150, 11]
+NEW_TOKENS = 64
+SHAPES = ("gqa", "v300", "kv3", "h64")  # head_dim 16..64, 1..3 KV heads, 1..3 layers, vocab 300..4000
+DECODER = {"max_length": 96, "prefill_chunk": 4}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("builder")
+
+
+def folder_of(root, name: str, form: str = "builder"):
+    folder = root / f"{name}-{form}"
+    if not (folder / MODEL_FILE).is_file():
+        decoder_forms.build_decoder_form(folder, name, form=form)
+    return folder
+
+
+def runner(backend: str, folder, **options):
+    device = "NPU" if backend == "QNN" else "CPU"
+    return RunnerFactory.create_runner(backend, folder / MODEL_FILE,
+                                       {"device": device, "decoder": DECODER, **options})
+
+
+@pytest.mark.parametrize("backend", ["VAIML", "ONNXRUNTIME"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tokens_equal_onnxruntime_genai(root, shape, backend):
+    """64 greedy tokens equal onnxruntime-genai's on the same folder (its own shared past/present buffer); the cache
+    stays in place (no host copy), the derived form says it is GroupQueryAttention's and how it was checked."""
+    require_genai()
+    folder = folder_of(root, shape)
+    want = greedy_genai(folder, PROMPT, NEW_TOKENS)
+    reference = greedy_onnxruntime(folder / MODEL_FILE, PROMPT, NEW_TOKENS)
+    assert reference.tokens == want  # the two anchors agree (no near-tie on these prompts)
+    with runner(backend, folder) as r:
+        assert r.decoder.attention == layout.GROUP_QUERY
+        assert "on onnxruntime" in r.decoder.verification
+        g = Generator(r)
+        tokens = g.generate(PROMPT, NEW_TOKENS)
+        assert_tokens_agree(tokens, reference, f"npurt {backend} builder {shape}")
+        assert tokens == want
+        assert g.stats["copies"] == 0 and r.stats["copies"] == 0
+
+
+@pytest.mark.parametrize("form", ["builder", "builder-packed"])
+@pytest.mark.parametrize("chunk", [1, 4, 8])
+def test_pinned_shapes_and_packed_qkv(root, form, chunk):
+    """Shapes pinned as on an NPU (prefill chunks of 1, 4 and 8 over a 6-id prompt: one id a run, an overlapping
+    last chunk, a prompt shorter than a chunk), the QKV projections separate or packed into one input: the logits each
+    id is picked from are the export's within 1e-4 at every step."""
+    folder = folder_of(root, "gqa", form)
+    reference = greedy_onnxruntime(folder / MODEL_FILE, PROMPT, 16)
+    with runner("VAIML", folder, static_shapes=True, decoder={"max_length": 48, "prefill_chunk": chunk}) as r:
+        assert r.decoder.pinned
+        g = Generator(r)
+        for step, token in enumerate(g.stream(PROMPT, 16)):
+            np.testing.assert_allclose(g.last_logits, reference.logits[step], atol=1e-4, rtol=0,
+                                       err_msg=f"step {step}")
+            assert token == reference.tokens[step]
+
+
+def test_a_conversation_continues_in_the_shared_buffer(root):
+    """start= on the builder form: GroupQueryAttention writes the second turn's rows after the first's, in place,
+    and the tokens equal a fresh run over the whole sequence."""
+    folder = folder_of(root, "kv3")
+    path = folder / MODEL_FILE
+    with runner("VAIML", folder) as r:
+        g = Generator(r)
+        first = g.generate(PROMPT, 8)
+        second = g.generate([first[-1], 9, 10], 8, start=g.position)
+        assert second == greedy_onnxruntime(path, PROMPT + first + [9, 10], 8).tokens
+
+
+def test_the_htp_emulator_places_it_or_says_why(root):
+    """On the HTP emulator at FP16 (pinned shapes): the tokens are the export's up to a near-tie at FP16's scale,
+    and placement names the nodes the HTP did not take."""
+    pytest.importorskip("onnxruntime_qnn")
+    folder = folder_of(root, "gqa")
+    reference = greedy_onnxruntime(folder / MODEL_FILE, PROMPT, 8)
+    with runner("QNN", folder) as r:
+        tokens = Generator(r).generate(PROMPT, 8)
+        assert_tokens_agree(tokens, reference, "npurt QNN builder", tolerance=0.2)
+        off = {p.op_type for p in r.placement if "QNN" not in p.device}
+        assert all(p.reason or "QNN" in p.device for p in r.placement), off
+
+
+def test_rotary_tables_shorter_than_max_length_are_refused(root, tmp_path):
+    """The builder writes cos/sin caches of the context length; a max_length past them would rotate positions the
+    tables do not hold (ONNX Runtime: 'cos_cache dimension 0 shall not be less than total_sequence_length' at that
+    step, mid-generation). Refused at load, naming the rows."""
+    folder = folder_of(root, "gqa")
+    copy = tmp_path / "long"
+    copy.mkdir()
+    (copy / MODEL_FILE).write_bytes((folder / MODEL_FILE).read_bytes())
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["context_length"] = 4096  # a config that claims more than the tables hold
+    (copy / "genai_config.json").write_text(json.dumps(config))
+    with pytest.raises(NpuUnsupportedError, match="rotary tables have 256 rows, fewer than max_length 300"):
+        runner("VAIML", copy, decoder={"max_length": 300, "prefill_chunk": 4})
+
+
+@pytest.mark.parametrize("op", ["MultiHeadAttention", "RotaryEmbedding"])
+def test_attention_not_understood_is_refused_by_name(root, tmp_path, op):
+    model = onnx.load(str(folder_of(root, "gqa") / MODEL_FILE))
+    model.graph.node.append(onnx.helper.make_node(op, ["input_ids"], [f"{op}_out"], domain="com.microsoft"))
+    (tmp_path / MODEL_FILE).write_bytes(model.SerializeToString())
+    with pytest.raises(NpuUnsupportedError, match=f"attention by {op} is not one npurt derives"):
+        runner("VAIML", tmp_path)
+
+
+def test_a_form_that_is_not_the_export_is_refused(root, tmp_path, monkeypatch):
+    """The check against the export catches what the layout reader missed: the Concat form's derivation applied to a
+    GroupQueryAttention export (the wrong tokens of issue 43) is refused, naming the step and the difference; with
+    cache_dir the verdict is kept, and the next load refuses without checking again."""
+    monkeypatch.setattr(layout, "_attention", lambda *args: layout.CONCAT)
+    cache = tmp_path / "cache"
+    with pytest.raises(NpuUnsupportedError, match=r"does not give the export's logits \(first at the prompt in one "
+                                                  r"run: step 1 \(position 7\); they differ by up to"):
+        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache))
+    verdicts = list(cache.glob("decoders/*/verified-onnxruntime-c4.json"))
+    assert len(verdicts) == 1 and json.loads(verdicts[0].read_text())["ok"] is False
+    with pytest.raises(NpuUnsupportedError, match="does not give the export's logits"):
+        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache))
