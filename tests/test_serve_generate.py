@@ -65,7 +65,9 @@ def folders(tmp_path_factory):
     plain = root / "chatml"
     build_decoder(plain, "gqa", 0)
     write_tokenizer(plain, "bytelevel", 512, chat_template=CHATML)
-    return {"lm": text, "ids": decoder_folder(root, "gqa"), "chatml": plain}
+    ids = decoder_folder(root, "gqa")
+    (ids / "generation_config.json").write_text(json.dumps({"do_sample": False, "eos_token_id": [2]}))
+    return {"lm": text, "ids": ids, "chatml": plain}
 
 
 def server_folder(svc, name: str) -> Path:
@@ -228,6 +230,20 @@ def test_a_chat_s_next_turn_prefills_only_what_is_new(server, reference, tokeniz
     assert reused >= len(tokenizer.apply_chat_template(messages[:1], add_generation_prompt=False, tokenize=True))
     with Reference(server_folder(server, "chatml")) as ref:
         assert second.choices[0].token_ids == ref.ids(ids, 12)
+
+
+def test_sampling_left_out_follows_the_model_s_generation_config(server, reference):
+    prompt = [1, 17, 42, 99, 7, 300]
+    c = client(server)
+    # "ids" ships generation_config.json with do_sample false: greedy; "lm" ships none: OpenAI's temperature 1
+    greedy = c.completions.create(model="ids", prompt=prompt, max_tokens=30, seed=5)
+    assert greedy.choices[0].token_ids == reference.ids(prompt, 30)
+    sampled = c.completions.create(model="lm", prompt=prompt, max_tokens=30, seed=5)
+    assert sampled.choices[0].token_ids == reference.ids(prompt, 30, temperature=1.0, seed=5)
+    top_k = c.completions.create(model="lm", prompt=prompt, max_tokens=30, seed=5, extra_body={"top_k": 3})
+    with reference.lock, Generator(reference.runner) as gen:
+        assert top_k.choices[0].token_ids == gen.generate(prompt, 30, eos_token_id=reference.eos, do_sample=True,
+                                                          top_k=3, seed=5)
 
 
 def test_stop_strings_end_the_text_and_are_not_shown(server, reference, tokenizer):

@@ -136,7 +136,7 @@ class Service:
         """The --generate models, each a decoder runner (compiled now) with its scheduler."""
         from .llm.front import GenerationFront
         from .llm.metrics import GenerationMetrics
-        from .llm.model import LanguageModel, model_file, runner_options
+        from .llm.model import LanguageModel, model_folder, runner_options
         from .llm.settings import GenerationSettings
 
         settings = self.generation_settings or GenerationSettings()
@@ -148,10 +148,11 @@ class Service:
             for name, path in self.generate.items():
                 if metrics is not None:
                     metrics.add_model(name)
-                options = runner_options(path, settings, self.generate_options, self.backend)
-                runner = self._create_runner(model_file(path), options)
+                folder = model_folder(path)
+                options = runner_options(folder, settings, self.generate_options, self.backend)
+                runner = self._create_runner(folder.model, options)
                 try:
-                    front.models[name] = LanguageModel(name, path, runner, settings, metrics)
+                    front.models[name] = LanguageModel(name, path, runner, settings, metrics, folder)
                 except BaseException:
                     runner.close()
                     raise

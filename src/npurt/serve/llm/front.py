@@ -130,7 +130,8 @@ class GenerationFront:
             raise ApiError(503, self.draining, retry_after=1)
         model, request = prepared.model, prepared.request
         text = TextStream(model.tokenizer, request.stop) if model.tokenizer is not None else None
-        seq = Sequence(prepared.prompt, prepared.max_tokens, request.sampling, model.eos, text, emit)
+        sampling = request.sampling.with_defaults(model.sampling_defaults)
+        seq = Sequence(prepared.prompt, prepared.max_tokens, sampling, model.eos, text, emit)
         model.scheduler.submit(seq)
         return seq
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...generate.model import read_genai_config
+from ...generate.folder import ModelFolder, resolve
 from ...runner import Runner
 from ...text.tokenizer import Tokenizer
 from .scheduler import Scheduler, SequenceObserver
@@ -24,28 +24,22 @@ log = logging.getLogger("npurt.serve")
 MODEL_FILE = "model.onnx"
 
 
-def model_file(path: Path) -> Path:
-    """The decoder's ONNX file: ``path`` itself, or the folder's model.onnx (ValueError where there is none)."""
-    if path.is_dir():
-        candidate = path / MODEL_FILE
-        if not candidate.is_file():
-            onnx = sorted(path.glob("*.onnx"))
-            if len(onnx) != 1:
-                raise ValueError(f"{path}: a decoder folder holds {MODEL_FILE} (or one .onnx file); found "
-                                 f"{[p.name for p in onnx] or 'none'}")
-            candidate = onnx[0]
-        return candidate
-    if not path.is_file():
-        raise ValueError(f"{path}: no such decoder folder or file")
-    return path
+def model_folder(path: Path) -> ModelFolder:
+    """The decoder's folder resolved (its model file, context length, eos ids, sampling defaults): ValueError for a
+    folder without a model or with a config that cannot be read."""
+    try:
+        return resolve(path)
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
 
 
-def runner_options(path: Path, settings: GenerationSettings, base: dict[str, Any], backend: str) -> dict[str, Any]:
+def runner_options(folder: ModelFolder, settings: GenerationSettings, base: dict[str, Any], backend: str
+                   ) -> dict[str, Any]:
     """The decoder runner's options: ``base`` (device, threads, cache_dir ...) and option ``decoder``."""
-    context = read_genai_config(model_file(path)).get("model", {}).get("context_length")
+    context = folder.context_length
     max_length = settings.max_length
     if max_length is None:
-        max_length = min(context, DEFAULT_MAX_LENGTH) if isinstance(context, int) else DEFAULT_MAX_LENGTH
+        max_length = min(context, DEFAULT_MAX_LENGTH) if context is not None else DEFAULT_MAX_LENGTH
     options = {**base, "decoder": {"max_length": max_length, "prefill_chunk": min(settings.prefill_chunk,
                                                                                     max_length)}}
     if backend.upper() == "OPENVINO":
@@ -65,13 +59,15 @@ class LanguageModel:
     """One ``--generate NAME=MODEL_DIR``: its runner, tokenizer and scheduler."""
 
     def __init__(self, name: str, path: Path, runner: Runner, settings: GenerationSettings,
-                 observer: SequenceObserver | None = None) -> None:
+                 observer: SequenceObserver | None = None, folder: ModelFolder | None = None) -> None:
         facts = runner.decoder
         if facts is None:
             raise ValueError(f"--generate {name}: the runner was made without option 'decoder'")
         self.name, self.path, self.runner, self.settings, self.facts = name, path, runner, settings, facts
         self.created = int(time.time())
         self.tokenizer = load_tokenizer(path)
+        # generation_config.json's sampling settings: what a request that leaves them out gets (as vLLM does)
+        self.sampling_defaults = dict((folder or model_folder(path)).sampling_defaults)
         self.eos = frozenset(facts.eos_token_ids)
         self.scheduler = Scheduler(name, runner, settings.max_sequences, settings.max_queue, settings.prefix_reuse,
                                    observer)
@@ -95,4 +91,4 @@ class LanguageModel:
         self.runner.close()
 
 
-__all__ = ["LanguageModel", "load_tokenizer", "model_file", "runner_options"]
+__all__ = ["LanguageModel", "load_tokenizer", "model_folder", "runner_options"]

@@ -22,10 +22,35 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 @dataclass
 class Sampling:
+    """How a request picks its ids. ``given``: the fields the request set; ``with_defaults`` fills the others from
+    the model's generation_config.json, then OpenAI's defaults (temperature 1, top_p 1: sampling)."""
+
     do_sample: bool = True
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
+    given: frozenset[str] = frozenset()
+
+    def with_defaults(self, defaults: dict[str, Any]) -> Sampling:
+        out = Sampling(self.do_sample, self.temperature, self.top_p, self.top_k, self.seed, self.given)
+        if "temperature" not in self.given:
+            temperature = _default_number(defaults.get("temperature"), 1.0)
+            out.do_sample = defaults.get("do_sample") is not False and temperature > 0
+            out.temperature = temperature if out.do_sample else 1.0
+        if "top_p" not in self.given:
+            top_p = _default_number(defaults.get("top_p"), 1.0)
+            out.top_p = top_p if 0 < top_p <= 1 else 1.0
+        if "top_k" not in self.given:
+            top_k = defaults.get("top_k")
+            out.top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 0
+        return out
+
+
+def _default_number(value: Any, fallback: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return fallback
+    return float(value)
 
 
 @dataclass
@@ -125,6 +150,7 @@ def _common(doc: Any, api: str) -> GenerationRequest:
     request.max_tokens = _int(doc, "max_tokens", 1) if completion_max is None else completion_max
     temperature = _number(doc, "temperature", 0.0, 2.0)
     top_p = _number(doc, "top_p", 0.0, 1.0, open_low=True)
+    top_k = _int(doc, "top_k", 0)  # not OpenAI's: vLLM's and Triton's (0: all)
     seed = _int(doc, "seed")
     sampling = request.sampling
     if temperature is not None:
@@ -134,7 +160,11 @@ def _common(doc: Any, api: str) -> GenerationRequest:
             sampling.temperature = 1.0
     if top_p is not None:
         sampling.top_p = top_p
+    if top_k is not None:
+        sampling.top_k = top_k
     sampling.seed = seed
+    sampling.given = frozenset(k for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k))
+                               if v is not None)
     request.stop = _stops(doc.get("stop"))
     request.stream = _bool(doc, "stream")
     options = doc.get("stream_options")

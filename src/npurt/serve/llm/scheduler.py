@@ -56,8 +56,8 @@ class Sequence:
     def __init__(self, prompt: list[int], max_tokens: int, sampling: Sampling, eos: frozenset[int],
                  text: TextStream | None, emit: Callable[[Event], None]) -> None:
         self.prompt, self.max_tokens, self.eos, self.text, self.emit = prompt, max_tokens, eos, text, emit
-        self.sampler = Sampler(do_sample=sampling.do_sample, temperature=sampling.temperature, top_p=sampling.top_p,
-                               seed=sampling.seed)
+        self.sampler = Sampler(do_sample=sampling.do_sample, temperature=sampling.temperature, top_k=sampling.top_k,
+                               top_p=sampling.top_p, seed=sampling.seed)
         self.generated: list[int] = []
         self.finish_reason = ""
         self.cancelled = False
