@@ -490,6 +490,30 @@ def test_metrics_count_tokens_and_time_them(server):
 
 
 # ---------------------------------------------------------------------------------------------------- the end
+def test_the_kserve_runtime_s_command_line_serves_a_decoder_folder(folders, tmp_path):
+    """deploy/llm-runtime.yaml's command, made loopback with a free port, its folder the test's decoder."""
+    manifest = (ROOT / "deploy" / "llm-runtime.yaml").read_text()
+    command = json.loads(re.search(r"^\s+command: (\[.*\])$", manifest, re.M).group(1))
+    assert command[:2] == ["npurt", "serve"]
+    args = command[2:]
+    http = args[args.index("--http") + 1]
+    assert f"containerPort: {http.rpartition(':')[2]}" in manifest and "path: /v2/health/ready" in manifest
+    args[args.index("--http") + 1] = "127.0.0.1:0"
+    assert args[args.index("--generate") + 1] == "model=/mnt/models"
+    args[args.index("--generate") + 1] = f"model={folders['lm']}"
+    k = args.index("--socket")
+    del args[k:k + 2]  # ServiceProcess gives its own
+    args.remove("--insecure")  # loopback: nothing crosses the network
+    with ServiceProcess.start({}, tmp_path / "serve.sock", [*args, "--backend", "onnxruntime", "--device", "CPU",
+                                                           "--threads", "1"]) as svc:
+        got = client(svc).chat.completions.create(model="model", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=8, temperature=0)
+        assert got.usage.completion_tokens >= 1
+        with urllib.request.urlopen(f"http://{svc.http_address}/v2/health/ready", timeout=30) as r:
+            assert r.status == 200
+
+
+
 STREAMS = 32
 
 
