@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers.missing import require_module
@@ -77,7 +78,7 @@ def server_folder(svc, name: str) -> Path:
 @pytest.fixture(scope="module")
 def server(folders, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    args = [*SERVE, "--http", "127.0.0.1:0", "--generate", f"lm={folders['lm']}", "--generate",
+    args = [*SERVE, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--generate", f"lm={folders['lm']}", "--generate",
             f"ids={folders['ids']}", "--generate", f"chatml={folders['chatml']}"]
     with ServiceProcess.start({"digits": DEFAULT_MODEL}, tmp / "serve.sock", args) as svc:
         svc.folders = folders
@@ -323,6 +324,17 @@ def test_an_oip_infer_on_a_language_model_names_its_routes(server):
     status, doc, _ = post(server, "/v2/models/digits/infer",
                           {"inputs": [{"name": "image", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": x}]})
     assert status == 200 and doc["outputs"]  # the OIP models are served beside them
+    status, doc, _ = post(server, "/v2/models/nope/infer", {"inputs": []})
+    assert status == 404 and isinstance(doc["error"], str)  # the OIP routes keep the protocol's error shape
+    grpcclient = require_module("tritonclient.grpc", "needs the 'serve' and 'test' extras")
+    from tritonclient.utils import InferenceServerException
+
+    with grpcclient.InferenceServerClient(server.grpc_address) as g:
+        x = grpcclient.InferInput("x", [1], "FP32")
+        x.set_data_from_numpy(np.zeros(1, np.float32))
+        with pytest.raises(InferenceServerException, match="/v1/completions") as e:
+            g.infer("lm", [x])
+        assert "INVALID_ARGUMENT" in str(e.value.status())
 
 
 def test_the_chat_client_example_keeps_the_conversation(server, reference, tokenizer):
@@ -524,6 +536,9 @@ def test_the_token_and_the_drain_on_sigterm(folders, tmp_path):
         with pytest.raises(openai.AuthenticationError) as e:
             client(svc).models.list()
         assert e.value.status_code == 401 and set(e.value.body) == {"message", "type", "param", "code"}
+        with pytest.raises(urllib.error.HTTPError) as oip:  # the OIP routes answer 401 in their own shape
+            urllib.request.urlopen(f"http://{svc.http_address}/v2/models/lm/ready", timeout=30)
+        assert oip.value.code == 401 and isinstance(json.loads(oip.value.read())["error"], str)
         good = openai.OpenAI(base_url=f"http://{svc.http_address}/v1", api_key="s3cret", max_retries=0)
         assert [m.id for m in good.models.list().data] == ["lm"]
         started = threading.Event()
