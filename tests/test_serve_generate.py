@@ -13,6 +13,7 @@ import asyncio
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -366,7 +367,10 @@ BAD = [
     ({"model": "lm", "prompt": "hi", "logprobs": 2}, 400, "logprobs", "/v1/completions"),
     ({"model": "lm", "prompt": [1, 9999]}, 400, "prompt", "/v1/completions"),
     ({"model": "lm", "prompt": "hi", "stop": [""]}, 400, "stop", "/v1/completions"),
+    ({"model": "lm", "prompt": "a\ud800b"}, 400, "prompt", "/v1/completions"),
     ({"model": "lm", "messages": []}, 400, "messages", "/v1/chat/completions"),
+    ({"model": "lm", "messages": [{"role": "user", "content": "a\udfffb"}]}, 400, "messages[0].content",
+     "/v1/chat/completions"),
     ({"model": "lm", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content",
      "/v1/chat/completions"),
     ({"model": "lm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role",
@@ -388,6 +392,43 @@ def test_bad_requests_get_openai_s_error_object(server, body, status, param, pat
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["param"] == param
     assert error["type"] == "invalid_request_error"
+
+
+def test_random_field_values_are_answered_never_a_server_error(server):
+    """Every field of both OpenAI routes given values of random JSON types: each request is answered 200 or 4xx in
+    OpenAI's error object, never 500, and the server goes on."""
+    rng = random.Random(7)
+    values = [None, True, 0, -1, 1, 2, 3.5, -2.0, 1e308, "", "x", "a\u0000b", [], [1], [1, 2, 3], ["a"], [[1]], {},
+              {"include_usage": True}, {"role": "user"}, [{"role": "user", "content": "hi"}],
+              [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+              [{"role": "user", "content": [{"type": "image_url"}]}], "x" * 3000, list(range(300))]
+    fields = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+              "seed", "stop", "stream", "stream_options", "n", "logprobs", "tools", "echo", "suffix", "best_of",
+              "presence_penalty", "logit_bias", "response_format", "chat_template_kwargs"]
+    for k in range(160):
+        path = "/v1/chat/completions" if k % 2 else "/v1/completions"
+        body = {"model": "lm", ("messages" if k % 2 else "prompt"): [{"role": "user", "content": "hi"}] if k % 2
+                else "hi", "max_tokens": 4}
+        for name in rng.sample(fields, rng.randint(1, 4)):
+            body[name] = rng.choice(values)
+        status, doc = raw_post(server, path, body)
+        assert status == 200 or (400 <= status < 500 and set(doc["error"]) == {"message", "type", "param", "code"}), (
+            body, status, doc)
+    got = client(server).completions.create(model="lm", prompt="still here", max_tokens=2, temperature=0)
+    assert got.choices[0].token_ids
+
+
+def raw_post(svc, path: str, body) -> tuple[int, dict]:
+    """A request whose answer may be a stream (its events are not checked here) or a JSON document."""
+    host, port = svc.http_address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    if response.getheader("Content-Type", "").startswith("text/event-stream"):
+        return response.status, {}
+    return response.status, json.loads(data)
 
 
 def test_bad_json_and_unknown_routes_get_openai_s_error_object(server):

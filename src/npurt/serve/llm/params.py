@@ -106,6 +106,15 @@ def _bool(doc: dict[str, Any], name: str) -> bool:
     return value
 
 
+def _unicode(text: str, param: str) -> str:
+    """``text`` where it is valid Unicode (JSON lets a lone surrogate through, "\\ud800": no tokenizer takes it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _bad(param, f"not valid Unicode text ({e.reason} at character {e.start})") from None
+    return text
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -127,7 +136,7 @@ def _stops(value: Any) -> list[str]:
         raise _bad("stop", f"at most {MAX_STOPS} stop strings, got {len(stops)}")
     if any(not s for s in stops):
         raise _bad("stop", "an empty stop string would stop before the first token")
-    return list(stops)
+    return [_unicode(s, "stop") for s in stops]
 
 
 def _common(doc: Any, api: str) -> GenerationRequest:
@@ -191,7 +200,7 @@ def completion_request(doc: Any) -> GenerationRequest:
     if isinstance(prompt, str):
         if not prompt:
             raise _bad("prompt", "empty: a decoder needs at least one token to start from")
-        request.prompt_text = prompt
+        request.prompt_text = _unicode(prompt, "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         request.prompt_ids = list(prompt)
     elif isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
@@ -242,10 +251,12 @@ def _message(message: Any, k: int) -> dict[str, Any]:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise _bad(f"{where}.content[{j}]", f"a text part ({{\"type\": \"text\", \"text\": ...}}); "
                                                     f"this model takes text only, got {_short(part)}")
-            texts.append(part["text"])
+            texts.append(_unicode(part["text"], f"{where}.content[{j}]"))
         content = "".join(texts)
     elif content is not None and not isinstance(content, str):
         raise _bad(f"{where}.content", f"a string or a list of text parts, got {_short(content)}")
+    elif content is not None:
+        _unicode(content, f"{where}.content")
     out = {**message, "content": content}
     if content is None and not message.get("tool_calls"):
         raise _bad(f"{where}.content", "missing (only an assistant message with tool_calls may leave it out)")
@@ -269,7 +280,7 @@ def generate_request(doc: Any, model: str, stream: bool) -> GenerationRequest:
     if text is not None:
         if not isinstance(text, str) or not text:
             raise _bad("text_input", f"a non-empty string, got {_short(text)}")
-        request.prompt_text = text
+        request.prompt_text = _unicode(text, "text_input")
     else:
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
                                                            for t in ids):
