@@ -543,6 +543,23 @@ def test_metrics_count_tokens_and_time_them(server):
 
 
 # ---------------------------------------------------------------------------------------------------- the end
+def test_command_line_usage_errors(folders, tmp_path):
+    def serve(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "npurt", "serve", "--socket", str(tmp_path / "s"), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    r = serve("--generate", f"lm={folders['lm']}")
+    assert r.returncode == 2 and "--http" in r.stderr
+    r = serve("--model", f"digits={DEFAULT_MODEL}", "--max-sequences", "3")
+    assert r.returncode == 2 and "--max-sequences is for language models" in r.stderr
+    r = serve("--generate", f"lm={tmp_path / 'nothing'}", "--http", "127.0.0.1:0")
+    assert r.returncode == 1 and "no such folder" in r.stderr
+    r = serve("--generate", f"lm={folders['lm']}", "--http", "127.0.0.1:0", "--max-sequences", "0")
+    assert r.returncode == 2 and "--max-sequences 0" in r.stderr
+    r = serve("--generate", f"x={folders['lm']}", "--model", f"x={DEFAULT_MODEL}", "--http", "127.0.0.1:0")
+    assert r.returncode == 2 and "given to --model and to --generate" in r.stderr
+
+
 def test_the_kserve_runtime_s_command_line_serves_a_decoder_folder(folders, tmp_path):
     """deploy/llm-runtime.yaml's command, made loopback with a free port, its folder the test's decoder."""
     manifest = (ROOT / "deploy" / "llm-runtime.yaml").read_text()

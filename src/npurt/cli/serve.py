@@ -86,6 +86,18 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 def generation_settings(args: argparse.Namespace) -> Any:
     from ..serve.llm.settings import GenerationSettings
 
+    if not args.generate:  # a flag of --generate's without it would be ignored: refused, as the OIP's are
+        d = GenerationSettings()
+        for flag, value, default in (("max_length", args.max_length, None),
+                                     ("prefill_chunk", args.prefill_chunk, d.prefill_chunk),
+                                     ("max_sequences", args.max_sequences, d.max_sequences),
+                                     ("max_queue", args.max_queue, d.max_queue),
+                                     ("max_output_tokens", args.max_output_tokens, d.max_output_tokens),
+                                     ("no_prefix_reuse", args.no_prefix_reuse, False)):
+            if value != default:
+                raise CliError(f"--{flag.replace('_', '-')} is for language models: give --generate NAME=MODEL_DIR",
+                               EXIT_USAGE)
+
     for value, flag in ((args.prefill_chunk, "--prefill-chunk"), (args.max_sequences, "--max-sequences"),
                         (args.max_output_tokens, "--max-output-tokens"), (args.max_length or 1, "--max-length")):
         if value < 1:
