@@ -4,7 +4,8 @@ the Generator's step-level API (``append`` the ids, ``Sampler`` picks the next).
 
 Fairness: a round gives every active sequence one turn: a decode step (one id), or one chunk of ``prefill_chunk``
 ids of a new prompt, so that a long prompt never stalls the others for more than one chunk's run. A sequence alone
-(nobody else active or waiting) takes its whole prompt in one ``append``, as the in-process Generator does.
+(nobody else active or waiting) takes its whole prompt in one ``append``, as the in-process Generator does, where
+shapes are open (one run); on pinned shapes it goes a chunk a turn all the same.
 
 Admission: at most ``max_sequences`` caches; beyond them a bounded queue (``max_queue``), then 429. A sequence
 cancelled (its client went away) is freed at its next turn, within one round; one waiting is dropped at once.
@@ -130,6 +131,9 @@ class Scheduler:
         if runner.decoder is None:
             raise ValueError("a Scheduler runs a decoder runner (option 'decoder')")
         self.chunk = runner.decoder.prefill_chunk
+        # pinned shapes run a prompt in chunks anyway: one a turn, so that a request that comes meanwhile waits for
+        # one chunk, not the whole prompt
+        self.whole_prompts = not runner.decoder.pinned
         self.pool = GeneratorPool(runner, max_sequences, prefix_reuse, self.chunk)
         self._cond = threading.Condition(threading.Lock())
         self._waiting: deque[Sequence] = deque()
@@ -211,7 +215,7 @@ class Scheduler:
                     self._cond.notify_all()  # wait_idle
                     self._cond.wait()
                 batch = list(self._active)
-                alone = len(batch) == 1 and not self._waiting
+                alone = len(batch) == 1 and not self._waiting and self.whole_prompts
             for seq in batch:
                 self._turn(seq, alone)
 
