@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from npurt import Generator, NpuUnsupportedError, RunnerFactory
+from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory
 from npurt.generate import layout
 from npurt.models import decoder_forms
 from tests.helpers.decoders import MODEL_FILE, assert_tokens_agree, greedy_genai, greedy_onnxruntime, require_genai
@@ -100,7 +100,10 @@ def test_the_htp_emulator_places_it_or_says_why(root):
         tokens = Generator(r).generate(PROMPT, 8)
         assert_tokens_agree(tokens, reference, "npurt QNN builder", tolerance=0.2)
         off = {p.op_type for p in r.placement if "QNN" not in p.device}
+        assert "GroupQueryAttention" in off  # (the QNN EP has no GroupQueryAttention)
         assert all(p.reason or "QNN" in p.device for p in r.placement), off
+    with pytest.raises(NpuError, match=r"cannot run entirely on QNNExecutionProvider .*GroupQueryAttention"):
+        runner("QNN", folder, fallback="error")
 
 
 def test_rotary_tables_shorter_than_max_length_are_refused(root, tmp_path):

@@ -8,20 +8,24 @@ and none of them knows the facade.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .engine import Backend
 from .jobs import JobScheduler
 from .logs import RunnerLog
+from .options import RunnerOptions
 from .plans import Plan, Planner
-from .ports import Port, PortSpec
+from .ports import Port, PortFactory, PortSpec, check_port_options
 from .staging import Staging, run_plan
 from .stats import RunnerStats
 from .status import SUCCESS, StatusError
 from .stream_state import StreamState, StreamTable
 from .tensor import NpuTensor
-from .types import StatusCode, TensorDirection
+from .types import DeviceInfo, NpuTensorInfo, StatusCode, TensorDirection
 from .variants import ShapeVariants
 
 
@@ -90,3 +94,40 @@ class RunnerCore:
         """Run a validated plan (in a stream's contexts where given); never raises."""
         context_of: Callable[[Any], Any] | None = None if stream is None else stream.context
         return run_plan(plan, inputs, outputs, self.staging, context_of)
+
+
+def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_name: str,
+             allocate_state: Callable[[NpuTensorInfo], NpuTensor], in_place: bool) -> tuple[RunnerCore, DeviceInfo]:
+    """Open the model through ``backend`` and build one runner's core around it (the engines compiled per shape,
+    the planner, staging, the job scheduler, the streams' table: ``in_place`` binds each carried past and its
+    present to one buffer), with where it runs. The backend is closed where any of it fails."""
+    stats = RunnerStats()
+    backend.count_copy = stats.copy
+    variants: ShapeVariants | None = None
+    try:
+        t0 = time.perf_counter()
+        opened = backend.open()
+        open_ms = (time.perf_counter() - t0) * 1e3
+        pairs = check_port_options(options, opened.inputs, opened.outputs)
+        ports = PortFactory(options, backend.target, opened.device_info.attached)
+        variants = ShapeVariants(backend, opened, ports, options, stats)
+        default = variants.default
+        max_concurrent = options.max_concurrent_runs or backend.default_max_concurrent_runs(
+            default.engine if default is not None else None)
+        jobs = JobScheduler(max_concurrent, options.async_threadpool_depth or max_concurrent,
+                            options.callback_order, stats)
+    except BaseException:
+        if variants is not None:
+            variants.close()
+        backend.close()
+        raise
+    core = RunnerCore(list(opened.inputs), list(opened.outputs), variants, Planner(variants, options.batch_size),
+                      Staging(options.memory_provider, stats), jobs,
+                      StreamTable(pairs, allocate_state, in_place=in_place), stats, log, model_name)
+    jobs.before_callback = core.set_last_error
+    device_info = dataclasses.replace(
+        backend.refine_device_info(opened.device_info),
+        hw_view="npu" if ports.npu_views else "device", shape_mode=variants.mode,
+        engine_settings=tuple(sorted(backend.engine_settings().items())),
+        load_steps=(("open the model", open_ms), *variants.load_steps))
+    return core, device_info

@@ -3,8 +3,8 @@
 A runner loads one model on one device through a backend (``engine.Backend``: an adapter of OpenVINO or ONNX
 Runtime) and runs it. This module is the contract as a facade; its parts live in their own modules:
 
-- ``core``: the parts every path shares, assembled once here (``options``, ``ports``, ``variants``: the engines
-  compiled per input shapes, ``plans``, ``staging``, ``jobs``, ``stream_state``, ``stats``);
+- ``core``: the parts every path shares, assembled once (``core.assemble``: ``options``, ``ports``, ``variants``:
+  the engines compiled per input shapes, ``plans``, ``staging``, ``jobs``, ``stream_state``, ``stats``);
 - ``arrays``: ``run`` on numpy arrays; ``streams``: runs in streams. Both hold the core, never the facade.
 
 Queries and construction raise (ValueError for bad arguments, NpuError for the rest). Execution never raises:
@@ -16,10 +16,8 @@ thread-safe: one runner is meant to be shared by threads.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import functools
 import shutil
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,17 +28,13 @@ import numpy as np
 from . import bound
 from .arrays import ArrayRuns
 from .bound import BoundRun
-from .core import RunnerCore
+from .core import assemble
 from .engine import Backend, Engine
-from .jobs import JobScheduler
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
-from .plans import Planner
-from .ports import Port, PortFactory, PortSpec, check_port_options
-from .staging import Staging, engine_start
-from .stats import RunnerStats
+from .ports import Port, PortSpec
+from .staging import engine_start
 from .status import SUCCESS, StatusError
-from .stream_state import StreamTable
 from .streams import Stream, StreamRuns
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
 from .types import (
@@ -57,7 +51,7 @@ from .types import (
     TensorType,
     job_handle,
 )
-from .variants import ShapeVariants, Variant
+from .variants import Variant
 
 
 class Runner:
@@ -85,41 +79,13 @@ class Runner:
         self._remove_owned = weakref.finalize(self, shutil.rmtree, owned_folder, True) if owned_folder else None
         engine_model = engine_model or self.model_path
         self.log = RunnerLog(self.options.log_level)
-        stats = RunnerStats()
         self._backend = backend(engine_model, self.options)
-        self._backend.count_copy = stats.copy
-        variants: ShapeVariants | None = None
-        try:
-            t0 = time.perf_counter()
-            opened = self._backend.open()
-            open_ms = (time.perf_counter() - t0) * 1e3
-            pairs = check_port_options(self.options, opened.inputs, opened.outputs)
-            ports = PortFactory(self.options, self._backend.target, opened.device_info.attached)
-            variants = ShapeVariants(self._backend, opened, ports, self.options, stats)
-            default = variants.default
-            max_concurrent = self.options.max_concurrent_runs or self._backend.default_max_concurrent_runs(
-                default.engine if default is not None else None)
-            jobs = JobScheduler(max_concurrent, self.options.async_threadpool_depth or max_concurrent,
-                                self.options.callback_order, stats)
-        except BaseException:
-            if variants is not None:
-                variants.close()
-            self._backend.close()
-            raise
-        core = RunnerCore(list(opened.inputs), list(opened.outputs), variants,
-                          Planner(variants, self.options.batch_size), Staging(self.options.memory_provider, stats),
-                          jobs, StreamTable(pairs, self._allocate_state, in_place=self.decoder is not None),
-                          stats, self.log, self.model_path.name)
-        jobs.before_callback = core.set_last_error
-        self._device_info = dataclasses.replace(
-            self._backend.refine_device_info(opened.device_info),
-            hw_view="npu" if ports.npu_views else "device", shape_mode=variants.mode,
-            engine_settings=tuple(sorted(self._backend.engine_settings().items())),
-            load_steps=(("open the model", open_ms), *variants.load_steps))
+        core, self._device_info = assemble(self._backend, self.options, self.log, self.model_path.name,
+                                           self._allocate_state, in_place=decoder is not None)
         self._arrays = ArrayRuns(core)
         self._streams = StreamRuns(core, self._arrays)
         self._core = core
-        variants.on_evict = self._forget_variant
+        core.variants.on_evict = self._forget_variant
         _open_runners.add(self)
 
     def _forget_variant(self, variant: Variant) -> None:

@@ -94,6 +94,8 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
+    int8_activations = any(n.op_type == "MatMulNBits" and any(a.name == "accuracy_level" and a.i == 4
+                                                               for a in n.attribute) for n in weightless.graph.node)
     external = any(w.external for w in skeleton.weights.values())
     del weightless, skeleton
     if shape.vocab is None:
@@ -130,7 +132,9 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             cache = "stream buffers, written in place (past and present bound to one buffer)"
         pad = found.pad_token_id or 0
         engine = "openvino" if openvino else "onnxruntime"
-        verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad)
+        verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
+                                  int8_activations=int8_activations,
+                                  engine_options=options.engine_options if openvino else None)
         checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance {verdict['tolerance']:.2g}) "
                    f"on {engine}, a {verdict['prompt_tokens']}-id prompt in one run and in chunks, then "
                    f"{verdict['steps']} steps")

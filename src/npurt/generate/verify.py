@@ -10,12 +10,15 @@ once; without it, every load checks (about a second: a Python process, the engin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..types import NpuError, NpuUnsupportedError
 from .layout import Layout
@@ -23,18 +26,27 @@ from .layout import Layout
 STEPS = 4  # greedy steps after the prompt
 TOLERANCE_F32 = 1e-3  # of the reference logits' largest magnitude: what summing in another order moves (~1e-6 seen)
 TOLERANCE_F16 = 3e-2  # float16 exports: another engine's fp16 kernels round differently
+# int4 exports whose MatMulNBits take int8 activations (accuracy level 4): each engine quantizes them its own way
+# (OpenVINO at its DYNAMIC_QUANTIZATION_GROUP_SIZE against ONNX Runtime: up to 0.31 on logits of ~10, measured)
+TOLERANCE_INT8_ACTIVATIONS = 5e-2
 _CHILD = Path(__file__).with_name("verify_child.py")
 
 
 def verified(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, folder: Path,
-             pad_token_id: int) -> dict[str, object]:
+             pad_token_id: int, *, int8_activations: bool = False,
+             engine_options: Mapping[str, Any] | None = None) -> dict[str, object]:
     """The verdict on ``derived`` (kept in ``folder``, else checked now); NpuUnsupportedError naming the step and
-    the difference where the derived form's logits are not the export's, NpuError where the check cannot run."""
-    verdict_path = folder / f"verified-{engine}-c{chunk}.json"
+    the difference where the derived form's logits are not the export's, NpuError where the check cannot run.
+    ``engine_options``: the runner's (OpenVINO compiles the derived form with them, at f32)."""
+    settings = json.dumps(dict(engine_options or {}), sort_keys=True, default=str)
+    tag = "" if settings == "{}" else "-" + hashlib.sha256(settings.encode()).hexdigest()[:8]
+    verdict_path = folder / f"verified-{engine}-c{chunk}{tag}.json"
     try:
         verdict: dict[str, object] = json.loads(verdict_path.read_text())
     except (OSError, ValueError):
-        verdict = _check(export, derived, shape, engine, chunk, pad_token_id)
+        tolerance = (TOLERANCE_INT8_ACTIVATIONS if int8_activations else
+                     TOLERANCE_F16 if any(p.elem_type != 1 for p in shape.pairs) else TOLERANCE_F32)
+        verdict = _check(export, derived, shape, engine, chunk, pad_token_id, tolerance, json.loads(settings))
         # (runners made at once over one cache_dir each check and write theirs)
         partial = verdict_path.with_name(f"{verdict_path.name}.{os.getpid()}.{threading.get_ident()}.partial")
         partial.write_text(json.dumps(verdict))
@@ -47,18 +59,17 @@ def verified(export: Path, derived: Path, shape: Layout, engine: str, chunk: int
     return verdict
 
 
-def _check(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, pad_token_id: int
-           ) -> dict[str, object]:
+def _check(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, pad_token_id: int,
+           tolerance: float, engine_options: dict[str, Any]) -> dict[str, object]:
     vocab = shape.vocab or 2
     length = min(chunk + 3, shape.max_length - STEPS)
     if length < 1:
         raise NpuUnsupportedError(f"{export.name}: max_length {shape.max_length} leaves no room to check the derived "
                                   f"form against the export (a prompt and {STEPS} steps)")
     prompt = [(7 * i + 3) % vocab for i in range(length)]
-    f16 = any(p.elem_type != 1 for p in shape.pairs)
     args = {"export": str(export), "derived": str(derived), "engine": engine, "prompt": prompt, "steps": STEPS,
             "chunk": min(chunk, length), "max_length": shape.max_length, "pad": pad_token_id,
-            "tolerance": TOLERANCE_F16 if f16 else TOLERANCE_F32}
+            "tolerance": tolerance, "engine_options": engine_options}
     done = subprocess.run([sys.executable, str(_CHILD), json.dumps(args)], capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:

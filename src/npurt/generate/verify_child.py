@@ -88,10 +88,10 @@ def _onnxruntime(derived: str, max_length: int) -> Callable[[], Run]:
     return fresh
 
 
-def _openvino(derived: str) -> Callable[[], Run]:
+def _openvino(derived: str, engine_options: dict[str, Any]) -> Callable[[], Run]:
     import openvino as ov
 
-    compiled = ov.Core().compile_model(derived, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = ov.Core().compile_model(derived, "CPU", {**engine_options, "INFERENCE_PRECISION_HINT": "f32"})
 
     def fresh() -> Run:
         request = compiled.create_infer_request()
@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
     scale = max(1.0, max(float(np.abs(r).max()) for r in want))
     tolerance = args["tolerance"] * scale
     if args["engine"] == "openvino":
-        fresh, chunked = _openvino(args["derived"]), _consecutive_chunks
+        fresh, chunked = _openvino(args["derived"], args["engine_options"]), _consecutive_chunks
     else:
         fresh, chunked = _onnxruntime(args["derived"], args["max_length"]), _pinned_chunks
     # the largest difference, and where the first one past the tolerance was (else where the largest was)
