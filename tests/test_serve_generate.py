@@ -467,6 +467,13 @@ def metric_with_token(svc, name: str) -> float:
     return metric(svc, name)  # /metrics is open, as Prometheus scrapes it
 
 
+def metric_labels(svc, name: str, labels: str) -> float:
+    with urllib.request.urlopen(f"http://{svc.http_address}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    found = re.search(rf'^{re.escape(name)}{{{re.escape(labels)}}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def metric(svc, name: str, model: str = "lm") -> float:
     with urllib.request.urlopen(f"http://{svc.http_address}/metrics", timeout=30) as r:
         text = r.read().decode()
@@ -480,6 +487,7 @@ def test_a_client_dropping_mid_stream_frees_its_sequence(server):
     250 ids would have been made (counted as cancelled), and the others finish."""
     long = {"model": "lm", "prompt": [1] * 6, "max_tokens": 250, "temperature": 0.7, "seed": 1, "stream": True}
     cancelled = metric(server, "npurt_sequences_cancelled_total")
+    failures = metric_labels(server, "npurt_generation_failures_total", 'api="completions",model="lm"')
     others = [threading.Thread(target=sse, args=(server, "/v1/completions", long)) for _ in range(3)]
     for t in others:
         t.start()
@@ -495,6 +503,10 @@ def test_a_client_dropping_mid_stream_frees_its_sequence(server):
     while metric(server, "npurt_sequences_cancelled_total") == cancelled and time.monotonic() < deadline:
         time.sleep(0.02)
     assert metric(server, "npurt_sequences_cancelled_total") == cancelled + 1
+    deadline = time.monotonic() + 10  # its handler ends after the watch saw it
+    while metric_labels(server, "npurt_generation_failures_total", 'api="completions",model="lm"') == failures:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     for t in others:
         t.join(60)
     assert metric(server, "npurt_sequences_active") == 0

@@ -102,8 +102,7 @@ class GenerationRoutes:
             name, api = req.model, req.api
             prepared = await self._prepare(req)
             if req.stream:
-                response = await self._openai_stream(request, prepared)
-                ok = True  # an error after the stream began is told in it (and counted by the scheduler's end)
+                response, ok = await self._openai_stream(request, prepared)  # an error after its start is told in it
                 return response
             answer = await self._gather(request, prepared)
             if answer.error is not None:
@@ -137,7 +136,8 @@ class GenerationRoutes:
                     answer.error = ApiError(499, "the client went away")
         return answer
 
-    async def _openai_stream(self, request: web.Request, prepared: Prepared) -> web.StreamResponse:
+    async def _openai_stream(self, request: web.Request, prepared: Prepared) -> tuple[web.StreamResponse, bool]:
+        """The stream, and whether the sequence reached its end (not an error, not a client gone)."""
         req = prepared.request
         chat = req.api == "chat"
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -159,6 +159,7 @@ class GenerationRoutes:
 
         with self.watch.watching(Running(self.front, prepared, request)) as running:
             response = web.StreamResponse(headers=SSE)
+            ended = False
             try:
                 await response.prepare(request)
                 if chat:
@@ -177,6 +178,7 @@ class GenerationRoutes:
                                 out += chunk(event[2], held, None)
                                 held = []
                         elif kind == "end":
+                            ended = True
                             out += chunk(None if chat else "", held, event[1])
                             if req.include_usage:
                                 usage = _usage(prepared, made)
@@ -190,7 +192,7 @@ class GenerationRoutes:
                 await response.write_eof()
             except ConnectionError:
                 pass  # the client went away: leaving the watch frees its sequence
-        return response
+        return response, ended
 
     # -- Triton's generate extension ------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -212,8 +214,7 @@ class GenerationRoutes:
             prepared = await self._prepare(generate_request(await _json(request), name, stream))
             head = {"model_name": name, "model_version": MODEL_VERSION}
             if stream:
-                response = await self._triton_stream(request, prepared, head)
-                ok = True
+                response, ok = await self._triton_stream(request, prepared, head)
                 return response
             answer = await self._gather(request, prepared)
             if answer.error is not None:
@@ -228,9 +229,10 @@ class GenerationRoutes:
             self.front.request_done(name, "generate", ok)
 
     async def _triton_stream(self, request: web.Request, prepared: Prepared, head: dict[str, Any]
-                             ) -> web.StreamResponse:
+                             ) -> tuple[web.StreamResponse, bool]:
         with self.watch.watching(Running(self.front, prepared, request)) as running:
             response = web.StreamResponse(headers=SSE)
+            ended = False
             try:
                 await response.prepare(request)
                 held: list[int] = []
@@ -248,6 +250,7 @@ class GenerationRoutes:
                                     b"\n\n")
                                 held = []
                         elif kind == "end":
+                            ended = True
                             out += b"data: " + _dumps({**head, "text_output": "", "output_ids": held,
                                                        "finish_reason": event[1], "usage": _usage(prepared, made)}
                                                       ) + b"\n\n"
@@ -258,7 +261,7 @@ class GenerationRoutes:
                 await response.write_eof()
             except ConnectionError:
                 pass
-        return response
+        return response, ended
 
 
 async def _json(request: web.Request) -> Any:
