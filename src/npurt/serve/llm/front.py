@@ -120,7 +120,7 @@ class GenerationFront:
             ids: list[int] = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True,
                                                            tools=request.tools, tokenize=True,
                                                            **request.template_vars)
-        except (ValueError, TypeError, LookupError) as e:  # ChatTemplateError: the template's own words
+        except (ValueError, TypeError, LookupError, NotImplementedError) as e:  # ChatTemplateError: its own words
             raise ApiError(400, f"model {model.name!r}: {e}", param="messages") from None
         return ids
 

@@ -1,4 +1,4 @@
-"""A sequence's new ids as text, as they come: the text layer's incremental decoder (``Tokenizer.decode_stream``:
+"""A sequence's new ids as text, as they come: the text layer's incremental decoder (``DecodeStream``:
 never half a character, never a lost word-boundary space) and its stop strings (``StopStrings``: they end a
 generation even when they span tokens, and are never shown). Special tokens (the eos id) are not shown."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...text.stream import StopStrings
+from ...text.stream import DecodeStream, StopStrings
 from ...text.tokenizer import Tokenizer
 
 
@@ -15,7 +15,7 @@ class TextStream:
     a stop string was met (the text from it on is dropped)."""
 
     def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()) -> None:
-        self._decoder = tokenizer.decode_stream(skip_special_tokens=True)
+        self._decoder = DecodeStream(tokenizer, skip_special_tokens=True)
         self._stops = StopStrings(list(stops) or None)
 
     @property
