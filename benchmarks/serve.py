@@ -31,7 +31,10 @@ protocol's round trip (``execute`` on registered tensors) of the same frame thro
 Targets (issues 31, 38), each of npurt's protocols against KServe's faster one: throughput >= 1.2x at 8 clients; p50
 <= 0.8x at 1 client; the 1080p shared memory request <= 1.1x the socket protocol's round trip; 0 server deaths.
 
-    python -m benchmarks.serve [--quick] [--json] [--backend openvino|vaiml] [--part socket|oip|all]
+Language models (``--part generate``, issue 45): ``npurt serve --generate`` against onnxruntime-genai behind a
+one-at-a-time OpenAI front, 1, 4 and 8 streaming clients (benchmarks/serve_generate.py, which runs alone too).
+
+    python -m benchmarks.serve [--quick] [--json] [--backend openvino|vaiml] [--part socket|oip|generate|all]
                                [--kserve-python PATH]
 """
 
@@ -51,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import finish, parser
+from benchmarks.serve_generate import generation_section
 from npurt import RunnerFactory
 from npurt.bench import BenchError, Budget, Report, RunnerSubject, Table, Target, measure_latency, paired_difference_ms
 from npurt.bench.measure import CallSubject
@@ -178,10 +182,15 @@ def threads_rate(subjects: list[RunnerSubject], seconds: float) -> float:
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--backend", default="openvino", choices=("openvino", "vaiml"))
-    p.add_argument("--part", default="all", choices=("socket", "oip", "all"))
+    p.add_argument("--part", default="all", choices=("socket", "oip", "generate", "all"))
     p.add_argument("--kserve-python", default=os.environ.get("NPURT_KSERVE_PYTHON"),
                    help="the python of a venv with kserve and onnxruntime (default: $NPURT_KSERVE_PYTHON)")
     args = p.parse_args()
+    if args.part == "generate":
+        report = Report(f"npurt serve --generate ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at "
+                        "the start)")
+        generation_section(report, args.quick, list(CLIENTS))
+        return finish(report, args.json)
     if args.part == "oip":
         report = Report(f"npurt serve over the Open Inference Protocol ({os.cpu_count()} CPUs, load average "
                         f"{os.getloadavg()[0]:.1f} at the start)")
@@ -190,6 +199,7 @@ def main() -> int:
     report = socket_section(args)
     if args.part == "all":
         oip_section(report, args.quick, args.kserve_python)
+        generation_section(report, args.quick, list(CLIENTS))
     return finish(report, args.json)
 
 

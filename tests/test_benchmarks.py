@@ -126,3 +126,11 @@ def test_streams_quick():
             assert f"{backend} {count} streams chunks/s npurt/raw" in names
             assert f"{backend} {count} streams p50 npurt/raw" in names
     assert not report["problems"]  # the same probabilities, and the state never copied on the host
+
+
+def test_serve_generate_quick():
+    require_module("onnxruntime_genai", "the generation peer needs onnxruntime-genai (extra 'test')")
+    report = run_quick("serve_generate", "--clients", "1,4")
+    names = target_names(report)
+    assert "1 client: ids/s npurt / peer" in names and "4 clients: TTFT p95 npurt / peer" in names
+    assert not report["problems"]  # npurt's greedy ids equal onnxruntime-genai's

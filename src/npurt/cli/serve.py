@@ -34,6 +34,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "run the models through it (npurt.connect(...).open_runner(NAME)), tensors "
                                    "passed by fd; with --http / --grpc, over KServe's Open Inference Protocol too.")
     _add_models(p)
+    _add_generate(p)
     _add_socket_limits(p)
     _add_oip(p)
     p.add_argument("--ready-fd", type=int, metavar="FD", help="write READY=1 to this inherited fd once listening")
@@ -44,7 +45,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_models(p: argparse.ArgumentParser) -> None:
     """What is served, and how it is compiled and run."""
-    p.add_argument("--model", action="append", required=True, metavar="NAME=PATH",
+    p.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
                    help="a model to serve under NAME (repeatable); --shape INPUT=... pins that input of every served "
                         "model that has one, --shape NAME:INPUT=... of one model")
     add_model_options(p, "openvino, vaiml, qnn, onnxruntime or auto", "auto")
@@ -55,6 +56,57 @@ def _add_models(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, metavar="N",
                    help="runs at once per served model (default: the runner's max_concurrent_runs, at least the "
                         "number of cores)")
+
+
+def _add_generate(p: argparse.ArgumentParser) -> None:
+    """Language models: OpenAI's API and Triton's generate extension on the --http listener."""
+    from ..serve.llm.settings import GenerationSettings  # no aiohttp there: --help needs no 'serve' extra
+
+    d = GenerationSettings()
+    g = p.add_argument_group("language models (OpenAI's /v1 API and Triton's generate on --http; see docs/serve.md)")
+    g.add_argument("--generate", action="append", default=[], metavar="NAME=MODEL_DIR",
+                   help="serve a decoder folder (model.onnx, genai_config.json, tokenizer files) under NAME "
+                        "(repeatable); --backend, --device, --threads and --cache-dir apply to it too")
+    g.add_argument("--max-length", type=int, metavar="L",
+                   help="rows of each sequence's cache: the context a request's prompt and max_tokens share "
+                        "(default: the model's context length, at most 2048)")
+    g.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk, metavar="C",
+                   help="prompt ids per run while other sequences generate (default: %(default)s)")
+    g.add_argument("--max-sequences", type=int, default=d.max_sequences, metavar="N",
+                   help="sequences generating at once, each with a cache of its own (default: %(default)s)")
+    g.add_argument("--max-queue", type=int, default=d.max_queue, metavar="N",
+                   help="requests waiting for a free cache; more get 429 with Retry-After (default: %(default)s)")
+    g.add_argument("--max-output-tokens", type=int, default=d.max_output_tokens, metavar="N",
+                   help="ids a request that leaves max_tokens out may make, at most (default: %(default)s)")
+    g.add_argument("--no-prefix-reuse", action="store_true",
+                   help="always prefill a prompt whole (by default a free cache that holds the start of a prompt, "
+                        "e.g. a chat's earlier turns, is taken and only the rest is prefilled)")
+
+
+def generation_settings(args: argparse.Namespace) -> Any:
+    from ..serve.llm.settings import GenerationSettings
+
+    if not args.generate:  # a flag of --generate's without it would be ignored: refused, as the OIP's are
+        d = GenerationSettings()
+        for flag, value, default in (("max_length", args.max_length, None),
+                                     ("prefill_chunk", args.prefill_chunk, d.prefill_chunk),
+                                     ("max_sequences", args.max_sequences, d.max_sequences),
+                                     ("max_queue", args.max_queue, d.max_queue),
+                                     ("max_output_tokens", args.max_output_tokens, d.max_output_tokens),
+                                     ("no_prefix_reuse", args.no_prefix_reuse, False)):
+            if value != default:
+                raise CliError(f"--{flag.replace('_', '-')} is for language models: give --generate NAME=MODEL_DIR",
+                               EXIT_USAGE)
+
+    for value, flag in ((args.prefill_chunk, "--prefill-chunk"), (args.max_sequences, "--max-sequences"),
+                        (args.max_output_tokens, "--max-output-tokens"), (args.max_length or 1, "--max-length")):
+        if value < 1:
+            raise CliError(f"{flag} {value}: must be 1 or more", EXIT_USAGE)
+    if args.max_queue < 0:
+        raise CliError(f"--max-queue {args.max_queue}: must be 0 or more", EXIT_USAGE)
+    return GenerationSettings(max_length=args.max_length, prefill_chunk=args.prefill_chunk,
+                              max_sequences=args.max_sequences, max_queue=args.max_queue,
+                              max_output_tokens=args.max_output_tokens, prefix_reuse=not args.no_prefix_reuse)
 
 
 def _add_socket_limits(p: argparse.ArgumentParser) -> None:
@@ -179,23 +231,21 @@ def oip_config(args: argparse.Namespace) -> Any:
     return config
 
 
-def _models(items: list[str]) -> dict[str, Path]:
+def _models(items: list[str], flag: str = "--model") -> dict[str, Path]:
     models: dict[str, Path] = {}
+    example = "cls=models/cls.onnx" if flag == "--model" else "chat=models/llama"
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise CliError(f"--model {item!r}: expected NAME=PATH, e.g. --model cls=models/cls.onnx", EXIT_USAGE)
+            raise CliError(f"{flag} {item!r}: expected NAME=PATH, e.g. {flag} {example}", EXIT_USAGE)
         if name in models:
-            raise CliError(f"--model: the name {name!r} is given twice", EXIT_USAGE)
+            raise CliError(f"{flag}: the name {name!r} is given twice", EXIT_USAGE)
         models[name] = Path(path)
     return models
 
 
-def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    """Each model's runner options from the flags. ``--shape MODEL:INPUT=...`` pins one model's input;
-    ``--shape INPUT=...`` every served model's input of that name (each must fit it)."""
-    from ..modelinfo import check_input_shapes
-
+def base_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The runner options every served model takes from the flags (device, threads, cache...)."""
     base: dict[str, Any] = {}
     if args.device != "AUTO":
         base["device"] = args.device
@@ -209,6 +259,15 @@ def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[s
         base["num_threads"] = args.threads
     if args.cache_dir:
         base["cache_dir"] = args.cache_dir
+    return base
+
+
+def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Each model's runner options from the flags. ``--shape MODEL:INPUT=...`` pins one model's input;
+    ``--shape INPUT=...`` every served model's input of that name (each must fit it)."""
+    from ..modelinfo import check_input_shapes
+
+    base = base_options(args)
     declared = {name: load_model_file(path) for name, path in models.items()}
     shapes: dict[str, dict[str, tuple[int, ...]]] = {name: {} for name in models}
     for item in args.shape or ():
@@ -249,9 +308,19 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.server import Limits, Service
 
     models = _models(args.model)
+    generate = _models(args.generate, "--generate")
+    if not models and not generate:
+        raise CliError("give a model to serve: --model NAME=PATH (or --generate NAME=MODEL_DIR)", EXIT_USAGE)
     for name, path in models.items():
         if not path.is_file():
             raise CliError(f"--model {name}={path}: file not found")
+    for name, path in generate.items():
+        if not path.exists():
+            raise CliError(f"--generate {name}={path}: no such folder or file")
+    if generate and not args.http:
+        raise CliError("--generate serves language models over HTTP: give --http HOST:PORT (e.g. 127.0.0.1:8000)",
+                       EXIT_USAGE)
+    settings = generation_settings(args)
     defaults = served_defaults(args, models)
     backend = resolve_backend(args.backend)
     for value, flag in ((args.max_clients, "--max-clients"), (args.max_jobs_per_client, "--max-jobs-per-client"),
@@ -273,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
     oip = oip_config(args)
     socket_path = Path(args.socket) if args.socket else default_socket_path()
     try:
-        service = Service(socket_path, models, backend, defaults, limits, args.workers, args.group, oip)
+        service = Service(socket_path, models, backend, defaults, limits, args.workers, args.group, oip, generate,
+                          settings, base_options(args))
     except ValueError as e:
         raise CliError(one_line(e), EXIT_USAGE) from e
 
@@ -293,5 +363,6 @@ def run(args: argparse.Namespace) -> int:
     oip_server = service.oip
     http = oip_server.http_address if oip_server is not None else ""
     grpc = oip_server.grpc_address if oip_server is not None else ""
-    service.serve_forever(lambda: announce_ready(str(socket_path), args.ready_fd, sorted(models), http, grpc))
+    service.serve_forever(lambda: announce_ready(str(socket_path), args.ready_fd, sorted({*models, *generate}), http,
+                                                 grpc))
     return 0

@@ -32,6 +32,8 @@ from .served import ServedModel
 from .session import Session
 
 if TYPE_CHECKING:
+    from .llm.front import GenerationFront
+    from .llm.settings import GenerationSettings
     from .oip.metrics import ServeMetrics
     from .oip.server import OipConfig, OipServer
     from .oip.shm import SharedMemoryRegions
@@ -46,9 +48,21 @@ class Service:
 
     def __init__(self, socket_path: str | Path, models: Mapping[str, str | Path], backend: str = "AUTO",
                  options: Mapping[str, Mapping[str, Any]] | None = None, limits: Limits | None = None,
-                 workers: int | None = None, group: str | int | None = None, oip: OipConfig | None = None) -> None:
-        if not models:
-            raise ValueError("npurt serve needs at least one model (--model NAME=PATH)")
+                 workers: int | None = None, group: str | int | None = None, oip: OipConfig | None = None,
+                 generate: Mapping[str, str | Path] | None = None, generation: GenerationSettings | None = None,
+                 generate_options: Mapping[str, Any] | None = None) -> None:
+        if not models and not generate:
+            raise ValueError("npurt serve needs at least one model (--model NAME=PATH or --generate NAME=MODEL_DIR)")
+        self.generate = {str(n): Path(m) for n, m in (generate or {}).items()}
+        if self.generate and (oip is None or oip.http is None):
+            raise ValueError("--generate serves language models over HTTP (OpenAI's API, Triton's generate): give "
+                             "--http HOST:PORT")
+        clash = sorted(set(self.generate) & {str(n) for n in models})
+        if clash:
+            raise ValueError(f"the names {clash} are given to --model and to --generate")
+        self.generation_settings = generation
+        self.generate_options = dict(generate_options or {})
+        self.generation: GenerationFront | None = None
         self.socket_path = Path(socket_path)
         self.models = {str(n): Path(m) for n, m in models.items()}
         self.backend = backend.upper()
@@ -118,6 +132,35 @@ class Service:
                      raw or "(defaults)", slots)
             return served
 
+    def _language_models(self) -> GenerationFront:
+        """The --generate models, each a decoder runner (compiled now) with its scheduler."""
+        from .llm.front import GenerationFront
+        from .llm.metrics import GenerationMetrics
+        from .llm.model import LanguageModel, model_folder, runner_options
+        from .llm.settings import GenerationSettings
+
+        settings = self.generation_settings or GenerationSettings()
+        front = GenerationFront({})
+        metrics = None
+        if self.metrics is not None:
+            metrics = front.metrics = GenerationMetrics(self.metrics.registry, front.counts)
+        try:
+            for name, path in self.generate.items():
+                if metrics is not None:
+                    metrics.add_model(name)
+                folder = model_folder(path)
+                options = runner_options(folder, settings, self.generate_options, self.backend)
+                runner = self._create_runner(folder.model, options)
+                try:
+                    front.models[name] = LanguageModel(name, path, runner, settings, metrics, folder)
+                except BaseException:
+                    runner.close()
+                    raise
+        except BaseException:
+            front.close("the server failed to start")
+            raise
+        return front
+
     def _create_runner(self, path: Path, options: dict[str, Any]) -> Runner:
         if self.backend == "AUTO":
             return create_auto(path, options)[0]
@@ -144,12 +187,19 @@ class Service:
         """Load every model with its defaults (so that READY means compiled), then listen."""
         for name in self.models:
             self.served(name, {})
+        extra = None
+        if self.generate:
+            self.generation = self._language_models()
+            from .llm.routes import GenerationRoutes
+
+            extra = GenerationRoutes(self.generation)
         self._listener = self._listen()
         if self.oip_config is not None:
             from .oip.server import OipServer
 
             assert self.regions is not None
-            oip = OipServer(self.oip_config, {n: self.served(n, {}) for n in self.models}, self.metrics, self.regions)
+            oip = OipServer(self.oip_config, {n: self.served(n, {}) for n in self.models}, self.metrics, self.regions,
+                            extra, tuple(self.generate))
             try:
                 oip.start()
             except BaseException:
@@ -287,6 +337,8 @@ class Service:
         deadline = time.monotonic() + SHUTDOWN_GRACE_S + self.limits.drain_timeout_s
         if self.oip is not None:
             self.oip.refuse_new()  # new requests get 503 from now on; those in flight finish
+        if self.generation is not None:
+            self.generation.refuse_new()
         sessions = self.sessions()
         for s in sessions:
             s.notify({"shutdown": reason})
@@ -294,6 +346,11 @@ class Service:
         for s in sessions:
             if not s.drain(deadline):
                 break
+        if self.generation is not None:
+            if not self.generation.drain(deadline):
+                log.warning("%d sequences still running or queued at the end of the drain: they end with an error",
+                            self.generation.active)
+            self.generation.close(f"the server shut down ({reason}) before the sequence ended")
         if self.oip is not None:
             self.oip.drain(deadline)
             self.oip.stop()

@@ -4,10 +4,11 @@ header fields and body), in a thread of its own with its own event loop (uvloop 
 Routes: ``/v2/health/live``, ``/v2/health/ready``, ``GET /v2``, ``GET /v2/models/{m}[/versions/{v}]``,
 ``.../ready``, ``.../config``, ``.../stats`` (and ``/v2/models/stats``), ``POST .../infer`` (JSON, and Triton's
 binary tensor extension), Triton's system shared memory extension under ``/v2/systemsharedmemory``, its CUDA shared
-memory routes answered as a server without GPUs answers them, and ``/metrics``. Every error is a 4xx / 5xx with
-``{"error": ...}`` and ``Content-Type: application/json``; no request, however malformed, ends the server. With a
-token, every route but the health probes and ``/metrics`` needs ``Authorization: Bearer <token>`` (the scheme in any
-case).
+memory routes answered as a server without GPUs answers them, and ``/metrics``; with ``extra`` routes beside them
+(``npurt serve --generate``: OpenAI's /v1 and Triton's generate, ``npurt.serve.llm``) under the same token. Every
+error is a 4xx / 5xx with ``{"error": ...}`` (OpenAI's error object on /v1) and ``Content-Type: application/json``;
+no request, however malformed, ends the server. With a token, every route but the health probes and ``/metrics``
+needs ``Authorization: Bearer <token>`` (the scheme in any case).
 
 An infer request's body is read on the event loop; its decoding (JSON included), its run and its answer's encoding
 happen on a thread of a pool (one per request admitted, ``--max-in-flight``), so that a slow model or a large JSON
@@ -23,7 +24,7 @@ import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -50,12 +51,24 @@ def _ok(doc: Any) -> web.Response:
     return web.Response(body=json.dumps(doc, separators=(",", ":")).encode(), headers=JSON)
 
 
+class ExtraRoutes(Protocol):
+    """More routes on the same listener (the language models' OpenAI and generate routes), under the same token."""
+
+    def add_routes(self, app: web.Application) -> None:
+        """Add the routes to the app."""
+
+    def error_response(self, path: str, status: int, message: str) -> web.Response | None:
+        """The server's own error (401, unknown route, body too large...) as these routes answer it; None: the
+        protocol's ``{"error": ...}``."""
+
+
 class HttpFrontEnd:
     """The HTTP server: started on a thread of its own; ``stop`` closes it."""
 
     def __init__(self, front: InferenceFront, host: str, port: int, token: str | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, extra: ExtraRoutes | None = None) -> None:
         self.front, self.host, self.port, self.token, self.tls = front, host, port, token, tls
+        self.extra = extra
         self.address = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -90,29 +103,39 @@ class HttpFrontEnd:
             r.add_post(f"/v2/{kind}sharedmemory/region/{{region}}/unregister", unregister)
             r.add_post(f"/v2/{kind}sharedmemory/unregister", unregister)
         r.add_get("/metrics", self.metrics)
+        if self.extra is not None:
+            self.extra.add_routes(app)
         return app
+
+    def _error(self, request: web.Request, status: int, message: str) -> web.Response:
+        if self.extra is not None:
+            answer = self.extra.error_response(request.path, status, message)
+            if answer is not None:
+                return answer
+        return _error(status, message)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Authentication, and every failure as the protocol's ``{"error": ...}``."""
+        """Authentication, and every failure as the protocol's ``{"error": ...}`` (as the extra routes answer it on
+        theirs: OpenAI's error object on /v1)."""
         if self.token is not None and request.path not in OPEN_ROUTES:
             if not bearer_ok(request.headers.get("Authorization", ""), self.token):
-                return _error(401, "missing or wrong bearer token (Authorization: Bearer ...)")
+                return self._error(request, 401, "missing or wrong bearer token (Authorization: Bearer ...)")
         try:
             return await handler(request)
         except OipError as e:
-            return _error(e.status, e.message)
+            return self._error(request, e.status, e.message)
         except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, body over the limit
             reason = e.text or e.reason
             if e.status == 413:
                 reason = (f"the body is larger than this server's limit of {self.front.limits.max_body_bytes} bytes "
                           "(--max-body-mb)")
-            return _error(e.status, f"{request.method} {request.path[:200]}: {reason}")
+            return self._error(request, e.status, f"{request.method} {request.path[:200]}: {reason}")
         except (ConnectionError, asyncio.IncompleteReadError) as e:
-            return _error(400, f"the request ended early: {e}")
+            return self._error(request, 400, f"the request ended early: {e}")
         except Exception as e:  # noqa: BLE001 - one request's trouble never ends the server
             log.exception("HTTP %s %s failed", request.method, request.path[:200])
-            return _error(500, f"{type(e).__name__}: {e}")
+            return self._error(request, 500, f"{type(e).__name__}: {e}")
 
     # -- health and metadata ----------------------------------------------------------------------------------
     async def live(self, request: web.Request) -> web.Response:
@@ -131,7 +154,8 @@ class HttpFrontEnd:
         return _ok(entry.metadata)
 
     async def model_ready(self, request: web.Request) -> web.Response:
-        self.front.model(request.match_info["model"], request.match_info.get("version", ""))
+        if request.match_info["model"] not in self.front.language_models:  # those are ready too (generate)
+            self.front.model(request.match_info["model"], request.match_info.get("version", ""))
         if not self.front.ready:
             return _error(503, "the server is shutting down")
         return _ok({"name": request.match_info["model"], "ready": True})

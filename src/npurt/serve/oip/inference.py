@@ -175,8 +175,9 @@ class InferenceFront:
     """The served models, shared memory and health, for both protocols."""
 
     def __init__(self, models: Mapping[str, ServedModel], limits: OipLimits, regions: SharedMemoryRegions,
-                 metrics: ServeMetrics | None = None) -> None:
+                 metrics: ServeMetrics | None = None, language_models: tuple[str, ...] = ()) -> None:
         self.limits, self.regions, self.metrics = limits, regions, metrics
+        self.language_models = frozenset(language_models)  # --generate models: served over other routes
         self.models = {name: ModelEntry(name, served,
                                         served.runner.get_tensors_info(TensorDirection.INPUT, TensorType.CPU),
                                         served.runner.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU))
@@ -204,6 +205,10 @@ class InferenceFront:
     def model(self, name: str, version: str = "") -> ModelEntry:
         """A served model by name (and version: "" or 1); OipError 404 in Triton's words, which clients match."""
         entry = self.models.get(name)
+        if entry is None and name in self.language_models:
+            raise OipError(400, f"model {name!r} is a language model: it is served over OpenAI's POST "
+                                "/v1/completions and /v1/chat/completions and Triton's POST "
+                                f"/v2/models/{name}/generate and /v2/models/{name}/generate_stream, not over infer")
         if entry is None:
             raise OipError(404, f"Request for unknown model: '{name[:120]}' is not found; this server serves "
                                 f"{sorted(self.models)}")

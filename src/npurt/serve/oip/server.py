@@ -27,7 +27,7 @@ from .shm import SharedMemoryRegions
 
 if TYPE_CHECKING:
     from .grpc_front import GrpcFrontEnd
-    from .http import HttpFrontEnd
+    from .http import ExtraRoutes, HttpFrontEnd
 
 log = logging.getLogger("npurt.serve")
 
@@ -110,9 +110,11 @@ class OipServer:
     """The HTTP and gRPC servers of one ``npurt serve``, over its served models (loaded already)."""
 
     def __init__(self, config: OipConfig, models: Mapping[str, ServedModel], metrics: ServeMetrics | None,
-                 regions: SharedMemoryRegions) -> None:
+                 regions: SharedMemoryRegions, extra: ExtraRoutes | None = None,
+                 language_models: tuple[str, ...] = ()) -> None:
         self.config = config
-        self.front = InferenceFront(models, config.limits, regions, metrics)
+        self.front = InferenceFront(models, config.limits, regions, metrics, language_models)
+        self.extra = extra
         self.http_address = ""
         self.grpc_address = ""
         self._http: HttpFrontEnd | None = None  # imported when asked for: aiohttp, grpcio load only then
@@ -127,7 +129,7 @@ class OipServer:
             if config.tls_cert is not None and config.tls_key is not None:
                 tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
                 tls.load_cert_chain(str(config.tls_cert), str(config.tls_key))
-            http = HttpFrontEnd(self.front, config.http[0], config.http[1], config.token, tls)
+            http = HttpFrontEnd(self.front, config.http[0], config.http[1], config.token, tls, self.extra)
             self.http_address = http.start()
             self._http = http
             log.info("Open Inference Protocol over HTTP%s on %s", "S" if tls else "", self.http_address)

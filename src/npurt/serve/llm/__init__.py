@@ -1,0 +1,10 @@
+"""Language models for ``npurt serve --generate``: OpenAI's completions and chat completions API and Triton's
+generate extension on the ``--http`` listener, many clients' sequences interleaved step by step on one decoder
+runner. Needs the ``serve`` extra (aiohttp); text needs the ``text`` extra (the model folder's tokenizer).
+
+The modules, each importing only those listed before it: ``settings`` (the flags), ``errors`` (OpenAI's error
+object), ``params`` (a request's fields, checked), ``textout`` (ids to text as they come, stop strings),
+``scheduler`` (sequences, the Generator pool, the thread that interleaves them), ``model`` (a served decoder),
+``metrics``, ``front`` (a request made a sequence, lengths checked), ``bridge`` (events to the event loop, gone
+clients), ``routes`` (the HTTP routes).
+"""

@@ -1,0 +1,295 @@
+"""The language models' HTTP routes, on the ``--http`` listener beside the Open Inference Protocol's:
+
+- OpenAI's ``GET /v1/models`` (``/v1/models/{model}``), ``POST /v1/completions`` and ``POST
+  /v1/chat/completions``: whole answers, or server-sent events (a role chunk, deltas, a finish chunk, with
+  ``stream_options.include_usage`` a usage chunk with no choices, then ``data: [DONE]``). Errors in OpenAI's error
+  object, with its statuses.
+- Triton's generate extension: ``POST /v2/models/{model}/generate`` and ``.../generate_stream`` (server-sent
+  events, one per piece of text), ``text_input`` in, ``text_output`` out (``input_ids`` / ``output_ids`` for
+  folders without a tokenizer); errors as Triton's ``{"error": "..."}``.
+
+Each choice also carries ``token_ids`` (the ids it made, the eos id included where one ended it): the same ids the
+in-process Generator gives, and the only output of a model without a tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from .bridge import Running, Watch
+from .errors import ApiError
+from .front import GenerationFront, Prepared, now
+from .params import GenerationRequest, chat_request, completion_request, generate_request
+
+JSON = {"Content-Type": "application/json"}
+SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MODEL_VERSION = "1"
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def openai_error(e: ApiError) -> web.Response:
+    return web.Response(status=e.status, body=e.body(), headers=e.headers())
+
+
+def triton_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=json.dumps({"error": message[:8000]}).encode(),
+                        headers={**JSON, **(headers or {})})
+
+
+class _Answer:
+    """What a sequence made, gathered from its events."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.finish_reason = ""
+        self.error: ApiError | None = None
+
+
+class GenerationRoutes:
+    """The routes over a ``GenerationFront`` (``npurt.serve.oip.http``'s extra routes)."""
+
+    def __init__(self, front: GenerationFront) -> None:
+        self.front = front
+        self.watch = Watch()
+
+    def add_routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/v1/models", self.list_models)
+        r.add_get("/v1/models/{model}", self.get_model)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_post(base + "/generate", self.generate)
+            r.add_post(base + "/generate_stream", self.generate_stream)
+
+    def error_response(self, path: str, status: int, message: str) -> web.Response | None:
+        """The server's own errors (authentication, unknown routes, bodies too large) on OpenAI's routes."""
+        if path.startswith("/v1/") or path == "/v1":
+            return openai_error(ApiError(status, message))
+        return None
+
+    # -- OpenAI ---------------------------------------------------------------------------------------------
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.Response(body=_dumps(self.front.models_doc()), headers=JSON)
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        try:
+            model = self.front.model(request.match_info["model"])
+        except ApiError as e:
+            return openai_error(e)
+        return web.Response(body=_dumps(self.front.model_doc(model)), headers=JSON)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, completion_request)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat_request)
+
+    async def _openai(self, request: web.Request, parse: Callable[[Any], GenerationRequest]) -> web.StreamResponse:
+        name, api, ok = "", "", False
+        try:
+            req = parse(await _json(request))
+            name, api = req.model, req.api
+            prepared = await self._prepare(req)
+            if req.stream:
+                response, ok = await self._openai_stream(request, prepared)  # an error after its start is told in it
+                return response
+            answer = await self._gather(request, prepared)
+            if answer.error is not None:
+                raise answer.error
+            ok = True
+            return web.Response(body=_dumps(_openai_whole(prepared, answer)), headers=JSON)
+        except ApiError as e:
+            return openai_error(e)
+        finally:
+            self.front.request_done(name, api, ok)
+
+    async def _prepare(self, req: GenerationRequest) -> Prepared:
+        self.front.model(req.model)  # 404 at once
+        if self.front.draining:
+            raise ApiError(503, self.front.draining, retry_after=1)
+        return await asyncio.get_running_loop().run_in_executor(None, self.front.prepare, req)
+
+    async def _gather(self, request: web.Request, prepared: Prepared) -> _Answer:
+        answer = _Answer()
+        with self.watch.watching(Running(self.front, prepared, request)) as running:
+            async for event in running.events():
+                kind = event[0]
+                if kind == "delta":
+                    answer.ids.append(event[1])
+                    answer.text.append(event[2])
+                elif kind == "end":
+                    answer.finish_reason = event[1]
+                elif kind == "error":
+                    answer.error = ApiError(event[1], event[2])
+                else:  # gone: nobody to answer
+                    answer.error = ApiError(499, "the client went away")
+        return answer
+
+    async def _openai_stream(self, request: web.Request, prepared: Prepared) -> tuple[web.StreamResponse, bool]:
+        """The stream, and whether the sequence reached its end (not an error, not a client gone)."""
+        req = prepared.request
+        chat = req.api == "chat"
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": now(),
+                "model": req.model, "system_fingerprint": None}
+
+        def chunk(text: str | None, ids: list[int], finish: str | None, role: bool = False) -> bytes:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
+                    {} if text is None else {"content": text})
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice["token_ids"] = ids
+            doc = {**head, "choices": [choice]}
+            if req.include_usage:
+                doc["usage"] = None
+            return b"data: " + _dumps(doc) + b"\n\n"
+
+        with self.watch.watching(Running(self.front, prepared, request)) as running:
+            response = web.StreamResponse(headers=SSE)
+            ended = False
+            try:
+                await response.prepare(request)
+                if chat:
+                    await response.write(chunk(None, [], None, role=True))
+                held: list[int] = []
+                made = 0
+                text_model = prepared.model.tokenizer is not None
+                async for batch in running.batches():
+                    out = bytearray()  # the batch's chunks in one write
+                    for event in batch:
+                        kind = event[0]
+                        if kind == "delta":
+                            held.append(event[1])
+                            made += 1
+                            if event[2] or not text_model:
+                                out += chunk(event[2], held, None)
+                                held = []
+                        elif kind == "end":
+                            ended = True
+                            out += chunk(None if chat else "", held, event[1])
+                            if req.include_usage:
+                                usage = _usage(prepared, made)
+                                out += b"data: " + _dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
+                            out += b"data: [DONE]\n\n"
+                        elif kind == "error":
+                            out += b"data: " + _dumps(ApiError(event[1], event[2]).doc()) + b"\n\n"
+                            out += b"data: [DONE]\n\n"
+                    if out:
+                        await response.write(bytes(out))
+                await response.write_eof()
+            except ConnectionError:
+                pass  # the client went away: leaving the watch frees its sequence
+        return response, ended
+
+    # -- Triton's generate extension ------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._triton(request, stream=False)
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        return await self._triton(request, stream=True)
+
+    async def _triton(self, request: web.Request, stream: bool) -> web.StreamResponse:
+        name = request.match_info["model"]
+        ok = False
+        try:
+            version = request.match_info.get("version", "")
+            if version not in ("", MODEL_VERSION):
+                raise ApiError(404, f"Request for unknown model: '{name}' version {version[:40]} is not found")
+            if name not in self.front.models:
+                raise ApiError(404, f"Request for unknown model: '{name[:120]}' is not found; the language models "
+                                    f"here are {sorted(self.front.models)}")
+            prepared = await self._prepare(generate_request(await _json(request), name, stream))
+            head = {"model_name": name, "model_version": MODEL_VERSION}
+            if stream:
+                response, ok = await self._triton_stream(request, prepared, head)
+                return response
+            answer = await self._gather(request, prepared)
+            if answer.error is not None:
+                raise answer.error
+            ok = True
+            return web.Response(body=_dumps({**head, "text_output": "".join(answer.text), "output_ids": answer.ids,
+                                              "finish_reason": answer.finish_reason,
+                                              "usage": _usage(prepared, len(answer.ids))}), headers=JSON)
+        except ApiError as e:
+            return triton_error(e.status, e.message, e.headers())
+        finally:
+            self.front.request_done(name, "generate", ok)
+
+    async def _triton_stream(self, request: web.Request, prepared: Prepared, head: dict[str, Any]
+                             ) -> tuple[web.StreamResponse, bool]:
+        with self.watch.watching(Running(self.front, prepared, request)) as running:
+            response = web.StreamResponse(headers=SSE)
+            ended = False
+            try:
+                await response.prepare(request)
+                held: list[int] = []
+                made = 0
+                text_model = prepared.model.tokenizer is not None
+                async for batch in running.batches():
+                    out = bytearray()
+                    for event in batch:
+                        kind = event[0]
+                        if kind == "delta":
+                            held.append(event[1])
+                            made += 1
+                            if event[2] or not text_model:
+                                out += b"data: " + _dumps({**head, "text_output": event[2], "output_ids": held}) + (
+                                    b"\n\n")
+                                held = []
+                        elif kind == "end":
+                            ended = True
+                            out += b"data: " + _dumps({**head, "text_output": "", "output_ids": held,
+                                                       "finish_reason": event[1], "usage": _usage(prepared, made)}
+                                                      ) + b"\n\n"
+                        elif kind == "error":
+                            out += b"data: " + _dumps({"error": event[2]}) + b"\n\n"
+                    if out:
+                        await response.write(bytes(out))
+                await response.write_eof()
+            except ConnectionError:
+                pass
+        return response, ended
+
+
+async def _json(request: web.Request) -> Any:
+    body = await request.read()
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not JSON: {str(e)[:200]}") from None
+
+
+def _usage(prepared: Prepared, made: int) -> dict[str, int]:
+    n = len(prepared.prompt)
+    return {"prompt_tokens": n, "completion_tokens": made, "total_tokens": n + made}
+
+
+def _openai_whole(prepared: Prepared, answer: _Answer) -> dict[str, Any]:
+    req = prepared.request
+    text = "".join(answer.text)
+    if req.api == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "logprobs": None, "finish_reason": answer.finish_reason}
+        kind, prefix = "chat.completion", "chatcmpl"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": answer.finish_reason}
+        kind, prefix = "text_completion", "cmpl"
+    choice["token_ids"] = answer.ids
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": now(), "model": req.model,
+            "system_fingerprint": None, "choices": [choice], "usage": _usage(prepared, len(answer.ids))}
+
+
+__all__ = ["GenerationRoutes", "openai_error", "triton_error"]

@@ -1,0 +1,21 @@
+"""The settings every ``--generate`` model takes (``npurt serve``'s flags); nothing heavy imported: ``--help``
+reads the defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_LENGTH = 2048  # rows of each cache where the model's context length is not known (or is larger)
+
+
+@dataclass
+class GenerationSettings:
+    max_length: int | None = None  # None: the model's context length, at most DEFAULT_MAX_LENGTH
+    prefill_chunk: int = 16
+    max_sequences: int = 4  # caches held (sequences generating at once)
+    max_queue: int = 64  # requests waiting for a cache; more: 429
+    max_output_tokens: int = 1024  # a request that leaves max_tokens out gets what the context has left, at most this
+    prefix_reuse: bool = True
+
+
+__all__ = ["DEFAULT_MAX_LENGTH", "GenerationSettings"]

@@ -1,0 +1,139 @@
+"""The scheduler of npurt serve --generate (npurt.serve.llm.scheduler) in process, without HTTP: many sequences over
+one decoder runner, interleaved step by step through pooled Generators, each giving exactly the ids the in-process
+Generator gives alone; on every CPU backend, shapes open and pinned (as on an NPU), with and without prefix reuse.
+A long prompt's prefill goes in chunks between the other sequences' steps; a cancelled sequence frees its cache.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from npurt import Generator, RunnerFactory
+from npurt.serve.llm.errors import ApiError
+from npurt.serve.llm.params import Sampling
+from npurt.serve.llm.scheduler import Scheduler, Sequence
+from tests.helpers.decoders import MODEL_FILE, decoder_folder
+
+DECODER = {"max_length": 96, "prefill_chunk": 4}
+BACKENDS = {"ONNXRUNTIME": {}, "VAIML": {}, "OPENVINO": {"inference_precision": "f32"}}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return decoder_folder(tmp_path_factory.mktemp("sched"), "gqa")
+
+
+class Collector:
+    """Each sequence's ids and end, and the order of every event across sequences."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, list[int]] = {}
+        self.ends: dict[int, tuple] = {}
+        self.order: list[tuple[int, str]] = []
+        self.lock = threading.Lock()
+        self.done = threading.Semaphore(0)
+
+    def sequence(self, k: int, prompt: list[int], max_tokens: int, eos, sampling: Sampling | None = None
+                 ) -> Sequence:
+        self.ids[k] = []
+
+        def emit(event) -> None:
+            with self.lock:
+                self.order.append((k, event[0]))
+                if event[0] == "delta":
+                    self.ids[k].append(event[1])
+                else:
+                    self.ends[k] = event
+                    self.done.release()
+
+        return Sequence(prompt, max_tokens, sampling or Sampling(do_sample=False), frozenset(eos), None, emit)
+
+    def wait(self, n: int) -> None:
+        for _ in range(n):
+            assert self.done.acquire(timeout=120), "a sequence never ended"
+
+
+def prompts() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    out = [[1] + [int(x) for x in rng.integers(3, 500, int(rng.integers(1, 30)))] for _ in range(8)]
+    return out + [out[0][:5] + [5, 6, 7], out[1] + [9], out[1]]  # prompts that share a start with others
+
+
+# OpenVINO keeps its cache in a growing state: its shapes are never pinned
+SHAPES = [(b, p) for b in BACKENDS for p in (False, True) if not (p and b == "OPENVINO")]
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["fresh", "prefix-reuse"])
+@pytest.mark.parametrize(("backend", "pinned"), SHAPES, ids=[f"{b}-{'pinned' if p else 'open'}" for b, p in SHAPES])
+def test_interleaved_sequences_each_get_what_they_get_alone(folder, backend, pinned, reuse):
+    options = {"device": "CPU", "decoder": DECODER, **BACKENDS[backend], **({"static_shapes": True} if pinned else {})}
+    with RunnerFactory.create_runner(backend, folder / MODEL_FILE, options) as runner:
+        assert runner.decoder.pinned is pinned
+        eos = runner.decoder.eos_token_ids
+        cases = prompts()
+        sampled = Sampling(do_sample=True, temperature=0.9, top_p=0.95, seed=4)
+        with Generator(runner) as gen:
+            want = [gen.generate(p, 40, eos_token_id=eos) for p in cases]
+            want_sampled = gen.generate(cases[2], 40, eos_token_id=eos, do_sample=True, temperature=0.9, top_p=0.95,
+                                        seed=4)
+        scheduler = Scheduler("m", runner, 3, 32, reuse)
+        try:
+            got = Collector()
+            for round_ in range(2):  # the second round finds caches that hold the first one's ids
+                for k, p in enumerate(cases):
+                    scheduler.submit(got.sequence(round_ * 100 + k, p, 40, eos))
+                scheduler.submit(got.sequence(round_ * 100 + 99, cases[2], 40, eos, sampled))
+                got.wait(len(cases) + 1)
+                for k in range(len(cases)):
+                    assert got.ids[round_ * 100 + k] == want[k], (round_, k)
+                    assert got.ends[round_ * 100 + k] == ("end", "stop" if want[k][-1] in eos else "length")
+                assert got.ids[round_ * 100 + 99] == want_sampled
+            assert scheduler.pool._made <= 3  # noqa: SLF001 - the caches are capped, and reused
+        finally:
+            scheduler.close("the test ended")
+
+
+def test_a_long_prompt_prefills_in_chunks_between_the_others_steps(folder):
+    with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE, {"device": "CPU", "decoder": DECODER}) as r:
+        eos = r.decoder.eos_token_ids
+        scheduler = Scheduler("m", r, 4, 4)
+        try:
+            got = Collector()
+            short = got.sequence(0, [1, 5, 9], 90, ())
+            scheduler.submit(short)
+            while not got.ids[0]:  # generating
+                threading.Event().wait(0.001)
+            scheduler.submit(got.sequence(1, [1] + list(range(3, 83)), 10, eos))  # 81 ids: 21 chunks of 4
+            got.wait(2)
+            at = got.order.index((1, "delta"))  # the long one's first id
+            during = [e for e in got.order[:at] if e == (0, "delta")]
+            # the short one made an id for every chunk of the long prefill (a turn each per round)
+            assert len(during) >= 21, len(during)
+            assert got.ends[0] == ("end", "length") and len(got.ids[0]) == 90
+        finally:
+            scheduler.close("the test ended")
+
+
+def test_a_cancelled_sequence_frees_its_cache_and_the_queue_is_bounded(folder):
+    with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE, {"device": "CPU", "decoder": DECODER}) as r:
+        scheduler = Scheduler("m", r, 1, 1)
+        try:
+            got = Collector()
+            first = got.sequence(0, [1, 5, 9], 90, ())
+            scheduler.submit(first)
+            waiting = got.sequence(1, [1, 7], 5, ())
+            scheduler.submit(waiting)
+            with pytest.raises(ApiError) as refused:
+                scheduler.submit(got.sequence(2, [1, 8], 5, ()))
+            assert refused.value.status == 429 and refused.value.retry_after
+            scheduler.cancel(first)
+            got.wait(1)  # the waiting one took the freed cache and ended
+            assert got.ends[1][0] == "end" and len(got.ids[1]) == 5
+            assert 0 not in got.ends  # a cancelled sequence is told nothing: its client is gone
+            assert len(got.ids[0]) < 90
+            assert scheduler.active == 0 and scheduler.queued == 0
+        finally:
+            scheduler.close("the test ended")
