@@ -300,6 +300,9 @@ class StreamRuns:
     def set_state(self, stream: StreamRef, values: Mapping[str, np.ndarray]) -> StatusCode:
         return self._status_op(stream, lambda state: self._set_state(state, values))
 
+    def share_state(self, stream: StreamRef, arrays: Mapping[str, np.ndarray]) -> StatusCode:
+        return self._status_op(stream, lambda state: self._share_state(state, arrays))
+
     def close_stream(self, stream: StreamRef) -> StatusCode:
         if stream is None or stream == 0:
             return self.core.fail(StatusCode.INVALID_INPUT, "the default stream (0) cannot be closed")
@@ -342,6 +345,29 @@ class StreamRuns:
                 mine = {k: v for k, v in values.items() if k in engine.state_names}
                 if mine:
                     engine.set_state(context, mine)
+
+    def _share_state(self, state: StreamState, arrays: Mapping[str, np.ndarray]) -> None:
+        """The stream's carried state becomes ``arrays`` themselves, not copies (state kept in place only: each
+        run reads and writes them where they are)."""
+        if not self.table.in_place:
+            raise ValueError("share_stream_state: this runner's state changes buffers every run (option "
+                             "state_pairs); only state kept in place (a decoder's cache) can be shared")
+        unknown = sorted(set(arrays) - set(self.table.pairs))
+        if unknown:
+            raise ValueError(f"share_stream_state: {unknown} is not state this stream carries (it carries "
+                             f"{sorted(self.table.pairs)})")
+        wrapped = {}
+        for in_name, a in arrays.items():
+            in_info, out_info = self._state_infos(state, in_name, self.table.pairs[in_name], {})
+            if (not isinstance(a, np.ndarray) or a.dtype != in_info.numpy_dtype or a.ndim != len(in_info.shape)
+                    or not a.flags.c_contiguous or not a.flags.writeable):
+                raise ValueError(f"share_stream_state: {in_name!r} takes a writeable C-contiguous {in_info.numpy_dtype}"
+                                 f" array of rank {len(in_info.shape)}, got {getattr(a, 'dtype', type(a).__name__)} "
+                                 f"{list(getattr(a, 'shape', ()))}")
+            wrapped[in_name] = (NpuTensor(in_info.replace(shape=a.shape), a),
+                                NpuTensor(out_info.replace(shape=a.shape), a))
+        with state.turn():
+            state.current.update(wrapped)
 
     def _reset(self, state: StreamState) -> None:
         with state.turn():
