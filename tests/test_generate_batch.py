@@ -1,0 +1,220 @@
+"""Steps batched across sequences (issue 45 part 3): option decoder ``batch`` runs the batch form of the export, a
+``BatchGenerator`` keeps each sequence's cache as a row of one pooled buffer and runs their steps as one run. Rows of
+a batch give the same greedy tokens as the same sequences alone (before a near-tie), on the Concat and the
+GroupQueryAttention forms, with sequences joining and leaving, rows idle while others step, and shapes pinned; the
+batch form is checked against the export row by row before use, and that check catches rows that see each other's
+positions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory
+from npurt.generate import layout, static_form, verify_child
+from npurt.generate.batch import BatchGenerator, greedy_batch
+from npurt.models import decoder_forms
+from tests.helpers.decoders import MODEL_FILE, assert_tokens_agree, greedy_onnxruntime
+
+NEW_TOKENS = 24
+MORE = 6  # the references run this much longer: sequences idle for a while go on after the others
+DECODER = {"max_length": 96, "prefill_chunk": 4, "batch": [1, 2, 4, 8]}
+# prompts of other lengths (so other positions in every step), ids under every test vocabulary
+PROMPTS = [[(13 * i + 7 * k + 5) % 300 + 3 for i in range(2 + 3 * k)] for k in range(6)]
+FORMS = [("gqa", "standard"), ("nopos", "standard"), ("gqa", "builder")]  # Concat (position ids or none), GQA
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("batch")
+
+
+def folder_of(root, shape: str, form: str):
+    folder = root / f"{shape}-{form}"
+    if not (folder / MODEL_FILE).is_file():
+        decoder_forms.build_decoder_form(folder, shape, form=form)
+    return folder
+
+
+def batch_runner(backend: str, folder, **options):
+    device = "NPU" if backend == "QNN" else "CPU"
+    return RunnerFactory.create_runner(backend, folder / MODEL_FILE,
+                                       {"device": device, "decoder": DECODER, **options})
+
+
+@pytest.fixture(scope="module")
+def references(root):
+    """Per form, each prompt's greedy run alone on plain ONNX Runtime over the export."""
+    return {(shape, form): [greedy_onnxruntime(folder_of(root, shape, form) / MODEL_FILE, p, NEW_TOKENS + MORE)
+                            for p in PROMPTS] for shape, form in FORMS}
+
+
+@pytest.mark.parametrize("backend", ["ONNXRUNTIME", "VAIML"])
+@pytest.mark.parametrize(("shape", "form"), FORMS)
+def test_rows_give_the_tokens_of_each_sequence_alone(root, references, shape, form, backend):
+    """Six sequences prefilled into their rows, then every step batched (an 8-row run, two rows idle): each row's
+    tokens are its sequence's alone; the pooled cache is the engine's input and output (no host copy)."""
+    with batch_runner(backend, folder_of(root, shape, form)) as r:
+        assert r.decoder.batch == (1, 2, 4, 8)
+        assert "8 rows batched, each against the export alone" in r.decoder.verification
+        assert r.decoder.attention == (layout.GROUP_QUERY if form == "builder" else layout.CONCAT)
+        with BatchGenerator(r) as batch:
+            got = greedy_batch(batch, PROMPTS, NEW_TOKENS)
+            assert batch.stats["steps"] == NEW_TOKENS - 1
+            assert batch.stats["rows_run"] == 8 * (NEW_TOKENS - 1)  # rows 0..5 stepped: the 8-row run
+        assert r.stats["copies"] == 0
+    for k, (tokens, reference) in enumerate(zip(got, references[(shape, form)])):
+        assert_tokens_agree(tokens, _prefix(reference, NEW_TOKENS), f"{backend} {shape} {form}: row {k} of the batch")
+
+
+@pytest.mark.parametrize(("shape", "form"), [("gqa", "standard"), ("gqa", "builder")])
+def test_sequences_join_leave_and_idle(root, references, shape, form):
+    """Sequences join (a prompt prefilled in chunks into a row freed by one that left, its stale cache below them),
+    leave mid-way, and sit idle while others step (their rows run a pad at their own position): every sequence's
+    tokens are still its own alone. Runs pick the smallest batch size that holds the rows stepped."""
+    refs = references[(shape, form)]
+    with batch_runner("ONNXRUNTIME", folder_of(root, shape, form)) as r, BatchGenerator(r) as batch:
+        made: dict = {}
+        next_id: dict = {}
+
+        def join(k: int, chunk: int | None = None):
+            seq = batch.open()
+            next_id[seq] = int(np.argmax(seq.append(PROMPTS[k], chunk=chunk)))
+            made[seq] = (k, [next_id[seq]])
+            return seq
+
+        def step(seqs) -> None:
+            logits = batch.step({seq: next_id[seq] for seq in seqs})
+            for seq, row in logits.items():
+                next_id[seq] = int(np.argmax(row))
+                made[seq][1].append(next_id[seq])
+
+        a, b = join(0), join(1)
+        assert (a.row, b.row) == (0, 1)
+        for _ in range(5):
+            step([a, b])
+        assert batch.stats["rows_run"] == 2 * 5  # the 2-row run
+        c = join(2, chunk=3)  # row 2, prefilled in chunks between steps
+        for _ in range(4):
+            step([b, c])  # a idle at its own position (the 4-row run)
+        a.close()  # a leaves with 6 of its tokens
+        assert not a.open
+        d = join(3, chunk=2)  # in row 0, over a's cache
+        assert d.row == 0
+        while len(made[d][1]) < NEW_TOKENS:
+            step([s for s in (b, c, d) if len(made[s][1]) < NEW_TOKENS])
+        e = join(4)
+        assert e.row == 3
+        while len(made[e][1]) < NEW_TOKENS + MORE:
+            step([e])  # alone in row 3: the 4-row run, b, c and d idle at their own positions
+        while len(made[b][1]) < NEW_TOKENS + MORE:  # b, c and d go on after being idle that long
+            step([s for s in (b, c, d) if len(made[s][1]) < NEW_TOKENS + MORE])
+        for seq, (k, tokens) in made.items():
+            assert_tokens_agree(tokens, _prefix(refs[k], len(tokens)), f"{form}: sequence {k} in row {seq.row}")
+            if seq is not a:
+                assert len(tokens) == NEW_TOKENS + MORE
+                assert seq.tokens == tuple(PROMPTS[k] + tokens[:-1])
+
+
+def _prefix(reference, n: int):
+    """The reference cut to its first ``n`` tokens."""
+    return type(reference)(tokens=reference.tokens[:n], logits=reference.logits[:n], gaps=reference.gaps[:n])
+
+
+@pytest.mark.parametrize(("shape", "form"), [("gqa", "standard"), ("gqa", "builder")])
+def test_pinned_batch_sizes(root, references, shape, form):
+    """Shapes pinned (as on an NPU): the prefill chunk, the step and each batch size are signatures of one graph;
+    batched rows still give each sequence's tokens; a plain Generator runs over the same runner."""
+    with batch_runner("VAIML", folder_of(root, shape, form), static_shapes=True) as r:
+        assert r.decoder.pinned
+        with BatchGenerator(r, rows=4) as batch:
+            got = greedy_batch(batch, PROMPTS[:3], NEW_TOKENS)
+            assert batch.stats["rows_run"] == 4 * (NEW_TOKENS - 1)
+            seq = batch.open()  # row 0 again, over the last sequence's cache: a loop of its own (a Generator's)
+            assert seq.row == 0
+            own = seq.generate(PROMPTS[4], NEW_TOKENS)
+        with Generator(r) as gen:
+            alone = gen.generate(PROMPTS[3], NEW_TOKENS)
+    for k, tokens in enumerate(got):
+        assert_tokens_agree(tokens, _prefix(references[(shape, form)][k], NEW_TOKENS), f"pinned {form}: row {k}")
+    assert_tokens_agree(alone, _prefix(references[(shape, form)][3], NEW_TOKENS),
+                        f"pinned {form}: a Generator on the batch runner")
+    assert_tokens_agree(own, _prefix(references[(shape, form)][4], NEW_TOKENS), f"pinned {form}: a row's own loop")
+
+
+def test_bad_input_is_refused(root):
+    folder = folder_of(root, "gqa", "standard")
+    with pytest.raises(ValueError, match="batch"):
+        RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE,
+                                    {"device": "CPU", "decoder": {"max_length": 32, "batch": 4}})
+    with pytest.raises(ValueError, match="positive integer"):
+        RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE,
+                                    {"device": "CPU", "decoder": {"max_length": 32, "batch": [2, 0]}})
+    with pytest.raises(NpuUnsupportedError, match="ONNX Runtime backends"):
+        RunnerFactory.create_runner("OPENVINO", folder / MODEL_FILE,
+                                    {"device": "CPU", "decoder": {"max_length": 32, "batch": [2]}})
+    with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE,
+                                     {"device": "CPU", "decoder": {"max_length": 32}}) as plain:
+        with pytest.raises(ValueError, match="batch sizes"):
+            BatchGenerator(plain)
+    with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE,
+                                     {"device": "CPU", "decoder": {"max_length": 8, "batch": [1, 2]}}) as r:
+        with pytest.raises(ValueError, match="rows"):
+            BatchGenerator(r, rows=3)
+        with BatchGenerator(r) as batch, BatchGenerator(r, rows=1) as other:
+            a, b = batch.open(), batch.open()
+            with pytest.raises(NpuError, match="all 2 rows"):
+                batch.open()
+            a.append([5, 6, 7])
+            stranger = other.open()
+            with pytest.raises(ValueError, match="not an open row of this batch"):
+                batch.step({stranger: 3})
+            with pytest.raises(ValueError, match="vocabulary"):
+                batch.step({a: 10_000})
+            before = a.tokens
+            b.close()
+            with pytest.raises(ValueError, match="not an open row"):
+                batch.step({b: 3})
+            with pytest.raises(NpuError, match="closed"):
+                b.append([3])
+            assert a.tokens == before  # nothing ran
+            a.append([1] * 5)  # 8 ids: the row is full
+            with pytest.raises(ValueError, match="max_length"):
+                batch.step({a: 3})
+
+
+def test_the_batch_check_catches_rows_that_share_a_position(root, tmp_path):
+    """A batch form whose rows all take the first row's position passes every check of one row, and fails the
+    batched check (each row against the export alone): the check this runner's verdict rests on can fail."""
+    folder = folder_of(root, "gqa", "standard")
+    model = onnx.load(str(folder / MODEL_FILE))
+    form = static_form.derive(model, 48, batch=None).model
+    graph = form.graph
+    same = "position__first_row"  # what every node reads instead of the position input
+    for node in graph.node:
+        node.input[:] = [same if name == layout.POSITION else name for name in node.input]
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "first_row"))
+    nodes = [helper.make_node("Shape", [layout.POSITION], ["rows_shape"]),
+             helper.make_node("Gather", [layout.POSITION, "first_row"], ["first_position"], axis=0),
+             helper.make_node("Expand", ["first_position", "rows_shape"], [same]), *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(form.SerializeToString())
+    prompt = [(7 * i + 3) % 512 for i in range(7)]
+    args = {"export": str(folder / MODEL_FILE), "derived": str(bad), "engine": "onnxruntime", "prompt": prompt,
+            "steps": 4, "chunk": 4, "max_length": 48, "pad": 0, "tolerance": 1e-3, "engine_options": {}}
+    verdicts = {}
+    for batch in (1, 4):
+        done = subprocess.run([sys.executable, verify_child.__file__, json.dumps({**args, "batch": batch})],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        verdicts[batch] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdicts[1]["ok"], verdicts[1]
+    assert not verdicts[4]["ok"] and "batched step" in verdicts[4]["where"], verdicts[4]
