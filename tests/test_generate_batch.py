@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory
+from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory, StatusCode
 from npurt.generate import layout, static_form, verify_child
 from npurt.generate.batch import BatchGenerator, greedy_batch
 from npurt.models import decoder_forms
@@ -62,7 +62,7 @@ def test_rows_give_the_tokens_of_each_sequence_alone(root, references, shape, fo
     tokens are its sequence's alone; the pooled cache is the engine's input and output (no host copy)."""
     with batch_runner(backend, folder_of(root, shape, form)) as r:
         assert r.decoder.batch == (1, 2, 4, 8)
-        assert "8 rows batched, each against the export alone" in r.decoder.verification
+        assert "8 rows batched (one idle), each against the export alone" in r.decoder.verification
         assert r.decoder.attention == (layout.GROUP_QUERY if form == "builder" else layout.CONCAT)
         with BatchGenerator(r) as batch:
             got = greedy_batch(batch, PROMPTS, NEW_TOKENS)
@@ -187,6 +187,40 @@ def test_bad_input_is_refused(root):
             a.append([1] * 5)  # 8 ids: the row is full
             with pytest.raises(ValueError, match="max_length"):
                 batch.step({a: 3})
+
+
+def test_shared_stream_state(root):
+    """Runner.share_stream_state: a stream's cache is the caller's array itself (a run writes there), and what it
+    cannot be is refused with INVALID_INPUT: another dtype, rank or fixed dim, memory not contiguous, a name not
+    carried, a runner whose state changes buffers every run."""
+    folder = folder_of(root, "gqa", "standard")
+    with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE,
+                                     {"device": "CPU", "decoder": {"max_length": 16}}) as r:
+        names = list(r.options.state_pairs)
+        facts = r.decoder
+        cache = {n: np.zeros((1, facts.kv_heads, 16, facts.head_dim), np.float32) for n in names}
+        with Generator(r) as gen:
+            assert r.share_stream_state(gen._stream, cache) is StatusCode.SUCCESS
+            gen.append([5, 6, 7])
+            assert all(np.abs(a[0, :, :3]).max() > 0 and not a[0, :, 3:].any() for a in cache.values())
+            state = r.get_stream_state(gen._stream)
+            assert all(np.array_equal(state[n], cache[n]) for n in names)
+            wide = np.zeros((2, facts.kv_heads, 16, facts.head_dim), np.float32)
+            bad = {"dtype": {names[0]: cache[names[0]].astype(np.float64)},
+                   "rank": {names[0]: cache[names[0]][0]},
+                   "contiguous": {names[0]: wide[:, :, ::2]},
+                   "shape": {names[0]: wide},
+                   "name": {"nope": cache[names[0]]}}
+            for what, arrays in bad.items():
+                assert r.share_stream_state(gen._stream, arrays) is StatusCode.INVALID_INPUT, what
+                assert "share_stream_state" in r.last_error
+    from tests.helpers.models import model_or_skip
+
+    vad = model_or_skip("silero_vad")  # its state pair takes turns between two buffers: nothing to share
+    with RunnerFactory.create_runner("VAIML", vad, {"device": "CPU", "state_pairs": {"state": "stateN"}}) as r:
+        stream = r.open_stream()
+        assert r.share_stream_state(stream, {"state": np.zeros((2, 1, 128), np.float32)}) is StatusCode.INVALID_INPUT
+        assert "only state kept in place" in r.last_error
 
 
 def test_the_batch_check_catches_rows_that_share_a_position(root, tmp_path):

@@ -364,6 +364,10 @@ class StreamRuns:
                 raise ValueError(f"share_stream_state: {in_name!r} takes a writeable C-contiguous {in_info.numpy_dtype}"
                                  f" array of rank {len(in_info.shape)}, got {getattr(a, 'dtype', type(a).__name__)} "
                                  f"{list(getattr(a, 'shape', ()))}")
+            fixed = next(spec.shape for spec in self.core.in_specs if spec.name == in_name)
+            if any(d is not None and d != got for d, got in zip(fixed, a.shape)):
+                raise ValueError(f"share_stream_state: {in_name!r} is {list(a.shape)}; the model fixes it at "
+                                 f"{[d if d is not None else '?' for d in fixed]}")
             wrapped[in_name] = (NpuTensor(in_info.replace(shape=a.shape), a),
                                 NpuTensor(out_info.replace(shape=a.shape), a))
         with state.turn():

@@ -142,8 +142,9 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
                                   engine_options=options.engine_options if openvino else None)
         checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance {verdict['tolerance']:.2g}) "
                    f"on {engine}, a {verdict['prompt_tokens']}-id prompt in one run and in chunks, then "
-                   f"{verdict['steps']} steps" + (f"; {max(spec.batch)} rows batched, each against the export alone"
-                                                  if spec.batch else ""))
+                   f"{verdict['steps']} steps")
+        if max(spec.batch, default=1) > 1:
+            checked += f"; {max(spec.batch)} rows batched (one idle), each against the export alone"
         first = shape.pairs[0]
         facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=shape.vocab,
                              layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
