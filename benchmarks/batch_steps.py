@@ -6,7 +6,8 @@ GroupQueryAttention) and backend, one runner with option decoder ``{"max_length"
 Per round, alternating, the order turned each round, each side rewound to the prompts first:
 
 - ``b1``: ``--steps`` steps of one row alone (``step({row: id})``: the batch form at B = 1);
-- ``b8``: ``--steps`` steps of all 8 rows at once (``step({row: id for 8 rows})``), tokens/s counting 8 per step;
+- ``b8``: ``--steps`` steps of all 8 rows at once (``step({row: id for 8 rows})``), tokens/s counting 8 per step
+  (``b2``, ``b4``: the first 2, 4 rows: the 2- and 4-row runs);
 - ``gen``: the plain Generator on a runner without ``batch`` (the B = 1 form), ``append([id])`` per step: what each
   sequence runs today.
 
@@ -66,7 +67,7 @@ def measure(folder: Path, backend: str, steps: int, rounds: int, threads: int, p
                                                               "decoder": {"max_length": max_length,
                                                                           "prefill_chunk": 16}})
     prompts = _prompts(runner.decoder.vocab_size, prompt_tokens)
-    figures: dict[str, list[float]] = {"b1": [], "b8": [], "gen": [], "ratio": []}
+    figures: dict[str, list[float]] = {"b1": [], "b2": [], "b4": [], "b8": [], "gen": [], "ratio": []}
     with BatchGenerator(runner) as batch, Generator(plain) as gen:
         rows = [batch.open() for _ in prompts]
         first = {row: int(np.argmax(row.append(p))) for row, p in zip(rows, prompts)}
@@ -74,26 +75,25 @@ def measure(folder: Path, backend: str, steps: int, rounds: int, threads: int, p
         alone_ids: list[int] = []
         for k in range(rounds + 1):  # round 0 warms up
             results: dict[str, float] = {}
-            order = ["b1", "b8", "gen"]
-            for side in order[k % 3:] + order[:k % 3]:
+            order = ["b1", "b2", "b4", "b8", "gen"]
+            for side in order[k % len(order):] + order[:k % len(order)]:
                 for row in rows:
                     row.rewind(prompt_tokens)
                 gen.rewind(prompt_tokens)
-                if side == "b1":
-                    elapsed, made = _steps(batch, rows[:1], first, steps)
-                    alone_ids = made[rows[0]]
-                    results[side] = steps / elapsed
-                elif side == "b8":
-                    elapsed, made = _steps(batch, rows, first, steps)
-                    if alone_ids and made[rows[0]] != alone_ids:
-                        raise AssertionError("row 0 batched gave other ids than alone")
-                    results[side] = ROWS * steps / elapsed
-                else:
+                if side == "gen":
                     token = gen_first
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         token = int(np.argmax(gen.append([token])))
                     results[side] = steps / (time.perf_counter() - t0)
+                    continue
+                size = int(side[1:])
+                elapsed, made = _steps(batch, rows[:size], first, steps)
+                if size == 1:
+                    alone_ids = made[rows[0]]
+                elif alone_ids and made[rows[0]] != alone_ids:
+                    raise AssertionError(f"row 0 in a batch of {size} gave other ids than alone")
+                results[side] = size * steps / elapsed
             if k:
                 for side, value in results.items():
                     figures[side].append(value)
@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                        **measure(folder, backend, steps, rounds, args.threads, args.prompt_tokens, max_length)}
                 report.append(row)
                 if not args.json:
-                    print(f"{name:14} {backend:12} B=1 {row['b1']:8.1f} tok/s   B=8 {row['b8']:8.1f} tok/s "
-                          f"(aggregate)   x{row['ratio']:.2f}   Generator {row['gen']:8.1f} tok/s", flush=True)
+                    print(f"{name:14} {backend:12} B=1 {row['b1']:8.1f}  B=2 {row['b2']:8.1f}  B=4 {row['b4']:8.1f}  "
+                          f"B=8 {row['b8']:8.1f} tok/s (aggregate)   B=8/B=1 x{row['ratio']:.2f}   "
+                          f"Generator {row['gen']:8.1f} tok/s", flush=True)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0

@@ -148,6 +148,24 @@ def test_pinned_batch_sizes(root, references, shape, form):
     assert_tokens_agree(own, _prefix(references[(shape, form)][4], NEW_TOKENS), f"pinned {form}: a row's own loop")
 
 
+def test_the_htp_emulator(root, references):
+    """QNN on the HTP emulator at FP16: every node of the Concat batch form on the HTP, the prefill chunk, the step
+    and the 4-row step three static shapes of one graph (three compiles), rows' tokens each sequence's alone up to a
+    step whose top-2 gap is under 0.12 (twice FP16's logit error, tests/test_generate.py)."""
+    from tests.helpers.qnn import require_qnn
+
+    require_qnn()
+    with batch_runner("QNN", folder_of(root, "gqa", "standard"),
+                      decoder={"max_length": 48, "prefill_chunk": 4, "batch": [1, 4]}) as r:
+        assert {p.device for p in r.placement} == {"QNNExecutionProvider"}, [
+            (p.node, p.op_type, p.reason) for p in r.placement if p.device != "QNNExecutionProvider"]
+        with BatchGenerator(r) as batch:
+            got = greedy_batch(batch, PROMPTS[:3], 16)
+        assert r.stats["compiles"] == 3 and r.stats["copies"] == 0
+    for k, tokens in enumerate(got):
+        assert_tokens_agree(tokens, _prefix(references[("gqa", "standard")][k], 16), f"QNN row {k}", tolerance=0.12)
+
+
 def test_bad_input_is_refused(root):
     folder = folder_of(root, "gqa", "standard")
     with pytest.raises(ValueError, match="batch"):

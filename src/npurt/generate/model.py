@@ -129,7 +129,9 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
                 views[(TensorDirection.OUTPUT, pair.present)] = TensorType.CPU
             shape_sets: tuple[dict[str, tuple[int, ...]], ...] = ()
             if pinned:
-                shape_sets = tuple({layout.INPUT_IDS: (b, s), layout.POSITION: (b,)}
+                # the batch form's cache has its batch dim open too: each signature pins it (B=1 form: fixed)
+                shape_sets = tuple({layout.INPUT_IDS: (b, s), layout.POSITION: (b,),
+                                    **({p.past: (b, *p.shape[1:]) for p in shape.pairs} if spec.batch else {})}
                                    for b, s in dict.fromkeys([(1, spec.prefill_chunk), (1, 1),
                                                               *((b, 1) for b in spec.batch)]))
             derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in shape.pairs},
