@@ -122,6 +122,37 @@ def test_sequences_join_leave_and_idle(root, references, shape, form):
                 assert seq.tokens == tuple(PROMPTS[k] + tokens[:-1])
 
 
+def test_rows_move_down_when_sequences_leave(root, references):
+    """Four sequences in rows 0-3; three leave: the one left is moved into row 0 (one copy of its cache) and steps
+    as the 1-row run; its tokens are still its own alone, and so are those of a sequence joining after it."""
+    refs = references[("gqa", "builder")]
+    with batch_runner("ONNXRUNTIME", folder_of(root, "gqa", "builder")) as r, BatchGenerator(r) as batch:
+        seqs = [batch.open() for _ in range(4)]
+        ids = {seq: int(np.argmax(seq.append(PROMPTS[k]))) for k, seq in enumerate(seqs)}
+        made = {seq: [ids[seq]] for seq in seqs}
+        for _ in range(4):
+            ids = {seq: int(np.argmax(row)) for seq, row in batch.step(ids).items()}
+            for seq, token in ids.items():
+                made[seq].append(token)
+        last = seqs[3]
+        for seq in seqs[:3]:
+            seq.close()
+        run_before = batch.stats["rows_run"]
+        token = ids[last]
+        while len(made[last]) < NEW_TOKENS:
+            token = int(np.argmax(batch.step({last: token})[last]))
+            made[last].append(token)
+        assert last.row == 0 and batch.stats["rows_moved"] == 1
+        assert batch.stats["rows_run"] - run_before == NEW_TOKENS - 5  # the 1-row run
+        joined = batch.open()
+        assert joined.row == 1
+        late = [int(np.argmax(joined.append(PROMPTS[5])))]
+        while len(late) < NEW_TOKENS:
+            late.append(int(np.argmax(batch.step({joined: late[-1]})[joined])))
+    assert_tokens_agree(made[last], _prefix(refs[3], NEW_TOKENS), "the sequence moved to row 0")
+    assert_tokens_agree(late, _prefix(refs[5], NEW_TOKENS), "a sequence joining after the move")
+
+
 def _prefix(reference, n: int):
     """The reference cut to its first ``n`` tokens."""
     return type(reference)(tokens=reference.tokens[:n], logits=reference.logits[:n], gaps=reference.gaps[:n])

@@ -13,7 +13,10 @@ of every sequence as one row of a pooled buffer per cache tensor, [rows, kv_head
   smallest batch size holding every row stepped; every other row among them is idle for that run: it runs a pad id
   at its own position (a free row at 0), writing the row of its cache there, which its next run writes again before
   any query reads it. Each row's logits come back; each row's ``tokens`` gains its id.
-- rows are taken lowest first, so the runs stay small while few sequences are open; a closed row is free again.
+- rows are taken lowest first, so the runs stay small while few sequences are open; a closed row is free again, and
+  where sequences left from below others, a step first moves the highest down into the freed rows (one copy of a
+  row's cache each: ``stats["rows_moved"]``), so the run is the smallest that holds the sequences open. A
+  ``BatchRow``'s ``row`` may so change between steps; the row is the caller's handle, not its place.
 
 The pool's memory is the engine's input and output at once; nothing is copied per step (ids and positions in,
 logits out). One run at a time over the pool: ``step`` and each row's runs take the BatchGenerator's lock.
@@ -113,7 +116,8 @@ class BatchGenerator:
         self.rows: list[BatchRow | None] = [None] * rows
         self.lock = threading.RLock()  # one run over the pool at a time (a row closing in open() re-enters it)
         self._steps: dict[int, _Step] = {}
-        self.stats = {"steps": 0, "rows_stepped": 0, "rows_run": 0}  # rows_run - rows_stepped: idle rows run
+        # rows_run - rows_stepped: idle rows run; rows_moved: sequences moved down to a freed row (compact)
+        self.stats = {"steps": 0, "rows_stepped": 0, "rows_run": 0, "rows_moved": 0}
 
     def open(self) -> BatchRow:
         """A new sequence in the lowest free row (its cache empty); NpuError where every row is taken."""
@@ -146,6 +150,7 @@ class BatchGenerator:
                     raise ValueError(f"step: row {seq.row} holds {seq.position} ids, the runner's max_length")
                 if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < vocab:
                     raise ValueError(f"step: row {seq.row}'s id {token!r} is not in the vocabulary (0 .. {vocab - 1})")
+            self._compact()
             size = next(b for b in self.sizes if b > max(seq.row for seq in tokens))
             run = self._steps.get(size)
             if run is None:
@@ -175,6 +180,33 @@ class BatchGenerator:
             self.stats["rows_stepped"] += len(tokens)
             self.stats["rows_run"] += size
             return {seq: run.rows[seq.row] for seq in tokens}
+
+    def _compact(self) -> None:
+        """Where the open rows would fit a smaller run than their places need (sequences left from below them), move
+        the highest down into free rows: one copy of a row's cache each, once per departure, rather than idle rows
+        in every step after. A row running a loop of its own stays where it is."""
+        open_rows = [seq for seq in self.rows if seq is not None]
+        if not open_rows:
+            return
+        fits = next(b for b in self.sizes if b >= len(open_rows))
+        for seq in reversed(open_rows):
+            if seq.row < fits:
+                break
+            free = self.rows.index(None)
+            if free > seq.row or not seq._lock.acquire(blocking=False):
+                continue
+            try:
+                views = {}
+                for name, pool in self.pool.items():
+                    pool[free] = pool[seq.row]
+                    views[name] = pool[free:free + 1]
+                if self.runner.share_stream_state(seq._stream, views) is not StatusCode.SUCCESS:
+                    raise NpuError(f"row {seq.row} could not move to row {free}: {self.runner.last_error}")
+                self.rows[free], self.rows[seq.row] = seq, None
+                seq.row = free
+                self.stats["rows_moved"] += 1
+            finally:
+                seq._lock.release()
 
     def close(self) -> None:
         """Close every row and the batch's streams; idempotent."""
