@@ -239,7 +239,7 @@ def test_bad_input_is_refused(root):
 
 
 def test_shared_stream_state(root):
-    """Runner.share_stream_state: a stream's cache is the caller's array itself (a run writes there), and what it
+    """Stream.share_state: a stream's cache is the caller's array itself (a run writes there), and what it
     cannot be is refused with INVALID_INPUT: another dtype, rank or fixed dim, memory not contiguous, a name not
     carried, a runner whose state changes buffers every run."""
     folder = folder_of(root, "gqa", "standard")
@@ -249,7 +249,7 @@ def test_shared_stream_state(root):
         facts = r.decoder
         cache = {n: np.zeros((1, facts.kv_heads, 16, facts.head_dim), np.float32) for n in names}
         with Generator(r) as gen:
-            assert r.share_stream_state(gen._stream, cache) is StatusCode.SUCCESS
+            assert gen._stream.share_state(cache) is StatusCode.SUCCESS
             gen.append([5, 6, 7])
             assert all(np.abs(a[0, :, :3]).max() > 0 and not a[0, :, 3:].any() for a in cache.values())
             state = r.get_stream_state(gen._stream)
@@ -261,14 +261,14 @@ def test_shared_stream_state(root):
                    "shape": {names[0]: wide},
                    "name": {"nope": cache[names[0]]}}
             for what, arrays in bad.items():
-                assert r.share_stream_state(gen._stream, arrays) is StatusCode.INVALID_INPUT, what
-                assert "share_stream_state" in r.last_error
+                assert gen._stream.share_state(arrays) is StatusCode.INVALID_INPUT, what
+                assert "Stream.share_state" in r.last_error
     from tests.helpers.models import model_or_skip
 
     vad = model_or_skip("silero_vad")  # its state pair takes turns between two buffers: nothing to share
     with RunnerFactory.create_runner("VAIML", vad, {"device": "CPU", "state_pairs": {"state": "stateN"}}) as r:
         stream = r.open_stream()
-        assert r.share_stream_state(stream, {"state": np.zeros((2, 1, 128), np.float32)}) is StatusCode.INVALID_INPUT
+        assert stream.share_state({"state": np.zeros((2, 1, 128), np.float32)}) is StatusCode.INVALID_INPUT
         assert "only state kept in place" in r.last_error
 
 

@@ -404,14 +404,6 @@ class Runner:
         the stream does not carry, or arrays of the wrong shape or dtype."""
         return self._streams.set_state(stream, state)
 
-    def share_stream_state(self, stream: Stream | int | None, state: Mapping[str, np.ndarray]) -> StatusCode:
-        """Make the stream's carried state these arrays themselves (not copies: the caller keeps them, and runs read
-        and write them in place): a decoder's cache as a row of a pooled buffer (``npurt.generate.batch``), streams
-        over views of one array. Only state kept in place (option ``decoder``); the caller keeps streams over
-        overlapping memory from running at once. INVALID_INPUT for an unknown stream, names it does not carry,
-        arrays of the wrong dtype or rank, or arrays not writeable and C-contiguous."""
-        return self._streams.share_state(stream, state)
-
     def close_stream(self, stream: Stream | int) -> StatusCode:
         """Close a stream once its submitted runs have ended, and free its state; the default stream stays."""
         return self._streams.close_stream(stream)

@@ -6,7 +6,7 @@ open, each batch size a pinned signature where the device pins shapes). A ``Batc
 of every sequence as one row of a pooled buffer per cache tensor, [rows, kv_heads, max_length, head_dim]:
 
 - ``open()`` gives a ``BatchRow``: a Generator (``append`` / ``rewind`` / ``tokens`` / ``stream`` ...) whose stream's
-  cache is its row of the pool, shared in place (``Runner.share_stream_state``: a row of the pool is contiguous).
+  cache is its row of the pool, shared in place (``Stream.share_state``: a row of the pool is contiguous).
   Its prompt (its prefill) goes in through the batch form at B = 1 into that row, by the Generator's own chunking:
   a prefill in a batch of B would run B rows of a chunk each (the others idle) for one row's work.
 - ``step({row: id, ...})`` feeds each of those rows its next id in one run over the first b rows of the pool, b the
@@ -47,7 +47,7 @@ class BatchRow(Generator):
         self.batch = batch
         self.row = row
         views = {name: pool[row:row + 1] for name, pool in batch.pool.items()}
-        if self.runner.share_stream_state(self._stream, views) is not StatusCode.SUCCESS:
+        if self._stream.share_state(views) is not StatusCode.SUCCESS:
             self.close()
             raise NpuError(f"row {row}'s cache could not be shared: {self.runner.last_error}")
 
@@ -79,7 +79,7 @@ class _Step:
         runner = batch.runner
         self.stream: Stream = runner.open_stream()
         views = {name: pool[:size] for name, pool in batch.pool.items()}
-        if runner.share_stream_state(self.stream, views) is not StatusCode.SUCCESS:
+        if self.stream.share_state(views) is not StatusCode.SUCCESS:
             runner.close_stream(self.stream)
             raise NpuError(f"the batch's cache could not be shared: {runner.last_error}")
         self.ids = np.zeros((size, 1), np.int64)
@@ -200,7 +200,7 @@ class BatchGenerator:
                 for name, pool in self.pool.items():
                     pool[free] = pool[seq.row]
                     views[name] = pool[free:free + 1]
-                if self.runner.share_stream_state(seq._stream, views) is not StatusCode.SUCCESS:
+                if seq._stream.share_state(views) is not StatusCode.SUCCESS:
                     raise NpuError(f"row {seq.row} could not move to row {free}: {self.runner.last_error}")
                 self.rows[free], self.rows[seq.row] = seq, None
                 seq.row = free
