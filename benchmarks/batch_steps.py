@@ -1,8 +1,9 @@
 """Batched decode steps (issue 45 part 3): a step of B = 8 sequences in one run against one sequence's step.
 
 For each decoder (`npurt.models.decoder_forms`, random weights, seed 0; a ``*-builder`` shape is the builder form,
-GroupQueryAttention) and backend, one runner with option decoder ``{"max_length": L, "prefill_chunk": 16,
-"batch": [1, 2, 4, 8]}`` and a `BatchGenerator` of 8 rows, each prefilled with a prompt of ``--prompt-tokens`` ids.
+GroupQueryAttention; ``NAME:int4``: int4 MatMulNBits as the builder writes it for the CPU) and backend, one runner
+with option decoder ``{"max_length": L, "prefill_chunk": 16, "batch": [1, 2, 4, 8]}`` and a `BatchGenerator` of 8
+rows, each prefilled with a prompt of ``--prompt-tokens`` ids.
 Per round, alternating, the order turned each round, each side rewound to the prompts first:
 
 - ``b1``: ``--steps`` steps of one row alone (``step({row: id})``: the batch form at B = 1);
@@ -14,7 +15,8 @@ Per round, alternating, the order turned each round, each side rewound to the pr
 Figures: the medians over rounds of tokens/s (aggregate for b8) and of the ratio b8 / b1. Greedy ids, each row's
 checked against the same sequence stepped alone.
 
-    python -m benchmarks.batch_steps [--quick] [--json] [--shapes gqa,bench,bench-builder] [--backends ONNXRUNTIME]
+    python -m benchmarks.batch_steps [--quick] [--json] [--shapes gqa,bench,bench-builder,bench-builder:int4]
+                                     [--backends ONNXRUNTIME,VAIML,QNN]
                                      [--steps N] [--rounds N] [--threads N] [--prompt-tokens N]
 """
 
@@ -34,6 +36,7 @@ import numpy as np
 from npurt import Generator, RunnerFactory
 from npurt.generate.batch import BatchGenerator, BatchRow
 from npurt.models.decoder_forms import build_decoder_form
+from npurt.models.decoder_precision import Int4
 from npurt.models.decoders import shape_of
 
 ROWS = 8
@@ -118,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     report = []
     with tempfile.TemporaryDirectory(prefix="npurt-batch-bench-") as tmp:
         for name in args.shapes.split(","):
-            folder = Path(tmp) / name
-            build_decoder_form(folder, name)
-            max_length = min(256, shape_of(name).context_length)
+            preset, _, precision = name.partition(":")
+            folder = Path(tmp) / name.replace(":", "-")
+            # int4 as the model builder writes it for the CPU (block 32, symmetric, int8 activations)
+            build_decoder_form(folder, preset, precision=precision or "fp32",
+                               int4=Int4(accuracy_level=4) if precision == "int4" else None)
+            max_length = min(256, shape_of(preset).context_length)
             for backend in args.backends.split(","):
                 row = {"shape": name, "backend": backend, "steps": steps, "rounds": rounds,
                        **measure(folder, backend, steps, rounds, args.threads, args.prompt_tokens, max_length)}
