@@ -153,6 +153,27 @@ def test_rows_move_down_when_sequences_leave(root, references):
     assert_tokens_agree(late, _prefix(refs[5], NEW_TOKENS), "a sequence joining after the move")
 
 
+def test_several_pools_over_one_runner(root, references):
+    """Where a larger run does not pay (int4 on the CPU), several 2-row BatchGenerators over one runner, stepped in
+    turn: each has a pool of its own, and every sequence keeps its own tokens."""
+    refs = references[("gqa", "standard")]
+    with batch_runner("ONNXRUNTIME", folder_of(root, "gqa", "standard")) as r:
+        pools = [BatchGenerator(r, rows=2), BatchGenerator(r, rows=2)]
+        seqs = [pool.open() for pool in pools for _ in range(2)]
+        ids = {seq: int(np.argmax(seq.append(PROMPTS[k]))) for k, seq in enumerate(seqs)}
+        made = {seq: [ids[seq]] for seq in seqs}
+        for _ in range(NEW_TOKENS - 1):
+            for pool in pools:
+                for seq, row in pool.step({seq: ids[seq] for seq in pool.active}).items():
+                    ids[seq] = int(np.argmax(row))
+                    made[seq].append(ids[seq])
+        assert [pool.stats["rows_run"] for pool in pools] == [2 * (NEW_TOKENS - 1)] * 2
+        for pool in pools:
+            pool.close()
+    for k, seq in enumerate(seqs):
+        assert_tokens_agree(made[seq], _prefix(refs[k], NEW_TOKENS), f"sequence {k} in pool {k // 2}")
+
+
 def _prefix(reference, n: int):
     """The reference cut to its first ``n`` tokens."""
     return type(reference)(tokens=reference.tokens[:n], logits=reference.logits[:n], gaps=reference.gaps[:n])
