@@ -120,7 +120,8 @@ class BatchGenerator:
         self.stats = {"steps": 0, "rows_stepped": 0, "rows_run": 0, "rows_moved": 0}
 
     def open(self) -> BatchRow:
-        """A new sequence in the lowest free row (its cache empty); NpuError where every row is taken."""
+        """A new sequence in the lowest free row (holding no ids: whatever the row's memory holds is written before it
+        is read); NpuError where every row is taken."""
         with self.lock:
             if self.runner.closed:
                 raise NpuError("the runner is closed")

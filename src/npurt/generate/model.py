@@ -4,7 +4,9 @@ cache in, and the facts a Generator needs.
 - ONNX Runtime (every EP): the static form as an ONNX file; each ``past_key_values.{i}.*`` is carried state of a
   stream whose ``present`` is written into the same buffer (a pair in place, ``stream_state``), so the cache stays
   where it is between steps, one per stream (Generator). Where the device compiles static shapes (the NPU) the
-  prefill chunk and the one-token step are two pinned signatures of that one graph.
+  prefill chunk and the one-token step are two pinned signatures of that one graph. With ``batch`` (sizes), the
+  batch form (``static_form.derive_batch``: its batch dim open, each size one more pinned signature) for
+  ``batch.BatchGenerator``'s steps across sequences.
 - OpenVINO: the static form made stateful (``apply_make_stateful_transformation``: the cache lives in the compiled
   model's variables, per infer request, so per stream), saved as IR at f32 (no weight compression); one compiled
   model with the sequence dim open serves the prefill and the steps over one state.
