@@ -29,7 +29,8 @@ OPTION_KEYS = (
     "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs", "service",
     "execution_provider", "ep_policy", "frames", "decoder",
 )
-DECODER_KEYS = ("max_length", "prefill_chunk")
+MAX_DECODER_BATCH = 64  # rows of one batched step: each holds a cache of max_length rows
+DECODER_KEYS = ("max_length", "prefill_chunk", "batch")
 DEFAULT_PREFILL_CHUNK = 16
 FRAME_FORMATS = ("BGR", "RGB", "GRAY", "NV12")
 FRAME_COLORS = ("RGB", "BGR")
@@ -69,6 +70,7 @@ class DecoderSpec:
 
     max_length: int
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    batch: tuple[int, ...] = ()  # batched steps: the batch sizes compiled (the batch form, npurt.generate.batch)
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
 
 
 def _parse_decoder(value: Any) -> DecoderSpec:
-    """``decoder``: {"max_length": rows of the KV cache, "prefill_chunk": tokens per prompt run (default 16)}."""
+    """``decoder``: {"max_length": rows of the KV cache, "prefill_chunk": tokens per prompt run (default 16),
+    "batch": the batch sizes of batched steps (a list, e.g. [1, 2, 4, 8]; absent: none)}."""
     if not isinstance(value, Mapping) or "max_length" not in value:
         raise ValueError(f"option 'decoder': a dict with 'max_length' (and optionally 'prefill_chunk'), got {value!r}")
     unknown = sorted(set(value) - set(DECODER_KEYS))
@@ -250,7 +253,13 @@ def _parse_decoder(value: Any) -> DecoderSpec:
     chunk = _positive_int("decoder prefill_chunk", value.get("prefill_chunk", min(DEFAULT_PREFILL_CHUNK, max_length)))
     if chunk > max_length:
         raise ValueError(f"option 'decoder': prefill_chunk {chunk} is more than max_length {max_length}")
-    return DecoderSpec(max_length, chunk)
+    sizes = value.get("batch", ())
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, (list, tuple)):
+        raise ValueError(f"option 'decoder': batch is a list of batch sizes (e.g. [1, 2, 4, 8]), got {sizes!r}")
+    batch = tuple(sorted({_positive_int("decoder batch", b) for b in sizes}))
+    if batch and batch[-1] > MAX_DECODER_BATCH:
+        raise ValueError(f"option 'decoder': batch {batch[-1]} is more than {MAX_DECODER_BATCH}")
+    return DecoderSpec(max_length, chunk, batch)
 
 
 def _parse_frames(value: Any) -> dict[str, FrameSpec]:

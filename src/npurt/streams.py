@@ -52,6 +52,15 @@ class Stream:
         """``runner.set_stream_state(self, state)``: restore a state as ``state()`` gave it (copied in)."""
         return self._runs.set_state(self, state)
 
+    def share_state(self, state: Mapping[str, np.ndarray]) -> StatusCode:
+        """The stream's carried state becomes these arrays themselves, not copies: runs read and write them in place
+        (a decoder's cache as a row of a pooled buffer, ``npurt.generate.batch``). State kept in place only (option
+        ``decoder``); the caller keeps the arrays, and keeps streams over overlapping memory from running at once; a
+        reset, or a ``run`` on numpy feeds (it keeps the engine's arrays), drops them. INVALID_INPUT (the message in
+        ``runner.last_error``) for names the stream does not carry, arrays of another dtype, rank or fixed dim, or not
+        writeable and C-contiguous."""
+        return self._runs.share_state(self, state)
+
     def close(self) -> StatusCode:
         """``runner.close_stream(self)``: close once the runs already submitted have ended, and free the state."""
         return self._runs.close_stream(self)
@@ -300,6 +309,9 @@ class StreamRuns:
     def set_state(self, stream: StreamRef, values: Mapping[str, np.ndarray]) -> StatusCode:
         return self._status_op(stream, lambda state: self._set_state(state, values))
 
+    def share_state(self, stream: StreamRef, arrays: Mapping[str, np.ndarray]) -> StatusCode:
+        return self._status_op(stream, lambda state: self._share_state(state, arrays))
+
     def close_stream(self, stream: StreamRef) -> StatusCode:
         if stream is None or stream == 0:
             return self.core.fail(StatusCode.INVALID_INPUT, "the default stream (0) cannot be closed")
@@ -342,6 +354,33 @@ class StreamRuns:
                 mine = {k: v for k, v in values.items() if k in engine.state_names}
                 if mine:
                     engine.set_state(context, mine)
+
+    def _share_state(self, state: StreamState, arrays: Mapping[str, np.ndarray]) -> None:
+        """The stream's carried state becomes ``arrays`` themselves, not copies (state kept in place only: each
+        run reads and writes them where they are)."""
+        if not self.table.in_place:
+            raise ValueError("Stream.share_state: this runner's state changes buffers every run (option "
+                             "state_pairs); only state kept in place (a decoder's cache) can be shared")
+        unknown = sorted(set(arrays) - set(self.table.pairs))
+        if unknown:
+            raise ValueError(f"Stream.share_state: {unknown} is not state this stream carries (it carries "
+                             f"{sorted(self.table.pairs)})")
+        wrapped = {}
+        for in_name, a in arrays.items():
+            in_info, out_info = self._state_infos(state, in_name, self.table.pairs[in_name], {})
+            if (not isinstance(a, np.ndarray) or a.dtype != in_info.numpy_dtype or a.ndim != len(in_info.shape)
+                    or not a.flags.c_contiguous or not a.flags.writeable):
+                raise ValueError(f"Stream.share_state: {in_name!r} takes a writeable C-contiguous {in_info.numpy_dtype}"
+                                 f" array of rank {len(in_info.shape)}, got {getattr(a, 'dtype', type(a).__name__)} "
+                                 f"{list(getattr(a, 'shape', ()))}")
+            fixed = next(spec.shape for spec in self.core.in_specs if spec.name == in_name)
+            if any(d is not None and d != got for d, got in zip(fixed, a.shape)):
+                raise ValueError(f"Stream.share_state: {in_name!r} is {list(a.shape)}; the model fixes it at "
+                                 f"{[d if d is not None else '?' for d in fixed]}")
+            wrapped[in_name] = (NpuTensor(in_info.replace(shape=a.shape), a),
+                                NpuTensor(out_info.replace(shape=a.shape), a))
+        with state.turn():
+            state.current.update(wrapped)
 
     def _reset(self, state: StreamState) -> None:
         with state.turn():

@@ -479,6 +479,7 @@ class DecoderFacts:
     contrib_ops: tuple[str, ...] = field(default=())  # com.microsoft operators the model uses
     attention: str = "concat"  # how the export's cache is made (generate.layout.CONCAT, GROUP_QUERY)
     verification: str = ""  # how the derived form was checked against the export (generate.verify)
+    batch: tuple[int, ...] = ()  # the batch sizes of batched steps (the batch form; npurt.generate.batch)
 
     def describe(self) -> dict[str, Any]:
         return {"max_length": self.max_length, "prefill_chunk": self.prefill_chunk, "vocab_size": self.vocab_size,
@@ -487,4 +488,4 @@ class DecoderFacts:
                 "bos_token_id": self.bos_token_id, "shapes": "prefill chunk and step pinned" if self.pinned
                 else "sequence dim open (one compiled model)", "cache": self.cache, "genai_config": self.config,
                 "contrib_ops": list(self.contrib_ops), "attention": self.attention,
-                "verification": self.verification}
+                "verification": self.verification, **({"batch": list(self.batch)} if self.batch else {})}

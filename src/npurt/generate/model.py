@@ -4,7 +4,9 @@ cache in, and the facts a Generator needs.
 - ONNX Runtime (every EP): the static form as an ONNX file; each ``past_key_values.{i}.*`` is carried state of a
   stream whose ``present`` is written into the same buffer (a pair in place, ``stream_state``), so the cache stays
   where it is between steps, one per stream (Generator). Where the device compiles static shapes (the NPU) the
-  prefill chunk and the one-token step are two pinned signatures of that one graph.
+  prefill chunk and the one-token step are two pinned signatures of that one graph. With ``batch`` (sizes), the
+  batch form (``static_form.derive_batch``: its batch dim open, each size one more pinned signature) for
+  ``batch.BatchGenerator``'s steps across sequences.
 - OpenVINO: the static form made stateful (``apply_make_stateful_transformation``: the cache lives in the compiled
   model's variables, per infer request, so per stream), saved as IR at f32 (no weight compression); one compiled
   model with the sequence dim open serves the prefill and the steps over one state.
@@ -102,6 +104,10 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
     if shape.vocab is None:
         raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
     openvino = backend_name == "OPENVINO"
+    if openvino and spec.batch:
+        raise NpuUnsupportedError(
+            "option 'decoder' batch: batched steps run on the ONNX Runtime backends (a pooled cache bound in place); "
+            "OpenVINO keeps a decoder's cache per infer request")
     if openvino and options.device == "NPU":
         raise NpuUnsupportedError(
             "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
@@ -119,26 +125,32 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             logits_view = {(TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
             derived = replace(options, cache_dir=None, tensor_types={**options.tensor_types, **logits_view})
         else:
-            path = _derived(partial(_onnx_file, sliced=not pinned), model_path, shape, folder, options)
+            make = _batch_file if spec.batch else partial(_onnx_file, sliced=not pinned)
+            path = _derived(make, model_path, shape, folder, options)
             views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
             for pair in shape.pairs:
                 views[(TensorDirection.INPUT, pair.past)] = TensorType.CPU
                 views[(TensorDirection.OUTPUT, pair.present)] = TensorType.CPU
             shape_sets: tuple[dict[str, tuple[int, ...]], ...] = ()
             if pinned:
-                shape_sets = tuple({layout.INPUT_IDS: (1, s), layout.POSITION: (1,)}
-                                   for s in dict.fromkeys((spec.prefill_chunk, 1)))
+                # the batch form's cache has its batch dim open too: each signature pins it (B=1 form: fixed)
+                shape_sets = tuple({layout.INPUT_IDS: (b, s), layout.POSITION: (b,),
+                                    **({p.past: (b, *p.shape[1:]) for p in shape.pairs} if spec.batch else {})}
+                                   for b, s in dict.fromkeys([(1, spec.prefill_chunk), (1, 1),
+                                                              *((b, 1) for b in spec.batch)]))
             derived = replace(options, tensor_types=views, state_pairs={p.past: p.present for p in shape.pairs},
                               shape_sets=shape_sets, shapes=shape_sets[0] if shape_sets else {})
             cache = "stream buffers, written in place (past and present bound to one buffer)"
         pad = found.pad_token_id or 0
         engine = "openvino" if openvino else "onnxruntime"
         verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
-                                  int8_activations=int8_activations,
+                                  int8_activations=int8_activations, batch=max(spec.batch, default=1),
                                   engine_options=options.engine_options if openvino else None)
         checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance {verdict['tolerance']:.2g}) "
                    f"on {engine}, a {verdict['prompt_tokens']}-id prompt in one run and in chunks, then "
                    f"{verdict['steps']} steps")
+        if max(spec.batch, default=1) > 1:
+            checked += f"; {max(spec.batch)} rows batched (one idle), each against the export alone"
         first = shape.pairs[0]
         facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=shape.vocab,
                              layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
@@ -146,7 +158,7 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
                              bos_token_id=found.bos_token_id,
                              pad_token_id=pad, pinned=pinned and not openvino,
                              cache=cache, config=", ".join(str(found.folder / n) for n in found.sources) or None,
-                             contrib_ops=contrib, attention=shape.attention, verification=checked)
+                             contrib_ops=contrib, attention=shape.attention, verification=checked, batch=spec.batch)
     except BaseException:
         if options.cache_dir is None:  # (a temporary folder: no runner is there to remove it)
             shutil.rmtree(folder, ignore_errors=True)
@@ -166,7 +178,8 @@ def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: Run
                           if p.is_file() and p != model_path) if external else []
         key = hashlib.sha256(json.dumps([str(model_path.resolve()), stat.st_size, stat.st_mtime_ns,
                                          spec.max_length, backend_name == "OPENVINO", pinned, _VERSION,
-                                         *([siblings] if siblings else [])]).encode())
+                                         *([siblings] if siblings else []),
+                                         *(["batch"] if spec.batch else [])]).encode())
         folder = options.cache_dir / "decoders" / key.hexdigest()[:32]
         folder.mkdir(parents=True, exist_ok=True)
         return folder
@@ -194,27 +207,34 @@ _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> 
 _VERSION = 3  # of the derivation: a change to static_form makes new cache entries
 
 
-def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, *, sliced: bool = False) -> Path:
-    """The static form as an ONNX file in ``folder``, derived from the export (loaded whole) where it is not there."""
+def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bool = False, *,
+               sliced: bool = False) -> Path:
+    """The static form as an ONNX file in ``folder``, derived from the export (loaded whole) where it is not there;
+    ``batched``: the batch form, its batch dim open (``static_form.derive_batch``); ``sliced``: see
+    ``static_form.derive``."""
     import onnx
 
     from . import static_form  # onnx and the graph builder: imported only where a static form is made
 
-    path = folder / "decoder_static.onnx"
+    path = folder / ("decoder_batch.onnx" if batched else "decoder_static.onnx")
     if not path.exists():
         try:
             model = onnx.load(str(model_path))
         except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
             raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
         merged.resolve_cache_branch(model)
-        form = static_form.derive(model, shape.max_length, sliced=sliced)
+        form = static_form.derive(model, shape.max_length, batch=None if batched else 1, sliced=sliced)
         del model
-        partial = folder / f"decoder_static.onnx.{os.getpid()}.partial"  # (other processes may write theirs)
+        written = folder / f"{path.name}.{os.getpid()}.partial"  # (other processes may write theirs)
         if form.model.ByteSize() > MAX_PROTOBUF:
             (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # (a failed attempt's: onnx would append to it)
-            onnx.save_model(form.model, str(partial), save_as_external_data=True, all_tensors_to_one_file=True,
+            onnx.save_model(form.model, str(written), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=_EXTERNAL_DATA)
         else:
-            partial.write_bytes(form.model.SerializeToString())
-        partial.replace(path)
+            written.write_bytes(form.model.SerializeToString())
+        written.replace(path)
     return path
+
+
+def _batch_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
+    return _onnx_file(model_path, shape, folder, batched=True)

@@ -43,6 +43,7 @@ from ..onnx_edit import set_shape
 from .layout import ATTENTION_MASK, GROUP_QUERY, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout, read
 
 FULL_SUFFIX = "__npurt_full"
+BATCH_DIM = "batch"  # the batch form's open batch dim, on every port that has one
 PREFIX = "__npurt_decoder"
 
 
@@ -53,11 +54,16 @@ class StaticForm:
 
 
 def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
-           weight_dims: Mapping[str, tuple[int, ...]] | None = None, *, sliced: bool = False) -> StaticForm:
+           weight_dims: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = 1, *,
+           sliced: bool = False) -> StaticForm:
     """The static form of ``model`` (see the module) with a cache of ``max_length`` rows; ``sequence`` pins S
-    (None leaves it open). ``model`` is not changed; ``weight_dims``: see ``layout.read``. ``sliced`` (a Concat
-    cache, for devices that take open shapes): the export reads the cache's first ``position`` rows only, so its
-    attention covers the rows written, not max_length (a shape that changes every step: never for an NPU)."""
+    (None leaves it open). ``model`` is not changed; ``weight_dims``: see ``layout.read``. ``batch``: 1 (the form
+    above), or B rows of independent sequences (None: the batch dim open, named BATCH_DIM), see ``derive_batch``.
+    ``sliced`` (one sequence over a Concat cache, for devices that take open shapes): the export reads the cache's
+    first ``position`` rows only, so its attention covers the rows written, not max_length (a shape that changes
+    every step: never for an NPU)."""
+    if batch != 1:
+        return derive_batch(model, max_length, sequence, weight_dims, batch)
     shape = read(model, max_length, weight_dims)
     pairs, has_position_ids = shape.pairs, shape.has_position_ids
     form = onnx.ModelProto()
@@ -105,6 +111,90 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
             set_shape(value, pair_of.shape)
         elif value.name == LOGITS:
             set_shape(value, (1, 1, shape.vocab))
+    return StaticForm(form, shape)
+
+
+def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
+                 weight_dims: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None) -> StaticForm:
+    """The static form of B independent sequences, one per row of the batch (None: B open): ``input_ids`` [B, S],
+    ``position`` [B] (each row's own), the cache [B, kv_heads, max_length, head_dim] (row b a sequence's cache),
+    ``logits`` [B, 1, vocab] (each row's last). Per row as the module says for one:
+
+    - Concat caches: the mask [B, max_length + S], row b visible where its cache row < position[b] or new;
+      ``position_ids`` [B, S] = position[b] + [0 .. S-1]; each present scattered with per-row indices;
+    - GroupQueryAttention: the mask [B, max(position) + S], row b ones over its first position[b] + S (zeros after:
+      padding), so the export's own subgraph gives ``seqlens_k`` [B] = position + S - 1 per row and the operator
+      writes and reads each row of the shared buffer at its own place.
+
+    A row with nothing to run (idle) runs a pad token at its own position: it writes the row of its cache there,
+    which a later run writes again before any query reads it."""
+    shape = read(model, max_length, weight_dims)
+    pairs, has_position_ids = shape.pairs, shape.has_position_ids
+    form = onnx.ModelProto()
+    form.CopyFrom(model)
+    graph = form.graph
+    b = GraphBuilder(graph, PREFIX)
+
+    kept = [v for v in graph.input if v.name not in (ATTENTION_MASK, POSITION_IDS)]
+    del graph.input[:]
+    graph.input.extend(kept)
+    ids = next(v for v in graph.input if v.name == INPUT_IDS)
+    set_shape(ids, (batch, sequence))
+    if sequence is None:
+        ids.type.tensor_type.shape.dim[1].dim_param = "sequence_length"
+    position = helper.make_tensor_value_info(POSITION, TensorProto.INT64, [batch if batch is not None else BATCH_DIM])
+    graph.input.append(position)
+    for pair in pairs:
+        set_shape(next(v for v in graph.input if v.name == pair.past), (batch, *pair.shape[1:]))
+
+    zero, one = b.const(np.array(0, np.int64)), b.const(np.array(1, np.int64))
+    s = b.node("Gather", [b.node("Shape", [INPUT_IDS]), b.const([1])])  # [1]: S
+    steps = b.node("Range", [zero, b.node("Squeeze", [s]), one])
+    column = b.node("Unsqueeze", [POSITION, b.const([1])])  # [B, 1]
+    rows = b.node("Add", [column, steps])  # [B, S]: each row's new tokens' rows (positions)
+    if has_position_ids:
+        b.node("Identity", [rows], POSITION_IDS)
+    if shape.attention == GROUP_QUERY:
+        ends = b.node("Add", [column, s])  # [B, 1]: position + S
+        total = b.node("Add", [b.node("ReduceMax", [POSITION], keepdims=0), b.node("Squeeze", [s])])
+        every_row = b.node("Range", [zero, total, one])  # [max(position) + S]
+        b.node("Cast", [b.node("Less", [every_row, ends])], ATTENTION_MASK, to=TensorProto.INT64)
+        head, tail = list(b.nodes), list[onnx.NodeProto]()
+    else:
+        every_row = b.node("Range", [zero, b.node("Add", [b.const(np.array(max_length, np.int64)),
+                                                          b.node("Squeeze", [s])]), one])
+        visible = b.node("Or", [b.node("Less", [every_row, column]),
+                                b.node("GreaterOrEqual", [every_row, b.const(np.array(max_length, np.int64))])])
+        b.node("Cast", [visible], ATTENTION_MASK, to=TensorProto.INT64)  # [B, max_length + S]
+        head = list(b.nodes)
+        b.nodes.clear()
+        ends_all = b.const([np.iinfo(np.int64).max])
+        start, axis = b.const([max_length]), b.const([2])
+        index = b.node("Unsqueeze", [rows, b.const([1, 3])])  # [B, 1, S, 1]
+        for pair in pairs:
+            full = pair.present + FULL_SUFFIX
+            _rename_output(graph, pair.present, full)
+            new = b.node("Slice", [full, start, ends_all, axis])
+            where = b.node("Expand", [index, b.node("Shape", [new])])
+            b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
+        tail = list(b.nodes)
+    b.nodes.clear()
+    _rename_output(graph, LOGITS, LOGITS + FULL_SUFFIX)
+    b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], LOGITS)
+    tail += b.nodes
+    nodes = [*head, *graph.node, *tail]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for value in graph.output:
+        pair_of = next((p for p in pairs if p.present == value.name), None)
+        if pair_of is not None:
+            set_shape(value, (batch, *pair_of.shape[1:]))
+        elif value.name == LOGITS:
+            set_shape(value, (batch, 1, shape.vocab))
+    if batch is None:  # one name for the batch dim on every port, so that a stream's state takes the ids' batch
+        for value in [*graph.input, *graph.output]:
+            if value.name in (INPUT_IDS, LOGITS) or value.name.startswith(("past_key_values.", "present.")):
+                value.type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     return StaticForm(form, shape)
 
 

@@ -34,19 +34,20 @@ _CHILD = Path(__file__).with_name("verify_child.py")
 
 def verified(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, folder: Path,
              pad_token_id: int, *, int8_activations: bool = False,
-             engine_options: Mapping[str, Any] | None = None) -> dict[str, object]:
+             engine_options: Mapping[str, Any] | None = None, batch: int = 1) -> dict[str, object]:
     """The verdict on ``derived`` (kept in ``folder``, else checked now); NpuUnsupportedError naming the step and
     the difference where the derived form's logits are not the export's, NpuError where the check cannot run.
-    ``engine_options``: the runner's (OpenVINO compiles the derived form with them, at f32)."""
+    ``engine_options``: the runner's (OpenVINO compiles the derived form with them, at f32). ``batch`` > 1: the
+    batch form, checked also with that many rows batched (``verify_child._batched``)."""
     settings = json.dumps(dict(engine_options or {}), sort_keys=True, default=str)
     tag = "" if settings == "{}" else "-" + hashlib.sha256(settings.encode()).hexdigest()[:8]
-    verdict_path = folder / f"verified-{engine}-c{chunk}{tag}.json"
+    verdict_path = folder / f"verified-{engine}-c{chunk}{tag}{f'-b{batch}' if batch > 1 else ''}.json"
     try:
         verdict: dict[str, object] = json.loads(verdict_path.read_text())
     except (OSError, ValueError):
         tolerance = (TOLERANCE_INT8_ACTIVATIONS if int8_activations else
                      TOLERANCE_F16 if any(p.elem_type != 1 for p in shape.pairs) else TOLERANCE_F32)
-        verdict = _check(export, derived, shape, engine, chunk, pad_token_id, tolerance, json.loads(settings))
+        verdict = _check(export, derived, shape, engine, chunk, pad_token_id, tolerance, json.loads(settings), batch)
         # (runners made at once over one cache_dir each check and write theirs)
         partial = verdict_path.with_name(f"{verdict_path.name}.{os.getpid()}.{threading.get_ident()}.partial")
         partial.write_text(json.dumps(verdict))
@@ -60,7 +61,7 @@ def verified(export: Path, derived: Path, shape: Layout, engine: str, chunk: int
 
 
 def _check(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, pad_token_id: int,
-           tolerance: float, engine_options: dict[str, Any]) -> dict[str, object]:
+           tolerance: float, engine_options: dict[str, Any], batch: int = 1) -> dict[str, object]:
     vocab = shape.vocab or 2
     length = min(chunk + 3, shape.max_length - STEPS)
     if length < 1:
@@ -69,7 +70,7 @@ def _check(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, 
     prompt = [(7 * i + 3) % vocab for i in range(length)]
     args = {"export": str(export), "derived": str(derived), "engine": engine, "prompt": prompt, "steps": STEPS,
             "chunk": min(chunk, length), "max_length": shape.max_length, "pad": pad_token_id,
-            "tolerance": tolerance, "engine_options": engine_options}
+            "tolerance": tolerance, "engine_options": engine_options, "batch": batch}
     done = subprocess.run([sys.executable, str(_CHILD), json.dumps(args)], capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:

@@ -11,9 +11,10 @@ each run fed to the next. The derived form runs on the engine the runner uses:
 - ``openvino``: the stateful IR on OpenVINO's CPU plugin at f32, the cache in the infer request's state: the prompt
   in one run, then (state reset) in consecutive chunks.
 
-Each way then takes the same steps. Prints one JSON object: ``ok``, ``where`` (the first run past the tolerance,
-else the one that came closest), ``max_diff`` (the largest difference) and ``tolerance`` (the given tolerance x the
-reference logits' largest magnitude, at least 1).
+Each way then takes the same steps. The batch form (``batch`` > 1) is checked besides with rows batched, each row
+against the export run alone (``_batched``). Prints one JSON object: ``ok``, ``where`` (the first run past the
+tolerance, else the one that came closest), ``max_diff`` (the largest difference) and ``tolerance`` (the given
+tolerance x the reference logits' largest magnitude, at least 1).
 """
 
 from __future__ import annotations
@@ -88,6 +89,55 @@ def _onnxruntime(derived: str, max_length: int) -> Callable[[], Run]:
     return fresh
 
 
+def _batched(export: str, derived: str, max_length: int, prompt: list[int], steps: int, rows: int, pad: int,
+             vocab: int) -> list[tuple[str, float, float]]:
+    """The batch form (``rows`` rows): each row but the last a sequence of its own (prompts of other ids and
+    lengths, so other positions), prefilled alone in its row of one pooled cache (a run of one row bound to that
+    row's memory), then ``steps`` steps of all rows at once, the last row idle (a pad id at position 0). Each
+    active row's logits against the export run on that sequence alone: (where, difference, reference scale)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(derived, providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    pasts = [name for name in inputs if name.startswith("past_key_values.")]
+    pool = {name: np.zeros((rows, int(inputs[name].shape[1]), max_length, int(inputs[name].shape[3])),
+                           _dtype(inputs[name].type)) for name in pasts}
+
+    def bound(lo: int, hi: int) -> Any:
+        binding = session.io_binding()
+        for name in pasts:
+            view = ort.OrtValue.ortvalue_from_numpy(pool[name][lo:hi])  # (the pool's own memory, not a copy)
+            binding.bind_ortvalue_input(name, view)
+            binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), view)
+        binding.bind_output("logits")
+        return binding
+
+    def run(binding: Any, ids: list[list[int]], positions: list[int]) -> np.ndarray:
+        binding.bind_cpu_input("input_ids", np.array(ids, np.int64))
+        binding.bind_cpu_input("position", np.array(positions, np.int64))
+        session.run_with_iobinding(binding)
+        return np.asarray(binding.copy_outputs_to_cpu()[-1][:, -1], np.float64)
+
+    active = max(1, rows - 1) if rows > 1 else 1
+    prompts = [[(7 * i + 3 + 11 * r) % vocab for i in range(max(1, len(prompt) - 2 * r))] for r in range(active)]
+    results: list[tuple[str, float, float]] = []
+    refs = [_reference(export, p, steps) for p in prompts]
+    for r, (p, (_, alone)) in enumerate(zip(prompts, refs)):
+        got = run(bound(r, r + 1), [p], [0])[0]
+        results.append((f"row {r}'s prompt alone in its row", float(np.abs(got - alone[0]).max()),
+                        float(np.abs(alone[0]).max())))
+    everything = bound(0, rows)
+    for k in range(steps):
+        ids = [[refs[r][0][k]] if r < active else [pad] for r in range(rows)]
+        positions = [len(prompts[r]) + k if r < active else 0 for r in range(rows)]
+        got_rows = run(everything, ids, positions)
+        for r in range(active):
+            expected = refs[r][1][k + 1]
+            results.append((f"batched step {k} of {rows} rows: row {r} (position {positions[r]})",
+                            float(np.abs(got_rows[r] - expected).max()), float(np.abs(expected).max())))
+    return results
+
+
 def _openvino(derived: str, engine_options: dict[str, Any]) -> Callable[[], Run]:
     import openvino as ov
 
@@ -132,7 +182,9 @@ def main(argv: list[str]) -> int:
     args = json.loads(argv[1])
     prompt, steps, chunk = args["prompt"], args["steps"], args["chunk"]
     fed, want = _reference(args["export"], prompt, steps)
-    scale = max(1.0, max(float(np.abs(r).max()) for r in want))
+    batched = (_batched(args["export"], args["derived"], args["max_length"], prompt, steps, args["batch"],
+                        args["pad"], int(want[0].shape[0])) if args.get("batch", 1) > 1 else [])
+    scale = max(1.0, max(float(np.abs(r).max()) for r in want), *(s for _, _, s in batched))
     tolerance = args["tolerance"] * scale
     if args["engine"] == "openvino":
         fresh, chunked = _openvino(args["derived"], args["engine_options"]), _consecutive_chunks
@@ -155,6 +207,12 @@ def main(argv: list[str]) -> int:
                 worst["where"] = f"{way}: {at}"
                 worst["ok"] = diff <= tolerance
             worst["max_diff"] = max(worst["max_diff"], diff)
+    for where, diff, _ in batched:
+        diff = diff if np.isfinite(diff) else float("inf")
+        if worst["ok"] and (diff > tolerance or diff > worst["max_diff"]):
+            worst["where"] = where
+            worst["ok"] = diff <= tolerance
+        worst["max_diff"] = max(worst["max_diff"], diff)
     print(json.dumps(worst))
     return 0
 
