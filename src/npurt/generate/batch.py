@@ -61,6 +61,22 @@ class BatchRow(Generator):
     def open(self) -> bool:
         return self.batch.rows[self.row] is self
 
+    # what the BatchGenerator does to this row, through its own methods (the Generator's state is the row's)
+    def hold(self) -> bool:
+        """Take this sequence's loop lock for a batched step, without waiting; False where a loop of its own runs."""
+        return self._lock.acquire(blocking=False)
+
+    def let_go(self) -> None:
+        self._lock.release()
+
+    def stepped(self, token: int) -> None:
+        """A batched step fed ``token`` at this row's position: the cache holds it now."""
+        self._tokens.append(int(token))
+
+    def move_to(self, views: Mapping[str, np.ndarray]) -> StatusCode:
+        """This row's cache is now ``views`` (a row of the pool it moved to)."""
+        return self._stream.share_state(views)
+
     def close(self) -> None:
         """Free the row (its cache rows are overwritten before a next sequence reads them); idempotent."""
         batch = getattr(self, "batch", None)  # (a failed __init__ closes before it is set)
@@ -159,7 +175,7 @@ class BatchGenerator:
             locked: list[BatchRow] = []
             try:
                 for seq in tokens:
-                    if not seq._lock.acquire(blocking=False):
+                    if not seq.hold():
                         raise RuntimeError(f"step: row {seq.row} is running a loop of its own")
                     locked.append(seq)
                 pad = self.facts.pad_token_id
@@ -172,10 +188,10 @@ class BatchGenerator:
                 if status is not StatusCode.SUCCESS:
                     raise NpuError(f"the batched step of {size} rows failed: {status.name}: {self.runner.last_error}")
                 for seq, token in tokens.items():
-                    seq._tokens.append(int(token))
+                    seq.stepped(token)
             finally:
                 for seq in locked:
-                    seq._lock.release()
+                    seq.let_go()
             self.stats["steps"] += 1
             self.stats["rows_stepped"] += len(tokens)
             self.stats["rows_run"] += size
@@ -193,20 +209,20 @@ class BatchGenerator:
             if seq.row < fits:
                 break
             free = self.rows.index(None)
-            if free > seq.row or not seq._lock.acquire(blocking=False):
+            if free > seq.row or not seq.hold():
                 continue
             try:
                 views = {}
                 for name, pool in self.pool.items():
                     pool[free] = pool[seq.row]
                     views[name] = pool[free:free + 1]
-                if seq._stream.share_state(views) is not StatusCode.SUCCESS:
+                if seq.move_to(views) is not StatusCode.SUCCESS:
                     raise NpuError(f"row {seq.row} could not move to row {free}: {self.runner.last_error}")
                 self.rows[free], self.rows[seq.row] = seq, None
                 seq.row = free
                 self.stats["rows_moved"] += 1
             finally:
-                seq._lock.release()
+                seq.let_go()
 
     def close(self) -> None:
         """Close every row and the batch's streams; idempotent."""
