@@ -91,7 +91,7 @@ class OrtEngine(Engine):
         self._by_address_lock = threading.Lock()
 
     @property
-    def outputs(self) -> list[Port]:  # type: ignore[override]
+    def outputs(self) -> list[Port]:
         """The output ports; with pinned inputs, their dims as the graph decides them (read once, here)."""
         if self._pinned_outputs is None:
             return self._outputs
@@ -101,6 +101,11 @@ class OrtEngine(Engine):
                 self._outputs = decide()
                 self._pinned_outputs = None
         return self._outputs
+
+    @outputs.setter
+    def outputs(self, ports: list[Port]) -> None:
+        with self._pinned_lock:
+            self._outputs, self._pinned_outputs = ports, None
 
     @property
     def output_views(self) -> list[Port]:
