@@ -4,6 +4,9 @@ on ``get_tensors_info`` works and ``execute`` runs, with the engine's own result
 
 from __future__ import annotations
 
+import gc
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -170,3 +173,35 @@ def test_pinned_output_shapes_are_kept_in_the_cache(tmp_path):
         assert any(step.startswith("loaded from the cache") for step, _ in r.device_info.load_steps)
         assert r.get_tensors_info(TensorDirection.OUTPUT) == first
         assert first[0].is_static
+
+
+def _fds_on(path) -> list[str]:
+    """This process's fds open on ``path``."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                found.append(fd)
+        except OSError:
+            pass
+    return found
+
+
+def test_the_model_file_held_for_first_use_is_closed_by_close_or_collection(tmp_path):
+    """The file a pinned runner holds open until its output dims are read goes at close(), and with a runner
+    dropped unclosed: no fd is left on the model."""
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model_or_skip("ocr_cls").read_bytes())
+    options = {"device": "CPU", "shapes": CASES["ocr_cls"]}
+    r = RunnerFactory.create_runner("VAIML", path, options)
+    assert len(_fds_on(path)) == 1  # held: the dims are not read yet
+    r.close()
+    assert _fds_on(path) == []
+    r = RunnerFactory.create_runner("VAIML", path, options)
+    r.get_tensors_info(TensorDirection.OUTPUT)
+    assert _fds_on(path) == []  # read: let go at once
+    r.close()
+    r = RunnerFactory.create_runner("VAIML", path, options)
+    del r
+    gc.collect()
+    assert _fds_on(path) == []

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from .onnx_fields import (
     ATTR_NAME,
@@ -125,21 +125,22 @@ def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     return [v for v in graph.input if v.name not in initializers]
 
 
-def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIGHT_BYTES,
-                  opened: BinaryIO | None = None) -> Skeleton:
+def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIGHT_BYTES, fd: int | None = None
+                  ) -> Skeleton:
     """The model at ``path`` without the initializers of its main graph that hold ``min_weight_bytes`` or more
-    (integer ones kept); read from ``opened`` where given (that file, opened earlier: the same model even if the
-    path was removed or replaced since). Raises ValueError for a file that is not an ONNX model."""
+    (integer ones kept); read from ``fd`` where given (the file, opened earlier: the same model even if the path
+    was removed or replaced since; left open). Raises ValueError for a file that is not an ONNX model."""
     path = Path(path)
     with contextlib.ExitStack() as stack:
-        f = opened if opened is not None else stack.enter_context(open(path, "rb"))
-        if os.fstat(f.fileno()).st_size == 0:
+        if fd is None:
+            fd = stack.enter_context(open(path, "rb")).fileno()
+        if os.fstat(fd).st_size == 0:
             raise ValueError(f"{path} is not an ONNX model: the file is empty")
-        return _read_skeleton(f, path, min_weight_bytes)
+        return _read_skeleton(fd, path, min_weight_bytes)
 
 
-def _read_skeleton(f: BinaryIO, path: Path, min_weight_bytes: int) -> Skeleton:
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as buf:
+def _read_skeleton(fd: int, path: Path, min_weight_bytes: int) -> Skeleton:
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as buf:
         cuts: list[tuple[int, int]] = []  # [start, end) of each field removed, tag included
         weights: dict[str, Weight] = {}
         graphs = [(a, b) for _, a, b in fields(buf, 0, len(buf), 0, frozenset((MODEL_GRAPH,)))]

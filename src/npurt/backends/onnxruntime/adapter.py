@@ -24,9 +24,10 @@ import os
 import platform
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import onnxruntime as ort
 
@@ -78,8 +79,9 @@ class OrtBackend(Backend):
         self._edited: bytes | None = None  # that graph serialized, where the device's own views run it as it is
         self._pinned_outputs: dict[Signature, list[tuple[int | None, ...]]] = {}
         self._skeleton: Any = None  # the model's graph without its weights, read where pinned shapes ask for it
-        self._model_file: BinaryIO | None = None  # the model file, held open until its skeleton is read
+        self._model_fd: int | None = None  # the model file, held open until its skeleton is read
         self._pinned_lock = threading.Lock()
+        self._close_model_fd: weakref.finalize[Any, Any] | None = None
         self._placement = Placement()
         self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
@@ -219,12 +221,19 @@ class OrtBackend(Backend):
 
     def _keep_model_file(self) -> None:
         """Hold the model file open until its skeleton is read (later, on first use): the same model is read even
-        where the path is removed or replaced after the load (a temporary file)."""
-        if self._model is None and self._skeleton is None and self._model_file is None:
+        where the path is removed or replaced after the load (a temporary file). Closed once read, at close(), or
+        when the backend is collected unclosed."""
+        if self._model is None and self._skeleton is None and self._model_fd is None:
             try:
-                self._model_file = open(self.model_path, "rb")  # noqa: SIM115 - closed once read, or at close()
+                fd = self._model_fd = os.open(self.model_path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
-                pass  # read by path later (and the error told then)
+                return  # read by path later (and the error told then)
+            self._close_model_fd = weakref.finalize(self, os.close, fd)
+
+    def _release_model_file(self) -> None:
+        self._model_fd = None
+        if self._close_model_fd is not None:
+            self._close_model_fd()
 
     def _pinned_shapes(self, inputs: list[Port]) -> list[tuple[int | None, ...]]:
         """The output dims a graph decides from pinned input shapes (those that depend on the data stay None):
@@ -246,14 +255,12 @@ class OrtBackend(Backend):
             skeleton = onnx_graph.skeleton_of_bytes(model.SerializeToString(), self.model_path)
         else:
             if self._skeleton is None:
-                opened, self._model_file = self._model_file, None
                 try:
-                    self._skeleton = onnx_graph.read_skeleton(self.model_path, opened=opened)
+                    self._skeleton = onnx_graph.read_skeleton(self.model_path, fd=self._model_fd)
                 except (OSError, ValueError) as e:
                     raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
                 finally:
-                    if opened is not None:
-                        opened.close()
+                    self._release_model_file()
             skeleton = self._skeleton
         types = {spec.name: DATA_TYPES_ONNX[spec.data_type] for spec in self._in_specs}
         found = onnx_graph.output_shapes(skeleton, {name: (types[name], shape) for name, shape in pinned.items()})
@@ -524,9 +531,7 @@ class OrtBackend(Backend):
         with self._lock:
             self._sessions.clear()
         self._model = None
-        opened, self._model_file = self._model_file, None
-        if opened is not None:
-            opened.close()
+        self._release_model_file()
 
 
 def _nodes(model: Any) -> ModelNodes:
