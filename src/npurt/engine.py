@@ -96,7 +96,7 @@ class Engine(ABC):
     takes_boxes = False  # inputs may be strided boxes of a contiguous tensor (types.padded_box), bound as they are
 
     @property
-    def output_views(self) -> list[Port]:
+    def known_outputs(self) -> list[Port]:
         """The output ports without deciding anything on first use: names, types and views as in ``outputs``; a
         dim that ``outputs`` decides may still be open here (what ``run_arrays`` needs to know)."""
         return self.outputs

@@ -108,7 +108,7 @@ class OrtEngine(Engine):
             self._outputs, self._pinned_outputs = ports, None
 
     @property
-    def output_views(self) -> list[Port]:
+    def known_outputs(self) -> list[Port]:
         return self._outputs
 
     def _io(self, inputs: Sequence[Placed], outputs: Sequence[Placed]) -> _Binding:
