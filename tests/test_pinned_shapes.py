@@ -4,6 +4,9 @@ on ``get_tensors_info`` works and ``execute`` runs, with the engine's own result
 
 from __future__ import annotations
 
+import gc
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -92,18 +95,54 @@ class CountingSession(ort.InferenceSession):
 
 @pytest.mark.parametrize("name", ["ocr_cls", "ocr_rec", "ocr_det"])
 def test_pinned_shapes_cost_one_session_over_the_model(name, monkeypatch):
-    """create_runner with pinned shapes makes one session over the model (the one that runs); the static output
-    dims come from a session over the graph without its weights (a second session over an onnx.load'ed copy of the
-    whole model was the start-up regression)."""
+    """create_runner with pinned shapes makes one session over the model (the one that runs), and run() needs no
+    other; the static output dims come from a session over the graph without its weights, made on the first query
+    of the outputs, once (at load it was a third of the classifier's load; a second session over an onnx.load'ed
+    copy of the whole model was the start-up regression before that)."""
     path = model_or_skip(name)
     CountingSession.made = []
     monkeypatch.setattr(ort, "InferenceSession", CountingSession)
     with RunnerFactory.create_runner("VAIML", path, {"device": "CPU", "shapes": CASES[name]}) as r:
-        assert all(i.is_static for i in r.get_tensors_info(TensorDirection.OUTPUT))
+        x = np.random.default_rng(0).random(CASES[name]["x"], np.float32)
+        (y,) = r.run({"x": x}).values()
+        assert CountingSession.made == [str(path)]  # the load and run(): the model's session alone
+        for _ in range(2):
+            outs = r.get_tensors_info(TensorDirection.OUTPUT)
+            assert [list(i.shape) for i in outs] == [list(y.shape)]
     over_the_model = [s for s in CountingSession.made if isinstance(s, str)]
     weightless = [s for s in CountingSession.made if isinstance(s, bytes)]
     assert over_the_model == [str(path)]
     assert len(weightless) == 1 and len(weightless[0]) < path.stat().st_size / 5, [len(w) for w in weightless]
+
+
+def test_execute_checks_outputs_against_pinned_dims_decided_on_first_use():
+    """execute with the caller's tensors and no query before it: the outputs are checked against the dims the pinned
+    inputs decide (read then, once): a tensor of those dims runs, another is INVALID_OUTPUT."""
+    path = model_or_skip("ocr_rec")
+    with RunnerFactory.create_runner("VAIML", path, {"device": "CPU", "shapes": CASES["ocr_rec"]}) as r:
+        info_in = r.get_tensors_info(TensorDirection.INPUT, TensorType.CPU)[0]
+        x = NpuTensor(info_in, np.random.default_rng(1).random(info_in.shape, np.float32))
+        (expected,) = r.run({"x": x.numpy()}).values()
+        spec = r.output_specs[0]
+        assert None in spec.shape  # the model leaves a dim open: only the pinned input decides it
+        wrong = NpuTensor(r.get_port(spec.name).cpu.replace(shape=(1, 41, 6625)), np.empty((1, 41, 6625), np.float32))
+        assert r.execute([[x]], [[wrong]]) is StatusCode.INVALID_OUTPUT
+        assert "shape" in r.last_error, r.last_error
+        y = np.empty(expected.shape, np.float32)
+        assert r.execute([[x]], [[NpuTensor(r.get_port(spec.name).cpu, y)]]) is StatusCode.SUCCESS, r.last_error
+        np.testing.assert_array_equal(y, expected)
+
+
+def test_pinned_dims_are_read_from_the_model_loaded_after_its_file_is_gone(tmp_path):
+    """The dims read on first use come from the model the runner loaded, even where its file was removed or replaced
+    since (a model written to a temporary file)."""
+    source = model_or_skip("ocr_cls")
+    path = tmp_path / "model.onnx"
+    path.write_bytes(source.read_bytes())
+    with RunnerFactory.create_runner("VAIML", path, {"device": "CPU", "shapes": CASES["ocr_cls"]}) as r:
+        path.unlink()
+        path.write_bytes(b"not a model")
+        assert [list(i.shape) for i in r.get_tensors_info(TensorDirection.OUTPUT)] == [[1, 2]]
 
 
 def test_pinned_outputs_on_onnx_runtime_equal_the_engine_used_directly():
@@ -134,3 +173,35 @@ def test_pinned_output_shapes_are_kept_in_the_cache(tmp_path):
         assert any(step.startswith("loaded from the cache") for step, _ in r.device_info.load_steps)
         assert r.get_tensors_info(TensorDirection.OUTPUT) == first
         assert first[0].is_static
+
+
+def _fds_on(path) -> list[str]:
+    """This process's fds open on ``path``."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                found.append(fd)
+        except OSError:
+            pass
+    return found
+
+
+def test_the_model_file_held_for_first_use_is_closed_by_close_or_collection(tmp_path):
+    """The file a pinned runner holds open until its output dims are read goes at close(), and with a runner
+    dropped unclosed: no fd is left on the model."""
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model_or_skip("ocr_cls").read_bytes())
+    options = {"device": "CPU", "shapes": CASES["ocr_cls"]}
+    r = RunnerFactory.create_runner("VAIML", path, options)
+    assert len(_fds_on(path)) == 1  # held: the dims are not read yet
+    r.close()
+    assert _fds_on(path) == []
+    r = RunnerFactory.create_runner("VAIML", path, options)
+    r.get_tensors_info(TensorDirection.OUTPUT)
+    assert _fds_on(path) == []  # read: let go at once
+    r.close()
+    r = RunnerFactory.create_runner("VAIML", path, options)
+    del r
+    gc.collect()
+    assert _fds_on(path) == []

@@ -84,7 +84,9 @@ class ArrayRuns:
             raise ValueError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - the engine could not compile these shapes
             raise NpuError(f"cannot compile the model for input shapes {[list(s) for s in signature]}: {e}") from None
-        direct = not any(p.view is TensorType.HW and p.converts for p in (*variant.inputs, *variant.outputs))
+        # (the outputs as known: deciding pinned output dims is no cost of run(), whose engine allocates outputs)
+        outputs = variant.engine.known_outputs
+        direct = not any(p.view is TensorType.HW and p.converts for p in (*variant.inputs, *outputs))
         result = variant if direct else None
         if len(self._variants) >= RUN_CACHE_SIZE:
             self._variants.clear()

@@ -90,10 +90,16 @@ class Engine(ABC):
     """
 
     inputs: list[Port]
-    outputs: list[Port]
+    outputs: list[Port]  # an engine may decide dims here on first use (ONNX Runtime's pinned output dims)
     state_names: list[str] = []
     cache_metadata: Mapping[str, Any] = {}  # set by a compile that wrote what npurt's cache keeps (JSON)
     takes_boxes = False  # inputs may be strided boxes of a contiguous tensor (types.padded_box), bound as they are
+
+    @property
+    def known_outputs(self) -> list[Port]:
+        """The output ports without deciding anything on first use: names, types and views as in ``outputs``; a
+        dim that ``outputs`` decides may still be open here (what ``run_arrays`` needs to know)."""
+        return self.outputs
 
     @abstractmethod
     def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> Any:

@@ -15,6 +15,7 @@ constant folding on (it resolves Shape -> Reshape chains; nothing is run). The s
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Mapping, Sequence
@@ -124,14 +125,22 @@ def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     return [v for v in graph.input if v.name not in initializers]
 
 
-def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIGHT_BYTES) -> Skeleton:
+def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIGHT_BYTES, fd: int | None = None
+                  ) -> Skeleton:
     """The model at ``path`` without the initializers of its main graph that hold ``min_weight_bytes`` or more
-    (integer ones kept). Raises ValueError for a file that is not an ONNX model."""
+    (integer ones kept); read from ``fd`` where given (the file, opened earlier: the same model even if the path
+    was removed or replaced since; left open). Raises ValueError for a file that is not an ONNX model."""
     path = Path(path)
-    if path.stat().st_size == 0:
-        raise ValueError(f"{path} is not an ONNX model: the file is empty")
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
-            memoryview(mapped) as buf:
+    with contextlib.ExitStack() as stack:
+        if fd is None:
+            fd = stack.enter_context(open(path, "rb")).fileno()
+        if os.fstat(fd).st_size == 0:
+            raise ValueError(f"{path} is not an ONNX model: the file is empty")
+        return _read_skeleton(fd, path, min_weight_bytes)
+
+
+def _read_skeleton(fd: int, path: Path, min_weight_bytes: int) -> Skeleton:
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as buf:
         cuts: list[tuple[int, int]] = []  # [start, end) of each field removed, tag included
         weights: dict[str, Weight] = {}
         graphs = [(a, b) for _, a, b in fields(buf, 0, len(buf), 0, frozenset((MODEL_GRAPH,)))]

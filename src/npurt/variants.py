@@ -50,15 +50,19 @@ class Variant:
 
     Whoever runs it calls ``touch()`` (cheap: callers reach variants through their own caches, not the LRU)."""
 
-    __slots__ = ("engine", "inputs", "outputs", "signature", "staging", "used", "__weakref__")
+    __slots__ = ("engine", "inputs", "signature", "staging", "used", "__weakref__")
 
     def __init__(self, engine: Engine, signature: Signature | None) -> None:
         self.engine = engine
         self.inputs: list[Port] = engine.inputs
-        self.outputs: list[Port] = engine.outputs
         self.signature = signature
         self.staging: dict[StageKey, list[NpuTensor]] = {}  # free staging tensors (staging.py)
         self.used = next(_clock)
+
+    @property
+    def outputs(self) -> list[Port]:
+        """The engine's output ports (read from it each time: it may decide pinned dims on first use)."""
+        return self.engine.outputs
 
     def touch(self) -> None:
         self.used = next(_clock)

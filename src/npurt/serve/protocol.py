@@ -183,11 +183,12 @@ def close_fds(ancdata: list[Any]) -> None:
                     pass
 
 
+_STATUSES = {int(s): s for s in StatusCode}
+
+
 def status_name(status: int) -> StatusCode:
-    try:
-        return StatusCode(status)
-    except ValueError:
-        return StatusCode.FAILURE
+    """The status a message's number stands for (FAILURE for a number that is none)."""
+    return _STATUSES.get(status, StatusCode.FAILURE)
 
 
 # ---------------------------------------------------------------------------------------------- fields

@@ -205,10 +205,11 @@ class ServedModel:
             self._cond.notify()
 
     def _run_in_slot(self, job: Job | None) -> None:
+        queue = self.queue
         while job is not None:
             self.run(job)
-            with self._cond:
-                job = self.queue.get()
+            with self._cond:  # (submit counts its job in the queue before it takes this lock to wake a worker)
+                job = queue.get() if len(queue) else None
                 if job is None:
                     self._busy -= 1
 

@@ -9,19 +9,23 @@ per input-shape signature, as NPU compilers take them. Which EP each node went t
 
 Output shapes: with inputs pinned (option ``shapes``), every output dim the graph decides from them is static, read
 from the graph without its weights (``onnx_graph``: a session over the weightless graph with only constant folding
-on, never run). The session that runs on the CPU loads the file as it is.
+on, never run). Where the session that runs loads the file as it is (the CPU), that read waits for the first use of
+the output ports (a query, a plan of ``execute``): ``run()`` never needs it, and a load costs the engine's session
+alone. The NPU's edited graph fixes its output shapes before it is compiled: read at load there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
 import platform
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +79,9 @@ class OrtBackend(Backend):
         self._edited: bytes | None = None  # that graph serialized, where the device's own views run it as it is
         self._pinned_outputs: dict[Signature, list[tuple[int | None, ...]]] = {}
         self._skeleton: Any = None  # the model's graph without its weights, read where pinned shapes ask for it
+        self._model_fd: int | None = None  # the model file, held open until its skeleton is read
+        self._pinned_lock = threading.Lock()
+        self._close_model_fd: weakref.finalize[Any, Any] | None = None
         self._placement = Placement()
         self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
@@ -188,18 +195,45 @@ class OrtBackend(Backend):
 
     def _engine(self, session: ort.InferenceSession, inputs: list[Port], ports: PortFactory, store: Path | None,
                 outputs: list[Port] | None = None) -> OrtEngine:
+        pinned: Callable[[], list[Port]] | None = None
         if outputs is None:
             shapes = [_decided(spec, arg.shape) for spec, arg in zip(self._out_specs, session.get_outputs())]
-            if all(p.is_static for p in inputs) and any(None in s for s in shapes):
-                shapes = self._pinned_shapes(inputs)
             outputs = [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
                        for spec, shape in zip(self._out_specs, shapes)]
-        engine = OrtEngine(session, inputs, outputs, self.count_copy)
-        if store is not None:
-            engine.cache_metadata = {"outputs": [list(p.cpu.shape) for p in outputs]}
+            if all(p.is_static for p in inputs) and any(None in s for s in shapes):
+                # the dims the pinned inputs decide cost a weightless session: read on the first use of the output
+                # ports (a query, a plan), never for run() (ONNX Runtime allocates its outputs), nor at load
+                pinned = functools.partial(self._pinned_ports, inputs, ports)
+                self._keep_model_file()
+        engine = OrtEngine(session, inputs, outputs, self.count_copy, pinned)
+        if store is not None:  # (the entry keeps the pinned dims: a load from it reads nothing)
+            engine.cache_metadata = {"outputs": [list(p.cpu.shape) for p in engine.outputs]}
             if self.provider is not None:  # a loaded EPContext model shows one node: keep where the nodes went
                 engine.cache_metadata["placement"] = [list(n) for n in self._placement.assigned]
         return engine
+
+    def _pinned_ports(self, inputs: list[Port], ports: PortFactory) -> list[Port]:
+        """The output ports with the dims pinned inputs decide (an engine's first use of its outputs)."""
+        with self._pinned_lock:  # engines of several signatures may ask at once: one reads the skeleton
+            shapes = self._pinned_shapes(inputs)
+        return [ports.make(spec.with_shape(shape), TensorDirection.OUTPUT)
+                for spec, shape in zip(self._out_specs, shapes)]
+
+    def _keep_model_file(self) -> None:
+        """Hold the model file open until its skeleton is read (later, on first use): the same model is read even
+        where the path is removed or replaced after the load (a temporary file). Closed once read, at close(), or
+        when the backend is collected unclosed."""
+        if self._model is None and self._skeleton is None and self._model_fd is None:
+            try:
+                fd = self._model_fd = os.open(self.model_path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return  # read by path later (and the error told then)
+            self._close_model_fd = weakref.finalize(self, os.close, fd)
+
+    def _release_model_file(self) -> None:
+        self._model_fd = None
+        if self._close_model_fd is not None:
+            self._close_model_fd()
 
     def _pinned_shapes(self, inputs: list[Port]) -> list[tuple[int | None, ...]]:
         """The output dims a graph decides from pinned input shapes (those that depend on the data stay None):
@@ -222,9 +256,11 @@ class OrtBackend(Backend):
         else:
             if self._skeleton is None:
                 try:
-                    self._skeleton = onnx_graph.read_skeleton(self.model_path)
-                except ValueError as e:
+                    self._skeleton = onnx_graph.read_skeleton(self.model_path, fd=self._model_fd)
+                except (OSError, ValueError) as e:
                     raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
+                finally:
+                    self._release_model_file()
             skeleton = self._skeleton
         types = {spec.name: DATA_TYPES_ONNX[spec.data_type] for spec in self._in_specs}
         found = onnx_graph.output_shapes(skeleton, {name: (types[name], shape) for name, shape in pinned.items()})
@@ -495,6 +531,7 @@ class OrtBackend(Backend):
         with self._lock:
             self._sessions.clear()
         self._model = None
+        self._release_model_file()
 
 
 def _nodes(model: Any) -> ModelNodes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,10 +70,13 @@ class OrtEngine(Engine):
     that way from then on.
     """
 
-    def __init__(self, session: ort.InferenceSession, inputs: list[Port], outputs: list[Port], count_copy: Any
-                 ) -> None:
+    def __init__(self, session: ort.InferenceSession, inputs: list[Port], outputs: list[Port], count_copy: Any,
+                 pinned_outputs: Callable[[], list[Port]] | None = None) -> None:
         self.session = session
-        self.inputs, self.outputs = inputs, outputs
+        self.inputs = inputs
+        self._outputs = outputs  # as the session tells them; ``pinned_outputs`` decides the rest on first use
+        self._pinned_outputs = pinned_outputs
+        self._pinned_lock = threading.Lock()
         self.count_copy = count_copy
         self.cpu = ort.OrtDevice.make("cpu", 0)
         self.in_types = [(p.name, DATA_TYPES_ONNX[p.engine.data_type]) for p in inputs]
@@ -86,6 +89,27 @@ class OrtEngine(Engine):
         self.bindings_made = 0  # for tests and diagnostics
         self._by_address: dict[tuple[Placed, ...], _Binding] = {}
         self._by_address_lock = threading.Lock()
+
+    @property
+    def outputs(self) -> list[Port]:
+        """The output ports; with pinned inputs, their dims as the graph decides them (read once, here)."""
+        if self._pinned_outputs is None:
+            return self._outputs
+        with self._pinned_lock:
+            decide = self._pinned_outputs
+            if decide is not None:
+                self._outputs = decide()
+                self._pinned_outputs = None
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, ports: list[Port]) -> None:
+        with self._pinned_lock:
+            self._outputs, self._pinned_outputs = ports, None
+
+    @property
+    def known_outputs(self) -> list[Port]:
+        return self._outputs
 
     def _io(self, inputs: Sequence[Placed], outputs: Sequence[Placed]) -> _Binding:
         io = self.session.io_binding()
