@@ -148,6 +148,27 @@ public:
         return first;
     }
 
+    // A slot whose run has ended, before its release: the shapes of the tensors at these positions (of `ports`),
+    // for outputs whose shape the run decides.
+    std::vector<std::vector<size_t>> shapes(size_t slot, const std::vector<size_t> &positions) {
+        check(slot);
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (state_[slot] != ENDED) throw py::value_error("shapes: the slot's run has not ended");
+        }
+        ov::InferRequest &request = requests_[slot];
+        try {
+            request.wait();  // (past its callback: OpenVINO answers get_tensor on a request marked done)
+        } catch (...) {
+        }
+        std::vector<std::vector<size_t>> out;
+        for (size_t k : positions) {
+            if (k >= ports_.size()) throw py::index_error("no such port position");
+            out.push_back(request.get_tensor(ports_[k]).get_shape());
+        }
+        return out;
+    }
+
     // A slot whose run has ended: its error message ("" if it succeeded); the slot is idle again.
     std::string release(size_t slot) {
         check(slot);
@@ -207,5 +228,6 @@ PYBIND11_MODULE(_ovjobs, m) {
         .def("start", &Requests::start, py::arg("tensors"))
         .def("wait", &Requests::wait, py::arg("slot"), py::arg("timeout_ms"))
         .def("wait_any", &Requests::wait_any, py::arg("slots"), py::arg("timeout_ms"))
+        .def("shapes", &Requests::shapes, py::arg("slot"), py::arg("positions"))
         .def("release", &Requests::release, py::arg("slot"));
 }

@@ -15,5 +15,7 @@ class Requests:
         """Wait (GIL released) up to ``timeout_ms`` (0: poll) for the slot's run to end; whether it has."""
     def wait_any(self, slots: Sequence[int], timeout_ms: int) -> int:
         """Of ``slots``, the one whose run ended first, waiting up to ``timeout_ms``; -1 if none has."""
+    def shapes(self, slot: int, positions: Sequence[int]) -> list[list[int]]:
+        """A slot whose run has ended (before ``release``): the shapes of the tensors at these port positions."""
     def release(self, slot: int) -> str:
         """A slot whose run has ended: its error message ('' if none); the slot is idle again."""

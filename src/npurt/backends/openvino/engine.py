@@ -14,10 +14,10 @@ start_async + wait 25 us, with a no-op Python callback set 42 us). Jobs with a c
 workers (``callbacks_on_workers``), each a synchronous ``infer`` on a pooled request: the worker that ran a job runs
 its "completion" callback and the next job that callback submits, with no thread woken between them.
 
-Where npurt's ``_ovjobs`` extension is built (it links OpenVINO's C++ runtime) and the engine's outputs are all
-static, those jobs start instead on requests of the extension's own (``_NativeStarted``), whose completion callback is
-C++: it records the run's end and error and wakes the waiters without the GIL, and a ``wait_any`` over such jobs
-waits in C++ for whichever ends first (with a timeout), where the Python API can only wait on one request at a time.
+Where npurt's ``_ovjobs`` extension is built (it links OpenVINO's C++ runtime), those jobs start instead on requests
+of the extension's own (``_NativeStarted``), whose completion callback is C++: it records the run's end and error
+and wakes the waiters without the GIL, and a ``wait_any`` over such jobs waits in C++ for whichever ends first (with
+a timeout), where the Python API can only wait on one request at a time.
 
 A compiled model serves one kind of execution (see ``_infer``): once it has started a job on ``start_async``, its
 synchronous runs also go through ``start_async`` + ``wait``.
@@ -221,11 +221,22 @@ class _NativeStarted(Launched):
             end_lock.release()
         done, self.done = self.done, None  # the job refers to this: no cycle left through its done
         assert done is not None
-        error = ""
+        engine = self.engine
+        error: BaseException | None = None
+        shapes: list[tuple[int, ...] | None] | None = None
         try:
-            error = self.native.release(self.slot)
-        finally:  # (KeyboardInterrupt included: the job ends)
-            done(self.engine.translate(RuntimeError(error)) if error else None, None)
+            if engine.dynamic_outputs:  # the shapes the run wrote, read before the slot is released
+                shapes = [None] * len(engine.outputs)
+                for (j, _), shape in zip(engine.dynamic_positions,
+                                         self.native.shapes(self.slot, [k for _, k in engine.dynamic_positions])):
+                    shapes[j] = tuple(shape)
+        except Exception as e:  # noqa: BLE001 - the run's (a failed run may leave no shape to read)
+            error = e
+        finally:  # (KeyboardInterrupt included: the slot comes back and the job ends)
+            message = self.native.release(self.slot)
+            if message:
+                error = RuntimeError(message)
+            done(None if error is None else engine.translate(error), None if error is not None else shapes)
 
 
 class OpenVINOEngine(Engine):
@@ -282,7 +293,10 @@ class OpenVINOEngine(Engine):
         self.starts = not self.aliases and not self.sync_loses_errors
         # jobs on the extension's requests (see the module's docstring): made at the first job; None if not to be
         self._native: Any = None
-        self._native_wanted = _NativeRequests is not None and self.starts and not self.dynamic_outputs
+        self._native_wanted = _NativeRequests is not None and self.starts
+        # (output index, position among ov_ports) of each output whose shape the run decides
+        self.dynamic_positions = [(j, len(self.ov_inputs) + k) for k, j in enumerate(self.bound_outputs)
+                                  if not outputs[j].is_static]
         self._native_ports = ([(False, k) for k in pm.param_of if k is not None]
                               + [(True, pm.result_of[j]) for j in self.bound_outputs])  # ov_ports' order
         self.async_used = False  # a job started on start_async: synchronous runs use it too (one kind, _infer)
