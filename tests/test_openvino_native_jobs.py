@@ -6,18 +6,22 @@ module fails); without it OpenVINO's jobs take the Python path, covered by tests
 
 from __future__ import annotations
 
+import ast
+import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import npurt
 from npurt import NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType
 from tests.helpers.missing import require_module
 from tests.helpers.models import model_or_skip
 from tests.helpers.ocr import SHAPES, frame
 
-require_module("npurt._ovjobs", "npurt's OpenVINO job extension (cpp/ovjobs.cpp)")
+_ovjobs = require_module("npurt._ovjobs", "npurt's OpenVINO job extension (cpp/ovjobs.cpp)")
 
 
 def make(n: int = 2, **options):
@@ -167,3 +171,18 @@ def test_threads_submitting_and_waiting_at_once():
             t.join(120)
         assert not errors, errors
         assert r.stats["jobs_completed"] == 80 and r.stats["jobs_failed"] == 0
+
+
+def test_the_stub_names_the_modules_methods_and_parameters():
+    """src/npurt/_ovjobs.pyi against the built module: the same methods of Requests, the same parameter names
+    (pybind11 writes each signature in the first line of its docstring)."""
+    stub = ast.parse((Path(npurt.__file__).parent / "_ovjobs.pyi").read_text())
+    [cls] = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Requests"]
+    methods = {f.name: [a.arg for a in f.args.args if a.arg != "self"]
+               for f in cls.body if isinstance(f, ast.FunctionDef)}
+    built = {n for n in vars(_ovjobs.Requests) if not n.startswith("_")} | {"__init__", "__len__"}
+    assert set(methods) == built
+    for name, params in methods.items():
+        first = getattr(_ovjobs.Requests, name).__doc__.splitlines()[0]
+        inside = first[first.index("(") + 1: first.rindex(") ->")]
+        assert re.findall(r"(\w+): ", inside)[1:] == params, name  # (the first is self)
