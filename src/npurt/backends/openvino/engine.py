@@ -291,9 +291,10 @@ class OpenVINOEngine(Engine):
         # start_async for jobs: not where outputs come from the inputs (filled by the engine) or a run's errors are
         # lost by the one-thread synchronous path (its engines already run start_async + wait on the caller)
         self.starts = not self.aliases and not self.sync_loses_errors
-        # jobs on the extension's requests (see the module's docstring): made at the first job; None if not to be
+        # jobs on the extension's requests (see the module's docstring): made at the first job. native_jobs: whether
+        # to (False before the first job keeps the Python path: benchmarks/hostcost.py --paths compares the two)
         self._native: Any = None
-        self._native_wanted = _NativeRequests is not None and self.starts
+        self.native_jobs = _NativeRequests is not None and self.starts
         # (output index, position among ov_ports) of each output whose shape the run decides
         self.dynamic_positions = [(j, len(self.ov_inputs) + k) for k, j in enumerate(self.bound_outputs)
                                   if not outputs[j].is_static]
@@ -391,7 +392,7 @@ class OpenVINOEngine(Engine):
         if context is not None or not self.starts or self._closed:
             return False
         native = self._native
-        if native is not None or self._native_wanted and (native := self._open_native()) is not None:
+        if native is not None or self.native_jobs and (native := self._open_native()) is not None:
             self.async_used = True
             try:
                 slot = native.start(binding.wrapped)  # the GIL released while it starts
@@ -418,11 +419,11 @@ class OpenVINOEngine(Engine):
     def _open_native(self) -> Any:
         """The extension's requests, ``limit`` of them (None where it refuses this OpenVINO's objects)."""
         with self._lock:
-            if self._native is None and self._native_wanted:
+            if self._native is None and self.native_jobs:
                 try:
                     self._native = _NativeRequests(self.compiled_model, self.limit, self._native_ports)
                 except TypeError:  # the conduit refused: an OpenVINO other than the one it was built with
-                    self._native_wanted = False
+                    self.native_jobs = False
             return self._native
 
     def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
