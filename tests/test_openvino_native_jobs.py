@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import openvino  # noqa: F401 - loads libopenvino, which npurt._ovjobs links (npurt imports it first too)
 import pytest
 
 import npurt
