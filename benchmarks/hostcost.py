@@ -36,8 +36,13 @@ callback rows (InferQueue, callbacks) are held to jobs/s only. On a shared machi
 ``wait`` and ``wait_any``, N in flight). What is left is the runner, the plan lookup, the job table and the
 status; no engine work, no thread woken. A diagnostic, with no target.
 
+``--paths``: instead, OpenVINO's asynchronous rows (``execute_async + wait``, ``wait_any``) with npurt's two job
+paths side by side: jobs on the requests of npurt's ``_ovjobs`` extension (completion in C++) and on Python
+InferRequests (a runner whose engine has ``native_jobs`` turned off before its first job), against the raw pattern,
+the three in turn in each block (the order rotates), in one process. A diagnostic, with no target.
+
     python -m benchmarks.hostcost [--quick] [--json] [--backends OPENVINO,VAIML] [--models digits,cls] [--n N]
-                                  [--blocks K] [--own]
+                                  [--blocks K] [--own | --paths]
 """
 
 from __future__ import annotations
@@ -437,6 +442,56 @@ def own_python(n: int, jobs: int, blocks: int, table: Table) -> None:
         npurt.close()
 
 
+def _added(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Median of per-block CPU differences (us per job)."""
+    return statistics.median(x[0] - y[0] for x, y in zip(a, b))
+
+
+def _ratio(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Median of per-block jobs/s ratios."""
+    return statistics.median(x[1] / y[1] for x, y in zip(a, b))
+
+
+def job_paths(names: list[str], n: int, quick: bool, blocks: int, table: Table) -> None:
+    """OpenVINO's asynchronous rows on npurt's two job paths and raw, in turn (see the module's docstring)."""
+    for name in names:
+        model, shapes = MODELS[name]
+        path = path_of(model)
+        jobs = (QUICK_JOBS if quick else JOBS)[name]
+        native, python = NpurtSide("OPENVINO", path, shapes, n), NpurtSide("OPENVINO", path, shapes, n)
+        raw: RawOpenVINO | None = None
+        try:
+            python_engine: Any = python.asyn.engine_for()
+            python_engine.native_jobs = False  # before its first job: Python InferRequests
+            raw = RawOpenVINO(native, path, shapes)
+            for row in ("execute_async + wait", "wait_any"):
+                subjects = {"extension": native.patterns()[row], "python": python.patterns()[row],
+                            "raw": raw.patterns()[row]}
+                for _ in range(2):  # warm-up, as paired()
+                    for fn in subjects.values():
+                        fn(jobs)
+                samples: dict[str, list[tuple[float, float]]] = {k: [] for k in subjects}
+                order = list(subjects)
+                for b in range(blocks):
+                    for side in order[b % 3:] + order[:b % 3]:
+                        c0, t0 = time.process_time(), time.perf_counter()
+                        subjects[side](jobs)
+                        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                        samples[side].append((cpu / jobs * 1e6, jobs / wall))
+                ext, py, raws = samples["extension"], samples["python"], samples["raw"]
+                table.add("OPENVINO", name, row, n, statistics.median(y[0] for y in raws), _added(ext, raws),
+                          _added(py, raws), _ratio(ext, raws), _ratio(py, raws), _ratio(ext, py))
+            native_engine: Any = native.asyn.engine_for()
+            if native_engine._native is None:
+                raise BenchError("npurt._ovjobs is not built (or refused this OpenVINO): both sides ran the Python "
+                                 "path")
+        finally:
+            if raw is not None:
+                raw.close()
+            native.close()
+            python.close()
+
+
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: OPENVINO, VAIML")
@@ -444,6 +499,8 @@ def main() -> int:
     p.add_argument("--n", type=int, default=2, help="jobs in flight in the asynchronous rows (default 2)")
     p.add_argument("--blocks", type=int, default=None, help="alternating blocks per row (default 9; at least 7)")
     p.add_argument("--own", action="store_true", help="npurt's own Python per job, the engine taken out (no target)")
+    p.add_argument("--paths", action="store_true", help="OpenVINO's asynchronous rows on npurt's two job paths "
+                                                        "(the _ovjobs extension, Python requests) and raw (no target)")
     args = p.parse_args()
     wanted = {b.strip().upper() for b in args.backends.split(",") if b.strip()}
     if wanted - set(BACKENDS):
@@ -463,6 +520,17 @@ def main() -> int:
                             "replaced by runs that end at once)")
         report.tables.append(table)
         own_python(args.n, 2000 if args.quick else 20000, blocks, table)
+        return finish(report, args.json)
+    if args.paths:
+        report = Report(f"OpenVINO's job paths: npurt with its _ovjobs extension, npurt on Python requests, raw "
+                        f"OpenVINO, in turn ({'quick' if args.quick else 'full'} run, {blocks} blocks per row)")
+        table = Table(["backend", "model", "pattern", "N", "raw CPU us/job", "extension: CPU added us",
+                       "Python path: CPU added us", "extension/raw jobs/s", "Python path/raw jobs/s",
+                       "extension/Python path jobs/s"],
+                      formats=["", "", "", "", "{:.1f}", "{:+.1f}", "{:+.1f}", "{:.3f}", "{:.3f}", "{:.3f}"],
+                      title="medians of per-block differences and ratios against the neighbouring block")
+        report.tables.append(table)
+        job_paths(names, args.n, args.quick, blocks, table)
         return finish(report, args.json)
     report = Report(f"Host cost per job, npurt against the same pattern on the engine directly, CPU, shapes pinned "
                     f"({'quick' if args.quick else 'full'} run, {blocks} alternating blocks per row)")

@@ -115,6 +115,19 @@ def test_hostcost_own_python_quick():
         cpu, best = float(row[4]), float(row[5])
         assert 0 < best <= cpu < 25, row
 
+def test_hostcost_job_paths_quick():
+    """``hostcost --paths``: OpenVINO's asynchronous rows on npurt's two job paths (the _ovjobs extension, Python
+    requests) and raw in one process; it fails where the extension was not used."""
+    require_module("npurt._ovjobs", "npurt's OpenVINO job extension (cpp/ovjobs.cpp)")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.hostcost", "--paths", "--quick", "--json", "--models",
+                           "digits"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["tables"][0]["rows"]
+    assert [r[2] for r in rows] == ["execute_async + wait", "wait_any"], rows
+    for row in rows:
+        assert float(row[4]) > 0 and all(float(v) > 0 for v in row[7:10]), row
+
+
 @pytest.mark.slow
 def test_streams_quick():
     model_or_skip("silero_vad")

@@ -48,6 +48,12 @@ class Launched(ABC):
         """Wait up to ``timeout_s`` (0: poll; None: no limit) for the run to end; whether it has (``done`` called,
         or being called by another thread). Never raises but KeyboardInterrupt: the run's error goes to ``done``."""
 
+    def wait_any(self, others: Sequence[Launched], timeout_s: float) -> bool | None:
+        """Wait up to ``timeout_s`` for this run or any of ``others`` to end, in the engine, ending the first (as
+        ``wait`` does); whether one has. None where the engine cannot wait for several at once: the scheduler then
+        waits on one at a time."""
+        return None
+
 
 class OutputTooSmallError(NpuError):
     """An output tensor cannot hold what the run produced (StatusCode.INVALID_OUTPUT, with the needed shape)."""

@@ -420,25 +420,34 @@ class JobScheduler:
 
     @staticmethod
     def _wait_any_launched(jobs: list[Job], timeout_s: float | None) -> Job | None:
-        """wait_any where some jobs are ended by their waiter: the others looked at (polled), then a wait of
-        ``ANY_SLICE_S`` on the oldest still running (on requests run in turn, the first to end: no poll of it
-        first), until one has ended or the time is up."""
+        """wait_any where some jobs are ended by their waiter: where all are and the engine can wait for several
+        at once (``Launched.wait_any``), that wait, in slices of ``_SLICE_S``; else the others looked at (polled),
+        then a wait of ``ANY_SLICE_S`` on the oldest still running (on requests run in turn, the first to end: no
+        poll of it first), until one has ended or the time is up."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             oldest: Job | None = None
             for job in jobs:
                 if job.launched is not None and job.state != _DONE and (oldest is None or job.job_id < oldest.job_id):
                     oldest = job
-            for job in jobs:
-                launched = job.launched
-                if job is not oldest and launched is not None and job.state != _DONE:
-                    launched.wait(0)
+            others = [j for j in jobs if j is not oldest and j.state != _DONE]
+            left = None if deadline is None else deadline - time.monotonic()
+            launched = None if oldest is None else oldest.launched
+            rest = [r for r in (j.launched for j in others) if r is not None]
+            if launched is not None and len(rest) == len(others):
+                # every job left is ended by its waiter: one wait in the engine for whichever ends, where it has one
+                ended = launched.wait_any(rest, _SLICE_S if left is None else max(0.0, min(_SLICE_S, left)))
+                if ended is not None:
+                    first = _first_ended(jobs)
+                    if first is not None or left is not None and left <= _SLICE_S:
+                        return first
+                    continue
+            for r in rest:
+                r.wait(0)
             first = _first_ended(jobs)
             if first is not None:
                 return first
-            left = None if deadline is None else deadline - time.monotonic()
             slice_s = ANY_SLICE_S if left is None else max(0.0, min(ANY_SLICE_S, left))
-            launched = None if oldest is None else oldest.launched
             if launched is not None:
                 launched.wait(slice_s)  # (0: a poll, where the time is up)
                 first = _first_ended(jobs)

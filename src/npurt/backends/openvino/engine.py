@@ -14,6 +14,11 @@ start_async + wait 25 us, with a no-op Python callback set 42 us). Jobs with a c
 workers (``callbacks_on_workers``), each a synchronous ``infer`` on a pooled request: the worker that ran a job runs
 its "completion" callback and the next job that callback submits, with no thread woken between them.
 
+Where npurt's ``_ovjobs`` extension is built (it links OpenVINO's C++ runtime), those jobs start instead on requests
+of the extension's own (``_NativeStarted``), whose completion callback is C++: it records the run's end and error
+and wakes the waiters without the GIL, and a ``wait_any`` over such jobs waits in C++ for whichever ends first (with
+a timeout), where the Python API can only wait on one request at a time.
+
 A compiled model serves one kind of execution (see ``_infer``): once it has started a job on ``start_async``, its
 synchronous runs also go through ``start_async`` + ``wait``.
 """
@@ -35,6 +40,14 @@ from ...ports import Port
 from ...tensor import NpuTensor
 from ...types import padded_box
 from .model_ports import ModelPorts
+
+_NativeRequests: Any = None  # the extension's requests (npurt._ovjobs.Requests), where it imports
+try:
+    from ..._ovjobs import Requests
+
+    _NativeRequests = Requests
+except ImportError:  # built without OpenVINO's C++ config, or against another OpenVINO: the Python path
+    pass
 
 BF16 = ov.Type.bf16
 
@@ -160,6 +173,72 @@ class _Started(Launched):
         return True
 
 
+class _NativeStarted(Launched):
+    """A job running on a request of the ``_ovjobs`` extension; its waiters end it, as ``_Started``'s do."""
+
+    __slots__ = ("engine", "native", "slot", "done", "ended")
+
+    def __init__(self, engine: OpenVINOEngine, native: Any, slot: int, done: Done) -> None:
+        self.engine, self.native, self.slot = engine, native, slot
+        self.done: Done | None = done
+        self.ended = False
+
+    def wait(self, timeout_s: float | None) -> bool:
+        if self.ended:
+            return True
+        if timeout_s is None:
+            while not self.native.wait(self.slot, _WAIT_MS):
+                pass
+        elif not self.native.wait(self.slot, math.ceil(timeout_s * 1000)):
+            return False
+        self.end()
+        return True
+
+    def wait_any(self, others: Sequence[Launched], timeout_s: float) -> bool | None:
+        """This run or any of ``others`` (runs of this engine's extension requests) waited for in C++."""
+        group = [self]
+        for o in others:
+            if type(o) is not _NativeStarted or o.native is not self.native:
+                return None
+            group.append(o)
+        slot = self.native.wait_any([s.slot for s in group], math.ceil(timeout_s * 1000))
+        if slot < 0:
+            return False
+        for s in group:
+            if s.slot == slot:
+                s.end()
+        return True
+
+    def end(self) -> None:
+        """Once the run has ended: free the slot and end the job (once, whichever thread comes first)."""
+        end_lock = self.engine.end_lock
+        end_lock.acquire()  # (not `with`: half the cost, per job)
+        try:
+            if self.ended:
+                return
+            self.ended = True
+        finally:
+            end_lock.release()
+        done, self.done = self.done, None  # the job refers to this: no cycle left through its done
+        assert done is not None
+        engine = self.engine
+        error: BaseException | None = None
+        shapes: list[tuple[int, ...] | None] | None = None
+        try:
+            if engine.dynamic_outputs:  # the shapes the run wrote, read before the slot is released
+                shapes = [None] * len(engine.outputs)
+                for (j, _), shape in zip(engine.dynamic_positions,
+                                         self.native.shapes(self.slot, [k for _, k in engine.dynamic_positions])):
+                    shapes[j] = tuple(shape)
+        except Exception as e:  # noqa: BLE001 - the run's (a failed run may leave no shape to read)
+            error = e
+        finally:  # (KeyboardInterrupt included: the slot comes back and the job ends)
+            message = self.native.release(self.slot)
+            if message:
+                error = RuntimeError(message)
+            done(None if error is None else engine.translate(error), None if error is not None else shapes)
+
+
 class OpenVINOEngine(Engine):
     """A compiled model and its pool of infer requests."""
 
@@ -212,6 +291,15 @@ class OpenVINOEngine(Engine):
         # start_async for jobs: not where outputs come from the inputs (filled by the engine) or a run's errors are
         # lost by the one-thread synchronous path (its engines already run start_async + wait on the caller)
         self.starts = not self.aliases and not self.sync_loses_errors
+        # jobs on the extension's requests (see the module's docstring): made at the first job. native_jobs: whether
+        # to (False before the first job keeps the Python path: benchmarks/hostcost.py --paths compares the two)
+        self._native: Any = None
+        self.native_jobs = _NativeRequests is not None and self.starts
+        # (output index, position among ov_ports) of each output whose shape the run decides
+        self.dynamic_positions = [(j, len(self.ov_inputs) + k) for k, j in enumerate(self.bound_outputs)
+                                  if not outputs[j].is_static]
+        self._native_ports = ([(False, k) for k in pm.param_of if k is not None]
+                              + [(True, pm.result_of[j]) for j in self.bound_outputs])  # ov_ports' order
         self.async_used = False  # a job started on start_async: synchronous runs use it too (one kind, _infer)
 
     # A property (asked of a request on first use) in place of Engine's plain attribute, which stays an attribute
@@ -303,6 +391,14 @@ class OpenVINOEngine(Engine):
         runner's workers run it): a stream's context, an engine that starts none (``starts``), every request busy."""
         if context is not None or not self.starts or self._closed:
             return False
+        native = self._native
+        if native is not None or self.native_jobs and (native := self._open_native()) is not None:
+            self.async_used = True
+            try:
+                slot = native.start(binding.wrapped)  # the GIL released while it starts
+            except Exception as e:
+                raise self.translate(e) from None
+            return False if slot < 0 else _NativeStarted(self, native, slot, done)
         request: _Request | None
         try:
             request = self._free.get_nowait()  # (acquire's first step, without its frame: every job's path)
@@ -319,6 +415,16 @@ class OpenVINOEngine(Engine):
             raise self.translate(e) from None
         started = request.started = _Started(request, done)
         return started
+
+    def _open_native(self) -> Any:
+        """The extension's requests, ``limit`` of them (None where it refuses this OpenVINO's objects)."""
+        with self._lock:
+            if self._native is None and self.native_jobs:
+                try:
+                    self._native = _NativeRequests(self.compiled_model, self.limit, self._native_ports)
+                except TypeError:  # the conduit refused: an OpenVINO other than the one it was built with
+                    self.native_jobs = False
+            return self._native
 
     def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
         request = context or self.acquire()
@@ -412,7 +518,7 @@ class OpenVINOEngine(Engine):
             if self._closed:
                 return
             self._closed = True
-        self.made, self.contexts = [], []
+        self.made, self.contexts, self._native = [], [], None  # (the extension's requests wait for their runs)
         while True:
             try:
                 self._free.get_nowait()

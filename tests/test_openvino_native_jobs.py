@@ -1,0 +1,189 @@
+"""Jobs started on npurt._ovjobs' requests (OpenVINO's completion recorded in C++): the same contract as every job.
+
+The extension is built where OpenVINO's C++ config is at hand when npurt is built (CI builds it: there a missing
+module fails); without it OpenVINO's jobs take the Python path, covered by tests/test_openvino.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import openvino  # noqa: F401 - loads libopenvino, which npurt._ovjobs links (npurt imports it first too)
+import pytest
+
+import npurt
+from npurt import NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType
+from tests.helpers.missing import require_module
+from tests.helpers.models import model_or_skip
+from tests.helpers.ocr import SHAPES, frame
+
+_ovjobs = require_module("npurt._ovjobs", "npurt's OpenVINO job extension (cpp/ovjobs.cpp)")
+
+
+def make(n: int = 2, **options):
+    opts = {"device": "CPU", "shapes": {"x": list(SHAPES["ocr_cls"])}, "performance_hint": "THROUGHPUT",
+            "max_concurrent_runs": n, "input_tensor_type": "CPU", "output_tensor_type": "CPU"}
+    opts.update(options)
+    return RunnerFactory.create_runner("OPENVINO", model_or_skip("ocr_cls"), opts)
+
+
+def tensors(r, count):
+    x_info = r.get_tensor_info_by_name("x", TensorType.CPU)
+    y_info = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+    frames = [frame(SHAPES["ocr_cls"], seed=s) for s in range(count)]
+    return ([[NpuTensor(x_info, f)] for f in frames],
+            [[NpuTensor(y_info, np.full((1, 2), np.nan, np.float32))] for _ in range(count)])
+
+
+def expected(r, ins):
+    """Each frame's scores from execute on a runner of its own (no jobs: OpenVINO's synchronous infer)."""
+    with make(1, performance_hint="LATENCY") as ref:
+        y_info = ref.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        out = []
+        for x in ins:
+            y = NpuTensor(y_info, np.zeros((1, 2), np.float32))
+            assert ref.execute([x], [[y]]) is StatusCode.SUCCESS, ref.last_error
+            out.append(y.numpy().copy())
+    return out
+
+
+def test_jobs_on_the_extensions_requests_end_in_wait_any_with_executes_results():
+    """N jobs in flight collected with wait_any, the next submitted on the set just freed: every job SUCCESS once,
+    each output as execute gives it, no copy, no thread of npurt's, the extension's requests used."""
+    with make(2) as r:
+        ins, outs = tensors(r, 6)
+        threads_before = threading.active_count()
+        pending, done = {}, []
+        for k in range(6):
+            if len(pending) == 2:
+                handle = r.wait_any(list(pending), 30_000)
+                assert handle.status is StatusCode.SUCCESS, r.last_error
+                done.append(pending.pop(handle.job_id))
+            job = r.execute_async([ins[k]], [outs[k]])
+            assert job.status is StatusCode.SUCCESS, r.last_error
+            pending[job.job_id] = k
+        ids = list(pending)
+        while pending:
+            handle = r.wait_any(ids, 30_000)  # collected ones answer INVALID_JOB_ID: wait on the rest
+            if handle.status is StatusCode.INVALID_JOB_ID:
+                ids.remove(handle.job_id)
+                continue
+            assert handle.status is StatusCode.SUCCESS and handle.job_id in pending, r.last_error
+            done.append(pending.pop(handle.job_id))
+        assert sorted(done) == list(range(6))
+        assert r.engine_for()._native is not None  # (started on the extension's requests)
+        assert threading.active_count() == threads_before
+        assert r.stats["copies"] == 0 and r.stats["jobs_completed"] == 6 and r.stats["jobs_failed"] == 0
+        for y, want in zip(outs, expected(r, ins)):
+            np.testing.assert_allclose(y[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("collect", ["wait", "poll", "wait_any_poll"])
+def test_a_job_on_the_extensions_requests_is_collected_once(collect):
+    """wait / a polling wait / a polling wait_any: JOB_PENDING (job id 0 for wait_any) until the job ends, then its
+    status once; INVALID_JOB_ID after."""
+    with make(2) as r:
+        ins, outs = tensors(r, 2)
+        jobs = [r.execute_async([ins[k]], [outs[k]]) for k in range(2)]
+        assert all(j.status is StatusCode.SUCCESS for j in jobs), r.last_error
+        deadline = time.monotonic() + 30
+        for job in jobs:
+            if collect == "wait":
+                assert r.wait(job, 30_000) is StatusCode.SUCCESS, r.last_error
+            elif collect == "poll":
+                while (status := r.wait(job, 0)) is StatusCode.JOB_PENDING:
+                    assert time.monotonic() < deadline
+                assert status is StatusCode.SUCCESS, r.last_error
+            else:
+                while (handle := r.wait_any([job], 0)).status is StatusCode.JOB_PENDING:
+                    assert handle.job_id == 0 and time.monotonic() < deadline
+                assert handle.status is StatusCode.SUCCESS and handle.job_id == job.job_id, r.last_error
+            assert r.wait(job, 0) is StatusCode.INVALID_JOB_ID
+            assert r.wait_any([job], 0).status is StatusCode.INVALID_JOB_ID
+
+
+def test_wait_any_over_a_job_on_a_worker_and_one_on_the_extensions_requests():
+    """A job with a callback runs on a worker, one without on the extension's requests: wait_any over both collects
+    whichever ends first, then the other (the callback held until then: a job with a callback leaves the table once
+    its callback returns)."""
+    with make(2) as r:
+        ins, outs = tensors(r, 2)
+        release = threading.Event()
+        on_worker = r.execute_async([ins[0]], [outs[0]], callback=lambda h: release.wait(30))
+        started = r.execute_async([ins[1]], [outs[1]])
+        assert on_worker.status is StatusCode.SUCCESS and started.status is StatusCode.SUCCESS, r.last_error
+        try:
+            first = r.wait_any([started, on_worker], 30_000)
+            assert first.status is StatusCode.SUCCESS, r.last_error
+            other = {started.job_id: on_worker.job_id, on_worker.job_id: started.job_id}[first.job_id]
+            second = r.wait_any([other], 30_000)
+            assert second.status is StatusCode.SUCCESS and second.job_id == other, r.last_error
+            assert r.wait(started, 0) is StatusCode.INVALID_JOB_ID  # collected once
+        finally:
+            release.set()
+        for y, want in zip(outs, expected(r, ins)):
+            np.testing.assert_allclose(y[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_close_ends_jobs_on_the_extensions_requests_never_collected():
+    with make(2) as r:
+        ins, outs = tensors(r, 2)
+        for k in range(2):
+            assert r.execute_async([ins[k]], [outs[k]]).status is StatusCode.SUCCESS, r.last_error
+    assert r.stats["jobs_completed"] == 2 and r.stats["jobs_failed"] == 0
+    for y, want in zip(outs, expected(r, ins)):
+        np.testing.assert_allclose(y[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_threads_submitting_and_waiting_at_once():
+    """Four threads, each its own tensors, submitting and collecting (wait or wait_any) on one runner with two
+    requests: RESOURCE_UNAVAILABLE is the only refusal, every accepted job ends SUCCESS once, results right."""
+    with make(2) as r:
+        ins, outs = tensors(r, 4)
+        want = expected(r, ins)
+        errors: list[str] = []
+
+        def client(k: int) -> None:
+            try:
+                for i in range(20):
+                    deadline = time.monotonic() + 30
+                    while (job := r.execute_async([ins[k]], [outs[k]])).status is StatusCode.RESOURCE_UNAVAILABLE:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.0005)
+                    assert job.status is StatusCode.SUCCESS
+                    if i % 2:
+                        assert r.wait(job, 30_000) is StatusCode.SUCCESS
+                    else:
+                        handle = r.wait_any([job], 30_000)
+                        assert handle.status is StatusCode.SUCCESS and handle.job_id == job.job_id
+                    np.testing.assert_allclose(outs[k][0].numpy(), want[k], rtol=1e-5, atol=1e-6)
+            except AssertionError as e:  # noqa: PERF203 - the thread's failure, told to the test
+                errors.append(f"client {k}: {e!r}")
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert r.stats["jobs_completed"] == 80 and r.stats["jobs_failed"] == 0
+
+
+def test_the_stub_names_the_modules_methods_and_parameters():
+    """src/npurt/_ovjobs.pyi against the built module: the same methods of Requests, the same parameter names
+    (pybind11 writes each signature in the first line of its docstring)."""
+    stub = ast.parse((Path(npurt.__file__).parent / "_ovjobs.pyi").read_text())
+    [cls] = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Requests"]
+    methods = {f.name: [a.arg for a in f.args.args if a.arg != "self"]
+               for f in cls.body if isinstance(f, ast.FunctionDef)}
+    built = {n for n in vars(_ovjobs.Requests) if not n.startswith("_")} | {"__init__", "__len__"}
+    assert set(methods) == built
+    for name, params in methods.items():
+        first = getattr(_ovjobs.Requests, name).__doc__.splitlines()[0]
+        inside = first[first.index("(") + 1: first.rindex(") ->")]
+        assert re.findall(r"(\w+): ", inside)[1:] == params, name  # (the first is self)
