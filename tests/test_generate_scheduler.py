@@ -14,6 +14,7 @@ import pytest
 from npurt import Generator, RunnerFactory
 from npurt.serve.llm.errors import ApiError
 from npurt.serve.llm.params import Sampling
+from npurt.serve.llm.pools import BatchPool
 from npurt.serve.llm.scheduler import Scheduler, Sequence
 from tests.helpers.decoders import MODEL_FILE, decoder_folder
 
@@ -135,5 +136,70 @@ def test_a_cancelled_sequence_frees_its_cache_and_the_queue_is_bounded(folder):
             assert 0 not in got.ends  # a cancelled sequence is told nothing: its client is gone
             assert len(got.ids[0]) < 90
             assert scheduler.active == 0 and scheduler.queued == 0
+        finally:
+            scheduler.close("the test ended")
+
+
+# ---------------------------------------------------------------------------------------------------- batched steps
+BATCHED = [(b, p) for b in ("ONNXRUNTIME", "VAIML") for p in (False, True)]
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["fresh", "prefix-reuse"])
+@pytest.mark.parametrize(("backend", "pinned"), BATCHED, ids=[f"{b}-{'pinned' if p else 'open'}" for b, p in BATCHED])
+def test_batched_steps_give_each_sequence_what_it_gets_alone(folder, backend, pinned, reuse):
+    """Over a runner with batch sizes the scheduler's caches are rows of a BatchGenerator and a round's steps are
+    one run: every sequence's ids equal the plain Generator's on a runner without batching (greedy and seeded
+    sampling), and the runs really stepped several rows each."""
+    pins = {"static_shapes": True} if pinned else {}
+    with RunnerFactory.create_runner(backend, folder / MODEL_FILE, {"device": "CPU", "decoder": DECODER,
+                                                                    **pins}) as plain:
+        eos = plain.decoder.eos_token_ids
+        cases = prompts()
+        with Generator(plain) as gen:
+            want = [gen.generate(p, 40, eos_token_id=eos) for p in cases]
+            want_sampled = gen.generate(cases[2], 40, eos_token_id=eos, do_sample=True, temperature=0.9, top_p=0.95,
+                                        seed=4)
+    options = {"device": "CPU", "decoder": {**DECODER, "batch": [1, 2, 4]}, **pins}
+    with RunnerFactory.create_runner(backend, folder / MODEL_FILE, options) as runner:
+        scheduler = Scheduler("m", runner, 4, 32, reuse)
+        try:
+            assert isinstance(scheduler.pool, BatchPool) and scheduler.pool.rows == 4
+            got = Collector()
+            sampled = Sampling(do_sample=True, temperature=0.9, top_p=0.95, seed=4)
+            for round_ in range(2):  # the second round finds rows that hold the first one's ids
+                for k, p in enumerate(cases):
+                    scheduler.submit(got.sequence(round_ * 100 + k, p, 40, eos))
+                scheduler.submit(got.sequence(round_ * 100 + 99, cases[2], 40, eos, sampled))
+                got.wait(len(cases) + 1)
+                for k in range(len(cases)):
+                    assert got.ids[round_ * 100 + k] == want[k], (round_, k)
+                    assert got.ends[round_ * 100 + k] == ("end", "stop" if want[k][-1] in eos else "length")
+                assert got.ids[round_ * 100 + 99] == want_sampled
+            stats = scheduler.pool.stats
+            assert stats["rows_stepped"] / stats["steps"] > 2, stats  # 4 sequences at once, most of the time
+        finally:
+            scheduler.close("the test ended")
+
+
+def test_a_cancelled_batched_sequence_closes_its_row_at_once(folder):
+    options = {"device": "CPU", "decoder": {**DECODER, "batch": [1, 2]}}
+    with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE, options) as runner:
+        scheduler = Scheduler("m", runner, 2, 2)
+        try:
+            got = Collector()
+            first, second = got.sequence(0, [1, 5, 9], 90, ()), got.sequence(1, [1, 7, 3], 90, ())
+            scheduler.submit(first)
+            scheduler.submit(second)
+            while len(got.ids[0]) < 3 or len(got.ids[1]) < 3:
+                threading.Event().wait(0.001)
+            scheduler.cancel(first)
+            batch = scheduler.pool._pools[0]  # noqa: SLF001 - the rows the pool holds
+            while len(got.ids[1]) < 90 and len(batch.active) != 1:
+                threading.Event().wait(0.001)
+            assert len(batch.active) == 1 and len(got.ids[1]) < 90  # freed while the other still runs
+            got.wait(1)
+            assert got.ends[1] == ("end", "length") and len(got.ids[1]) == 90 and 0 not in got.ends
+            with Generator(runner) as gen:
+                assert got.ids[1] == gen.generate([1, 7, 3], 90)
         finally:
             scheduler.close("the test ended")

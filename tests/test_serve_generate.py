@@ -199,11 +199,17 @@ def test_concurrent_async_clients_each_get_what_they_get_alone(server, reference
         finally:
             await c.close()
 
+    runs, rows = (metric(server, f"npurt_decode_step_rows_{part}") for part in ("count", "sum"))
     results = asyncio.run(main())
     for prompt, (ids, text) in zip(prompts, results):
         want = reference.ids(tokenizer.encode(prompt), 60)
         assert ids == want, prompt
         assert text == text_of(tokenizer, want)
+    # the server batches steps by default on ONNX Runtime (--max-sequences 4: runs of up to 4 rows): the steps of
+    # the sequences generating at once went as one run
+    runs = metric(server, "npurt_decode_step_rows_count") - runs
+    rows = metric(server, "npurt_decode_step_rows_sum") - rows
+    assert rows / runs > 1.5, (rows, runs)
 
 
 def test_a_folder_without_a_tokenizer_takes_ids_only(server, reference):
