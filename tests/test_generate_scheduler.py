@@ -14,7 +14,7 @@ import pytest
 from npurt import Generator, RunnerFactory
 from npurt.serve.llm.errors import ApiError
 from npurt.serve.llm.params import Sampling
-from npurt.serve.llm.pools import BatchPool
+from npurt.serve.llm.pools import KEEP_STEPS, BatchPool
 from npurt.serve.llm.scheduler import Scheduler, Sequence
 from tests.helpers.decoders import MODEL_FILE, decoder_folder
 
@@ -166,15 +166,19 @@ def test_batched_steps_give_each_sequence_what_it_gets_alone(folder, backend, pi
             assert isinstance(scheduler.pool, BatchPool) and scheduler.pool.rows == 4
             got = Collector()
             sampled = Sampling(do_sample=True, temperature=0.9, top_p=0.95, seed=4)
+            reused = 0
             for round_ in range(2):  # the second round finds rows that hold the first one's ids
-                for k, p in enumerate(cases):
-                    scheduler.submit(got.sequence(round_ * 100 + k, p, 40, eos))
+                seqs = [got.sequence(round_ * 100 + k, p, 40, eos) for k, p in enumerate(cases)]
+                for seq in seqs:
+                    scheduler.submit(seq)
                 scheduler.submit(got.sequence(round_ * 100 + 99, cases[2], 40, eos, sampled))
                 got.wait(len(cases) + 1)
                 for k in range(len(cases)):
                     assert got.ids[round_ * 100 + k] == want[k], (round_, k)
                     assert got.ends[round_ * 100 + k] == ("end", "stop" if want[k][-1] in eos else "length")
                 assert got.ids[round_ * 100 + 99] == want_sampled
+                reused += sum(seq.reused for seq in seqs)
+            assert (reused > 0) is reuse  # rows of ended sequences kept their ids for the prompts that share them
             stats = scheduler.pool.stats
             assert stats["rows_stepped"] / stats["steps"] > 2, stats  # 4 sequences at once, most of the time
         finally:
@@ -201,5 +205,27 @@ def test_a_cancelled_batched_sequence_closes_its_row_at_once(folder):
             assert got.ends[1] == ("end", "length") and len(got.ids[1]) == 90 and 0 not in got.ends
             with Generator(runner) as gen:
                 assert got.ids[1] == gen.generate([1, 7, 3], 90)
+        finally:
+            scheduler.close("the test ended")
+
+
+def test_a_sequence_left_high_moves_down_once_the_free_rows_below_it_age(folder):
+    """Three short sequences end below a long one: their rows keep their ids for KEEP_STEPS steps (the long one runs
+    in a run of 4 meanwhile), then close, and the long one moves down to run alone, its ids unchanged."""
+    options = {"device": "CPU", "decoder": {**DECODER, "batch": [1, 2, 4]}}
+    with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE, options) as runner:
+        scheduler = Scheduler("m", runner, 4, 4)
+        try:
+            got = Collector()
+            for k in range(3):
+                scheduler.submit(got.sequence(k, [1, 4 + k, 9], 6, ()))
+            scheduler.submit(got.sequence(3, [1, 5, 8], 90, ()))
+            got.wait(4)
+            stats = scheduler.pool.stats
+            assert stats["rows_moved"] == 1, stats
+            idle = stats["rows_run"] - stats["rows_stepped"]
+            assert 3 * KEEP_STEPS <= idle <= 3 * (KEEP_STEPS + 8), stats  # then runs of 1
+            with Generator(runner) as gen:
+                assert got.ids[3] == gen.generate([1, 5, 8], 90)
         finally:
             scheduler.close("the test ended")

@@ -10,8 +10,10 @@ it (at least ``chunk`` ids, so that a run is saved), rewound there, and feeds on
 In a ``BatchPool`` a free row that keeps its ids stays open in its ``BatchGenerator`` (an open row not stepped is
 idle in a step: it runs a pad id at its own position, past the ids it holds, so those ids stay). Rows are taken
 lowest first, a free row holding ids or not, so the runs stay as small as the sequences open need; where sequences
-ended below others still running, the free rows of that pool are closed (their ids dropped) so that the
-BatchGenerator moves the running rows down and steps them in a smaller run.
+ended below others still running, the free rows of that pool that have been free for ``KEEP_STEPS`` of its steps are
+closed (their ids dropped) so that the BatchGenerator moves the running rows down and steps them in a smaller run.
+The wait keeps the ids for requests that come a moment later (a client's next request, a wave of them), and bounds
+the runs' idle rows.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 from ...generate.batch import BatchGenerator, BatchRow
 from ...generate.generator import Generator
 from ...runner import Runner
+
+KEEP_STEPS = 64  # steps of its pool a free row keeps its ids for while it holds the running rows in a larger run
 
 
 def common_prefix(a: Ids[int], b: Ids[int]) -> int:
@@ -111,6 +115,7 @@ class BatchPool:
         self.rows_per_pool = next((b for b in facts.batch if b >= size), max(facts.batch))
         self._pools: list[BatchGenerator | None] = [None] * -(-size // self.rows_per_pool)
         self._free: list[BatchRow] = []  # open rows of ended sequences, their ids kept (prefix reuse)
+        self._freed_at: dict[BatchRow, int] = {}  # each free row: its pool's step count when it was freed
         self.stats = {"steps": 0, "rows_stepped": 0, "rows_run": 0, "rows_moved": 0}
 
     @property
@@ -128,6 +133,7 @@ class BatchPool:
                     best, start = row, n
             if best is not None and start >= self.chunk:
                 self._free.remove(best)
+                del self._freed_at[best]
                 start = _reuse(best, prompt, start)[1]
                 return best, start
         for k, pool in enumerate(self._pools):  # the lowest row of the first pool with one to spare
@@ -137,6 +143,7 @@ class BatchPool:
             kept = min((row for row in self._free if row.batch is pool), key=lambda row: row.row, default=None)
             if kept is not None and (closed is None or kept.row < closed):
                 self._free.remove(kept)  # its ids dropped: a row lower than a closed one keeps the runs small
+                del self._freed_at[kept]
                 kept.rewind(0)
                 return kept, 0
             if closed is not None:
@@ -147,6 +154,7 @@ class BatchPool:
         assert isinstance(row, BatchRow)
         if self.prefix_reuse:
             self._free.append(row)
+            self._freed_at[row] = row.batch.stats["steps"]
         else:
             row.close()
 
@@ -156,8 +164,8 @@ class BatchPool:
 
     def discard(self, row: Generator) -> None:
         """A row whose run failed: closed, free for the next sequence."""
-        if row in self._free:
-            self._free.remove(row)
+        if isinstance(row, BatchRow) and row in self._free:
+            self._drop(row)
         row.close()
 
     def groups(self, tokens: Mapping[Generator, int]) -> list[dict[Generator, int]]:
@@ -172,26 +180,38 @@ class BatchPool:
         """One batched step of these rows (all of one BatchGenerator): each row's logits."""
         rows = {row: token for row, token in group.items() if isinstance(row, BatchRow)}
         pool = next(iter(rows)).batch
-        self._tidy(pool, rows)
+        self._tidy(pool)
         before = dict(pool.stats)
         logits = pool.step(rows)
         for key in self.stats:
             self.stats[key] += pool.stats[key] - before[key]
         return {row: row_logits for row, row_logits in logits.items()}
 
-    def _tidy(self, pool: BatchGenerator, stepped: Mapping[BatchRow, int]) -> None:
-        """Where the rows stepped sit higher than their number needs (sequences ended below them and left their
-        rows open for prefix reuse), close those free rows: the BatchGenerator then moves the others down."""
+    def _tidy(self, pool: BatchGenerator) -> None:
+        """Where the running rows sit higher than their number needs (sequences ended below them and left their
+        rows open for prefix reuse), close the free rows freed ``KEEP_STEPS`` steps ago or more: the BatchGenerator
+        then moves the others down."""
+        free = [row for row in self._free if row.batch is pool]
+        if not free:
+            return
+        running = [row for row in pool.active if row not in free]
         sizes = pool.sizes
-        needed = next(b for b in sizes if b > max(row.row for row in stepped))
-        fits = next(b for b in sizes if b >= len(stepped))
+        needed = next(b for b in sizes if b > max(row.row for row in running))
+        fits = next(b for b in sizes if b >= len(running))
         if needed > fits:
-            for row in [row for row in self._free if row.batch is pool]:
-                self._free.remove(row)
-                row.close()
+            now = pool.stats["steps"]
+            for row in free:
+                if now - self._freed_at[row] >= KEEP_STEPS:
+                    self._drop(row)
+
+    def _drop(self, row: BatchRow) -> None:
+        self._free.remove(row)
+        del self._freed_at[row]
+        row.close()
 
     def close(self) -> None:
         self._free.clear()
+        self._freed_at.clear()
         for pool in self._pools:
             if pool is not None:
                 pool.close()
