@@ -229,3 +229,48 @@ def test_a_sequence_left_high_moves_down_once_the_free_rows_below_it_age(folder)
                 assert got.ids[3] == gen.generate([1, 5, 8], 90)
         finally:
             scheduler.close("the test ended")
+
+
+def test_the_default_batch_sizes_per_backend_and_precision(tmp_path, folder):
+    """--batch auto: up to 8 rows on the ONNX Runtime backends (capped by --max-sequences), pools of 2 rows for int4
+    with int8 activations, none on OpenVINO; --batch as given (capped), refused on OpenVINO."""
+    from npurt.models.decoder_forms import build_decoder_form
+    from npurt.models.decoder_precision import Int4
+    from npurt.serve.llm.model import batch_sizes, model_folder
+    from npurt.serve.llm.settings import GenerationSettings
+
+    fp32 = model_folder(folder)
+    int4 = tmp_path / "int4"
+    build_decoder_form(int4, "gqa", form="builder", precision="int4", int4=Int4(accuracy_level=4))
+    level4 = model_folder(int4)
+    for backend in ("ONNXRUNTIME", "VAIML", "QNN"):
+        assert batch_sizes(fp32, GenerationSettings(max_sequences=8), backend)[0] == (1, 2, 4, 8)
+        assert batch_sizes(fp32, GenerationSettings(max_sequences=4), backend)[0] == (1, 2, 4)
+        assert batch_sizes(fp32, GenerationSettings(max_sequences=3), backend)[0] == (1, 2, 4)
+        assert batch_sizes(fp32, GenerationSettings(max_sequences=64), backend)[0] == (1, 2, 4, 8)
+        assert batch_sizes(fp32, GenerationSettings(max_sequences=1), backend)[0] == ()
+        assert batch_sizes(level4, GenerationSettings(max_sequences=8), backend)[0] == (1, 2)
+    assert batch_sizes(fp32, GenerationSettings(max_sequences=8), "OPENVINO")[0] == ()
+    assert batch_sizes(fp32, GenerationSettings(max_sequences=8, batch=(1, 4, 16)), "onnxruntime")[0] == (1, 4, 16)
+    assert batch_sizes(fp32, GenerationSettings(max_sequences=4, batch=(1, 4, 16)), "onnxruntime")[0] == (1, 4)
+    assert batch_sizes(fp32, GenerationSettings(batch=(1,)), "onnxruntime")[0] == ()
+    assert batch_sizes(fp32, GenerationSettings(batch=()), "onnxruntime")[0] == ()
+    with pytest.raises(ValueError, match="OpenVINO"):
+        batch_sizes(fp32, GenerationSettings(batch=(1, 2)), "OPENVINO")
+    # int4 pools of 2 rows: --max-sequences 5 takes three pools, every answer as the plain Generator's
+    options = {"device": "CPU", "decoder": {**DECODER, "batch": [1, 2]}}
+    with RunnerFactory.create_runner("ONNXRUNTIME", level4.model, options) as runner:
+        scheduler = Scheduler("m", runner, 5, 8)
+        try:
+            assert scheduler.pool.rows_per_pool == 2 and scheduler.pool.rows == 6
+            got = Collector()
+            cases = prompts()[:5]
+            for k, p in enumerate(cases):
+                scheduler.submit(got.sequence(k, p, 30, ()))
+            got.wait(5)
+            with Generator(runner) as gen:
+                assert [got.ids[k] for k in range(5)] == [gen.generate(p, 30) for p in cases]
+            stats = scheduler.pool.stats
+            assert stats["rows_stepped"] / stats["steps"] > 1.5, stats
+        finally:
+            scheduler.close("the test ended")
