@@ -41,7 +41,9 @@ import numpy as np
 
 from benchmarks import finish, parser
 from npurt.bench import Report, Table, Target
-from npurt.models.decoders import EOS_TOKEN_ID, build_decoder
+from npurt.models.decoder_forms import build_decoder_form
+from npurt.models.decoder_precision import Int4
+from npurt.models.decoders import EOS_TOKEN_ID
 from npurt.serve.process import ServiceProcess
 
 PROMPT_TOKENS = 32
@@ -192,10 +194,16 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads of each engine (default: 1)")
     p.add_argument("--batching", choices=("both", "on", "off"), default="both",
                    help="npurt serve with its default batched steps, with --no-batch, or both (default: %(default)s)")
+    p.add_argument("--form", choices=("standard", "builder"), default="standard",
+                   help="the decoder's form: standard (a Concat cache, optimum's) or builder (GroupQueryAttention, "
+                        "the model builder's) (default: %(default)s)")
+    p.add_argument("--precision", choices=("fp32", "int4"), default="fp32",
+                   help="fp32, or int4 (MatMulNBits at accuracy level 4; builder form) (default: %(default)s)")
     args = p.parse_args()
     report = Report(f"npurt serve --generate against onnxruntime-genai behind a one-at-a-time OpenAI front "
                     f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start)")
-    generation_section(report, args.quick, [int(c) for c in args.clients.split(",")], args.threads, args.batching)
+    generation_section(report, args.quick, [int(c) for c in args.clients.split(",")], args.threads, args.batching,
+                       args.form, args.precision)
     return finish(report, args.json)
 
 
@@ -205,14 +213,15 @@ PEER_NAME = "onnxruntime-genai front"
 
 
 def generation_section(report: Report, quick: bool, clients: list[int], threads: int = 1,
-                       batching: str = "both") -> None:
+                       batching: str = "both", form: str = "standard", precision: str = "fp32") -> None:
     """The generation part (benchmarks/serve.py --part generate runs it too)."""
     rounds, requests, max_tokens = (1, 1, 32) if quick else (3, 2, 64)
-    report.notes.append(f"generation: the benchmark decoder (hidden 512, 4 layers, 8192 ids, fp32) on ONNX Runtime's "
-                        f"CPU provider, {threads} intra-op thread(s) each; prompts of {PROMPT_TOKENS} ids, "
+    report.notes.append(f"generation: the benchmark decoder (hidden 512, 4 layers, 8192 ids, {precision}, {form} "
+                        f"form) on ONNX Runtime's CPU provider, {threads} intra-op thread(s) each; prompts of "
+                        f"{PROMPT_TOKENS} ids, "
                         f"{max_tokens} new ids greedy, {requests} streaming request(s) per client per run, "
                         f"{rounds} run(s) per server and client count, the servers taking turns; '{NPURT}' batches "
-                        f"the sequences' steps (its default here: runs of up to {max(clients)} rows), "
+                        f"the sequences' steps (its default, --batch auto, with --max-sequences {max(clients)}), "
                         f"'{UNBATCHED}' steps one sequence a run; the peer is onnxruntime-genai behind a one-at-a-time "
                         "OpenAI front written as Foundry Local and prism-local run it (benchmarks/serve_generate.py)")
     table = Table(["clients", "server", "ids/s (all clients)", "TTFT p50 ms", "TTFT p95 ms"],
@@ -225,7 +234,9 @@ def generation_section(report: Report, quick: bool, clients: list[int], threads:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         folder = tmp / "bench"
-        build_decoder(folder, "bench", 0)
+        # int4 as the model builder writes it for the CPU (block 32, int8 activations: accuracy level 4)
+        build_decoder_form(folder, "bench", form=form, precision=precision,
+                           int4=Int4(accuracy_level=4) if precision == "int4" else None)
         peer = Peer(folder, threads, tmp)
         services: list[ServiceProcess] = []
         try:
