@@ -85,7 +85,8 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     batch.add_argument("--batch", default="auto", metavar="SIZES",
                        help="run the sequences' decode steps batched, in runs of these sizes (e.g. 1,2,4,8; the "
                             "largest is a pool's rows); 1: one sequence a run. Default auto: on the ONNX Runtime "
-                            "backends up to 8 rows (int4 with int8 activations: 2), off on OpenVINO")
+                            "backends up to 8 rows (int4 with int8 activations: 2; a Concat cache only up to "
+                            "--max-length 512), off on OpenVINO")
     batch.add_argument("--no-batch", action="store_true", help="one sequence's step a run (as --batch 1)")
 
 
