@@ -99,7 +99,7 @@ def batch_sizes(folder: ModelFolder, settings: GenerationSettings, backend: str)
     cap = next((b for b in sizes if b >= settings.max_sequences), None)
     sizes = tuple(b for b in sizes if cap is None or b <= cap)
     if max(sizes, default=1) <= 1:
-        return (), "--batch 1" if settings.batch is not None else "--max-sequences 1"
+        return (), "--max-sequences 1" if settings.max_sequences == 1 else "--batch 1"
     return sizes, why
 
 
