@@ -2,7 +2,8 @@
 OpenAI front, 1, 4 and 8 streaming clients.
 
 - npurt: ``npurt serve --generate`` on ONNX Runtime's CPU provider (backend onnxruntime), one intra-op thread, its
-  scheduler interleaving up to 8 sequences step by step (``--max-sequences 8``).
+  scheduler interleaving up to 8 sequences step by step (``--max-sequences 8``), their steps batched (its default on
+  ONNX Runtime: runs of 1, 2, 4 or 8 rows) or, with ``--no-batch``, one sequence a run.
 - The peer: onnxruntime-genai (``og.Model`` over the same folder, one intra-op thread) behind an OpenAI
   ``/v1/completions`` front written here as Foundry Local and prism-local run it: one generation at a time under a
   lock, the others waiting in a bounded queue (then 503), tokens streamed as server-sent events as
@@ -16,9 +17,11 @@ OpenAI front, 1, 4 and 8 streaming clients.
   tokens/s: every client's ids over the wall time of the run. The servers take turns, run by run.
 
 Targets (issue 45): 1 client: time to first token <= 1.05x and tokens/s >= 0.95x of the peer; 4 and 8 clients:
-aggregate tokens/s >= 1.0x and p95 time to first token <= 0.5x of the one-at-a-time peer.
+aggregate tokens/s >= 1.0x and p95 time to first token <= 0.5x of the one-at-a-time peer; with batched steps on the
+CPU, aggregate tokens/s at 8 clients >= 2.5x one client's. npurt runs twice by default: with its default batched
+steps and with ``--no-batch`` (``--batching on|off`` runs one).
 
-    python -m benchmarks.serve_generate [--quick] [--json] [--clients 1,4,8]
+    python -m benchmarks.serve_generate [--quick] [--json] [--clients 1,4,8] [--batching both|on|off]
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ import numpy as np
 
 from benchmarks import finish, parser
 from npurt.bench import Report, Table, Target
-from npurt.models.decoders import EOS_TOKEN_ID, build_decoder
+from npurt.models.decoder_forms import build_decoder_form
+from npurt.models.decoder_precision import Int4
+from npurt.models.decoders import EOS_TOKEN_ID
 from npurt.serve.process import ServiceProcess
 
 PROMPT_TOKENS = 32
@@ -187,52 +192,84 @@ def main() -> int:
     p = parser(__doc__)
     p.add_argument("--clients", default="1,4,8", help="concurrent streaming clients per run (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads of each engine (default: 1)")
+    p.add_argument("--batching", choices=("both", "on", "off"), default="both",
+                   help="npurt serve with its default batched steps, with --no-batch, or both (default: %(default)s)")
+    p.add_argument("--form", choices=("standard", "builder"), default="standard",
+                   help="the decoder's form: standard (a Concat cache, optimum's) or builder (GroupQueryAttention, "
+                        "the model builder's) (default: %(default)s)")
+    p.add_argument("--precision", choices=("fp32", "int4"), default="fp32",
+                   help="fp32, or int4 (MatMulNBits at accuracy level 4; builder form) (default: %(default)s)")
     args = p.parse_args()
     report = Report(f"npurt serve --generate against onnxruntime-genai behind a one-at-a-time OpenAI front "
                     f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start)")
-    generation_section(report, args.quick, [int(c) for c in args.clients.split(",")], args.threads)
+    generation_section(report, args.quick, [int(c) for c in args.clients.split(",")], args.threads, args.batching,
+                       args.form, args.precision)
     return finish(report, args.json)
 
 
-def generation_section(report: Report, quick: bool, clients: list[int], threads: int = 1) -> None:
+NPURT = "npurt serve"  # its default: steps batched across sequences (on ONNX Runtime's CPU provider)
+UNBATCHED = "npurt serve --no-batch"
+PEER_NAME = "onnxruntime-genai front"
+
+
+def generation_section(report: Report, quick: bool, clients: list[int], threads: int = 1,
+                       batching: str = "both", form: str = "standard", precision: str = "fp32") -> None:
     """The generation part (benchmarks/serve.py --part generate runs it too)."""
     rounds, requests, max_tokens = (1, 1, 32) if quick else (3, 2, 64)
-    report.notes.append(f"generation: the benchmark decoder (hidden 512, 4 layers, 8192 ids, fp32) on ONNX Runtime's "
-                        f"CPU provider, {threads} intra-op thread(s) each; prompts of {PROMPT_TOKENS} ids, "
+    report.notes.append(f"generation: the benchmark decoder (hidden 512, 4 layers, 8192 ids, {precision}, {form} "
+                        f"form) on ONNX Runtime's CPU provider, {threads} intra-op thread(s) each; prompts of "
+                        f"{PROMPT_TOKENS} ids, "
                         f"{max_tokens} new ids greedy, {requests} streaming request(s) per client per run, "
-                        f"{rounds} run(s) per server and client count, the servers taking turns; the peer is "
-                        "onnxruntime-genai behind a one-at-a-time OpenAI front written as Foundry Local and "
-                        "prism-local run it (benchmarks/serve_generate.py)")
+                        f"{rounds} run(s) per server and client count, the servers taking turns; '{NPURT}' batches "
+                        f"the sequences' steps (its default, --batch auto, with --max-sequences {max(clients)}), "
+                        f"'{UNBATCHED}' steps one sequence a run; the peer is onnxruntime-genai behind a one-at-a-time "
+                        "OpenAI front written as Foundry Local and prism-local run it (benchmarks/serve_generate.py)")
     table = Table(["clients", "server", "ids/s (all clients)", "TTFT p50 ms", "TTFT p95 ms"],
                   formats=["", "", "{:.0f}", "{:.1f}", "{:.1f}"], title="streaming completions")
-    ratios = Table(["clients", "ids/s npurt / peer", "TTFT p50 npurt / peer", "TTFT p95 npurt / peer"],
-                   formats=["", "{:.2f}x", "{:.2f}x", "{:.2f}x"], title="ratios")
-    report.tables += [table, ratios]
+    ratios = Table(["clients", "npurt", "ids/s npurt / peer", "TTFT p50 npurt / peer", "TTFT p95 npurt / peer"],
+                   formats=["", "", "{:.2f}x", "{:.2f}x", "{:.2f}x"], title="ratios")
+    scaling = Table(["server", "ids/s at 1 client", "ids/s at most clients", "clients", "ratio"],
+                    formats=["", "{:.0f}", "{:.0f}", "", "{:.2f}x"], title="aggregate ids/s against one client's")
+    report.tables += [table, ratios, scaling]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         folder = tmp / "bench"
-        build_decoder(folder, "bench", 0)
+        # int4 as the model builder writes it for the CPU (block 32, int8 activations: accuracy level 4)
+        build_decoder_form(folder, "bench", form=form, precision=precision,
+                           int4=Int4(accuracy_level=4) if precision == "int4" else None)
         peer = Peer(folder, threads, tmp)
+        services: list[ServiceProcess] = []
         try:
             serve_args = ["--generate", f"bench={folder}", "--http", "127.0.0.1:0", "--backend", "onnxruntime",
                           "--device", "CPU", "--threads", str(threads), "--max-length", "256",
                           "--prefill-chunk", "16", "--max-sequences", str(max(clients)), "--max-queue", "64"]
-            with ServiceProcess.start({}, tmp / "serve.sock", serve_args) as service:
-                measure(report, table, ratios, service.http_address, peer.address, clients, rounds, requests,
-                        max_tokens)
+            servers: dict[str, str] = {}
+            for name, extra in ((NPURT, []), (UNBATCHED, ["--no-batch"])):
+                if batching == "both" or (batching == "on") == (name == NPURT):
+                    service = ServiceProcess.start({}, tmp / f"serve{len(services)}.sock", [*serve_args, *extra])
+                    services.append(service)
+                    servers[name] = service.http_address
+            servers[PEER_NAME] = peer.address
+            measure(report, (table, ratios, scaling), servers, clients, rounds, requests, max_tokens)
         finally:
+            for service in services:
+                service.stop()
             peer.stop()
 
 
-def measure(report: Report, table: Table, ratios: Table, npurt_address: str, peer_address: str,
-            clients: list[int], rounds: int, requests: int, max_tokens: int) -> None:
+def measure(report: Report, tables: tuple[Table, Table, Table], servers: dict[str, str], clients: list[int],
+            rounds: int, requests: int, max_tokens: int) -> None:
+    table, ratios, scaling = tables
     rng = np.random.default_rng(0)
     prompts = [[1] + [int(t) for t in rng.integers(3, 8000, PROMPT_TOKENS - 1)] for _ in range(max(clients))]
-    ours, _ = stream(npurt_address, "bench", prompts[0], max_tokens)
-    theirs, _ = stream(peer_address, "bench", prompts[0], max_tokens)
-    if [t for t in ours if t != EOS_TOKEN_ID] != theirs:
-        report.problems.append("npurt's greedy ids differ from onnxruntime-genai's for the same prompt")
-    servers = {"npurt serve": npurt_address, "onnxruntime-genai front": peer_address}
+    theirs, _ = stream(servers[PEER_NAME], "bench", prompts[0], max_tokens)
+    for name, address in servers.items():
+        if name != PEER_NAME:
+            ours, _ = stream(address, "bench", prompts[0], max_tokens)
+            if [t for t in ours if t != EOS_TOKEN_ID] != theirs:
+                report.problems.append(f"{name}: greedy ids differ from onnxruntime-genai's for the same prompt")
+    ours_names = [name for name in servers if name != PEER_NAME]
+    rate_at: dict[tuple[str, int], float] = {}
     for n in clients:
         rates: dict[str, list[float]] = {s: [] for s in servers}
         ttfts: dict[str, list[float]] = {s: [] for s in servers}
@@ -246,17 +283,33 @@ def measure(report: Report, table: Table, ratios: Table, npurt_address: str, pee
             rate = float(np.median(rates[name]))
             p50, p95 = (float(np.percentile(ttfts[name], q)) * 1e3 for q in (50, 95))
             figures[name] = (rate, p50, p95)
+            rate_at[(name, n)] = rate
             table.add(str(n), name, rate, p50, p95)
-        (r_ours, p50_ours, p95_ours), (r_peer, p50_peer, p95_peer) = figures.values()
-        ratios.add(str(n), r_ours / r_peer, p50_ours / p50_peer, p95_ours / p95_peer)
+        r_peer, p50_peer, p95_peer = figures[PEER_NAME]
+        for name in ours_names:
+            r_ours, p50_ours, p95_ours = figures[name]
+            ratios.add(str(n), name, r_ours / r_peer, p50_ours / p50_peer, p95_ours / p95_peer)
+        name = ours_names[0]  # the targets: npurt's default (batched) where it runs, else --no-batch
+        r_ours, p50_ours, p95_ours = figures[name]
         if n == 1:
-            report.targets.append(Target("1 client: TTFT p50 npurt / peer", p50_ours / p50_peer, 1.05, unit="x"))
-            report.targets.append(Target("1 client: ids/s npurt / peer", r_ours / r_peer, 0.95, at_most=False,
+            report.targets.append(Target("1 client: TTFT p50 npurt / peer", p50_ours / p50_peer, 1.05,
                                          unit="x"))
+            report.targets.append(Target("1 client: ids/s npurt / peer", r_ours / r_peer, 0.95,
+                                         at_most=False, unit="x"))
         else:
-            report.targets.append(Target(f"{n} clients: ids/s npurt / peer", r_ours / r_peer, 1.0, at_most=False,
+            report.targets.append(Target(f"{n} clients: ids/s npurt / peer", r_ours / r_peer, 1.0,
+                                         at_most=False, unit="x"))
+            report.targets.append(Target(f"{n} clients: TTFT p95 npurt / peer", p95_ours / p95_peer, 0.5,
                                          unit="x"))
-            report.targets.append(Target(f"{n} clients: TTFT p95 npurt / peer", p95_ours / p95_peer, 0.5, unit="x"))
+    most = max(clients)
+    if 1 in clients and most > 1:
+        for name in servers:
+            one, many = rate_at[(name, 1)], rate_at[(name, most)]
+            scaling.add(name, one, many, str(most), many / one)
+        if NPURT in servers and most >= 8:
+            report.targets.append(Target(f"{NPURT} (batched steps), {most} clients: ids/s against 1 client's",
+                                         rate_at[(NPURT, most)] / rate_at[(NPURT, 1)], 2.5, at_most=False,
+                                         unit="x"))
 
 
 if __name__ == "__main__":

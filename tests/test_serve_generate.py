@@ -178,6 +178,11 @@ def test_stop_strings_end_the_text_and_are_not_shown(server, reference, tokenize
     assert "".join(ch.choices[0].text for ch in streamed) == want[:want.index(stop)]
 
 
+def sampling(k: int) -> dict:
+    """Greedy, but every third request samples with a seed of its own."""
+    return {"temperature": 0.8, "top_p": 0.9, "seed": k} if k % 3 == 2 else {"temperature": 0}
+
+
 def test_concurrent_async_clients_each_get_what_they_get_alone(server, reference, tokenizer):
     prompts = [f"{w} numbers {k} and more text" for k, w in enumerate(
         ["alpha", "The quick", "def add", "emoji", "café", "indented", "user: hi", "numbers"])]
@@ -188,10 +193,10 @@ def test_concurrent_async_clients_each_get_what_they_get_alone(server, reference
         async def one(k: int, prompt: str):
             if k % 2:
                 chunks = [ch async for ch in await c.completions.create(
-                    model="lm", prompt=prompt, max_tokens=60, temperature=0, stream=True)]
+                    model="lm", prompt=prompt, max_tokens=60, stream=True, **sampling(k))]
                 return [t for ch in chunks for t in ch.choices[0].token_ids], "".join(
                     ch.choices[0].text for ch in chunks)
-            got = await c.completions.create(model="lm", prompt=prompt, max_tokens=60, temperature=0)
+            got = await c.completions.create(model="lm", prompt=prompt, max_tokens=60, **sampling(k))
             return got.choices[0].token_ids, got.choices[0].text
 
         try:
@@ -199,11 +204,17 @@ def test_concurrent_async_clients_each_get_what_they_get_alone(server, reference
         finally:
             await c.close()
 
+    runs, rows = (metric(server, f"npurt_decode_step_rows_{part}") for part in ("count", "sum"))
     results = asyncio.run(main())
-    for prompt, (ids, text) in zip(prompts, results):
-        want = reference.ids(tokenizer.encode(prompt), 60)
+    for k, (prompt, (ids, text)) in enumerate(zip(prompts, results)):
+        want = reference.ids(tokenizer.encode(prompt), 60, **sampling(k))
         assert ids == want, prompt
         assert text == text_of(tokenizer, want)
+    # the server batches steps by default on ONNX Runtime (--max-sequences 4: runs of up to 4 rows): the steps of
+    # the sequences generating at once went as one run
+    runs = metric(server, "npurt_decode_step_rows_count") - runs
+    rows = metric(server, "npurt_decode_step_rows_sum") - rows
+    assert rows / runs > 1.5, (rows, runs)
 
 
 def test_a_folder_without_a_tokenizer_takes_ids_only(server, reference):

@@ -140,6 +140,7 @@ def test_metrics_count_tokens_and_time_them(server):
     assert metric(server, "npurt_generated_tokens_total") >= 8
     assert metric(server, "npurt_time_to_first_token_seconds_count") >= 1
     assert metric(server, "npurt_inter_token_seconds_count") >= 7
+    assert metric(server, "npurt_decode_step_rows_count") >= 7  # a run of steps per id but the first (alone here)
     assert metric(server, "npurt_sequences_active") == 0
 
 
@@ -159,6 +160,15 @@ def test_command_line_usage_errors(folders, tmp_path):
     assert r.returncode == 2 and "--max-sequences 0" in r.stderr
     r = serve("--generate", f"x={folders['lm']}", "--model", f"x={DEFAULT_MODEL}", "--http", "127.0.0.1:0")
     assert r.returncode == 2 and "given to --model and to --generate" in r.stderr
+    r = serve("--model", f"digits={DEFAULT_MODEL}", "--batch", "2")
+    assert r.returncode == 2 and "--batch is for language models" in r.stderr
+    for bad in ("0", "2,x", "100"):
+        r = serve("--generate", f"lm={folders['lm']}", "--http", "127.0.0.1:0", "--batch", bad)
+        assert r.returncode == 2 and f"--batch {bad}:" in r.stderr, r.stderr
+    r = serve("--generate", f"lm={folders['lm']}", "--http", "127.0.0.1:0", "--batch", "1,2", "--backend", "openvino")
+    assert r.returncode == 2 and "OpenVINO" in r.stderr
+    r = serve("--generate", f"lm={folders['lm']}", "--http", "127.0.0.1:0", "--batch", "2", "--no-batch")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
 def test_the_kserve_runtime_s_command_line_serves_a_decoder_folder(folders, tmp_path):
@@ -247,3 +257,24 @@ def test_the_token_and_the_drain_on_sigterm(folders, tmp_path):
     cut = [o for o in outcomes if o.startswith("error")]
     assert cut, outcomes  # 32 x 250 ids do not fit the drain's 0.35 s (its grace and --drain-timeout)
     assert all("shut down" in o for o in cut), cut
+
+
+def test_no_batch_steps_one_sequence_a_run(folders, tmp_path, reference, tokenizer):
+    """--no-batch: the sequences interleave with a run per step (every run steps one row), each exact."""
+    args = [*SERVE, "--http", "127.0.0.1:0", "--no-batch", "--generate", f"lm={folders['lm']}"]
+    prompts = [f"unbatched {k} says" for k in range(4)]
+    results: dict[int, list[int]] = {}
+    with ServiceProcess.start({}, tmp_path / "serve.sock", args) as svc:
+        def one(k: int) -> None:
+            got = client(svc).completions.create(model="lm", prompt=prompts[k], max_tokens=24, temperature=0)
+            results[k] = got.choices[0].token_ids
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        runs, rows = (metric(svc, f"npurt_decode_step_rows_{part}") for part in ("count", "sum"))
+    assert rows == runs == sum(len(ids) - 1 for ids in results.values())  # a run per id fed (not the last)
+    for k in range(4):
+        assert results[k] == reference.ids(tokenizer.encode(prompts[k]), 24), k

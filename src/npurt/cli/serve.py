@@ -81,6 +81,13 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-reuse", action="store_true",
                    help="always prefill a prompt whole (by default a free cache that holds the start of a prompt, "
                         "e.g. a chat's earlier turns, is taken and only the rest is prefilled)")
+    batch = g.add_mutually_exclusive_group()
+    batch.add_argument("--batch", default="auto", metavar="SIZES",
+                       help="run the sequences' decode steps batched, in runs of these sizes (e.g. 1,2,4,8; the "
+                            "largest is a pool's rows); 1: one sequence a run. Default auto: on the ONNX Runtime "
+                            "backends up to 8 rows (int4 with int8 activations: 2; a Concat cache only up to "
+                            "--max-length 512), off on OpenVINO")
+    batch.add_argument("--no-batch", action="store_true", help="one sequence's step a run (as --batch 1)")
 
 
 def generation_settings(args: argparse.Namespace) -> Any:
@@ -93,7 +100,8 @@ def generation_settings(args: argparse.Namespace) -> Any:
                                      ("max_sequences", args.max_sequences, d.max_sequences),
                                      ("max_queue", args.max_queue, d.max_queue),
                                      ("max_output_tokens", args.max_output_tokens, d.max_output_tokens),
-                                     ("no_prefix_reuse", args.no_prefix_reuse, False)):
+                                     ("no_prefix_reuse", args.no_prefix_reuse, False),
+                                     ("batch", args.batch, "auto"), ("no_batch", args.no_batch, False)):
             if value != default:
                 raise CliError(f"--{flag.replace('_', '-')} is for language models: give --generate NAME=MODEL_DIR",
                                EXIT_USAGE)
@@ -106,7 +114,30 @@ def generation_settings(args: argparse.Namespace) -> Any:
         raise CliError(f"--max-queue {args.max_queue}: must be 0 or more", EXIT_USAGE)
     return GenerationSettings(max_length=args.max_length, prefill_chunk=args.prefill_chunk,
                               max_sequences=args.max_sequences, max_queue=args.max_queue,
-                              max_output_tokens=args.max_output_tokens, prefix_reuse=not args.no_prefix_reuse)
+                              max_output_tokens=args.max_output_tokens, prefix_reuse=not args.no_prefix_reuse,
+                              batch=batch_flag(args))
+
+
+def batch_flag(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """--batch / --no-batch: the batch sizes (None: decided per backend and precision; (): off)."""
+    from ..options import MAX_DECODER_BATCH
+
+    if args.no_batch:
+        return ()
+    text = str(args.batch).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError:
+        raise CliError(f"--batch {args.batch}: batch sizes separated by commas (e.g. 1,2,4,8), or auto",
+                       EXIT_USAGE) from None
+    if not 1 <= sizes[0] <= sizes[-1] <= MAX_DECODER_BATCH:
+        raise CliError(f"--batch {args.batch}: each size from 1 to {MAX_DECODER_BATCH}", EXIT_USAGE)
+    if sizes[-1] > 1 and str(args.backend).upper() == "OPENVINO":
+        raise CliError(f"--batch {args.batch}: OpenVINO keeps a decoder's cache per infer request, its steps are not "
+                       "batched across sequences (leave --batch out)", EXIT_USAGE)
+    return sizes
 
 
 def _add_socket_limits(p: argparse.ArgumentParser) -> None:

@@ -136,7 +136,7 @@ class Service:
         """The --generate models, each a decoder runner (compiled now) with its scheduler."""
         from .llm.front import GenerationFront
         from .llm.metrics import GenerationMetrics
-        from .llm.model import LanguageModel, model_folder, runner_options
+        from .llm.model import LanguageModel, batch_sizes, model_folder, runner_options
         from .llm.settings import GenerationSettings
 
         settings = self.generation_settings or GenerationSettings()
@@ -152,7 +152,8 @@ class Service:
                 options = runner_options(folder, settings, self.generate_options, self.backend)
                 runner = self._create_runner(folder.model, options)
                 try:
-                    front.models[name] = LanguageModel(name, path, runner, settings, metrics, folder)
+                    front.models[name] = LanguageModel(name, path, runner, settings, metrics, folder,
+                                                       batch_sizes(folder, settings, self.backend)[1])
                 except BaseException:
                     runner.close()
                     raise

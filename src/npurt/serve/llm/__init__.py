@@ -4,7 +4,8 @@ runner. Needs the ``serve`` extra (aiohttp); text needs the ``text`` extra (the 
 
 The modules, each importing only those listed before it: ``settings`` (the flags), ``errors`` (OpenAI's error
 object), ``params`` (a request's fields, checked), ``textout`` (ids to text as they come, stop strings),
-``scheduler`` (sequences, the Generator pool, the thread that interleaves them), ``model`` (a served decoder),
+``pools`` (the caches: pooled Generators, or rows of BatchGenerators whose steps run batched), ``scheduler``
+(sequences, the thread that interleaves them), ``model`` (a served decoder),
 ``metrics``, ``front`` (a request made a sequence, lengths checked), ``bridge`` (events to the event loop, gone
 clients), ``routes`` (the HTTP routes).
 """

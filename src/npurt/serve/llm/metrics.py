@@ -6,6 +6,8 @@
   prompt ids a cache held already (prefix reuse: not prefilled again);
 - ``npurt_time_to_first_token_seconds{model}``: from a request's arrival (its queueing included) to its first id;
   ``npurt_inter_token_seconds{model}``: between a sequence's ids (histograms);
+- ``npurt_decode_step_rows{model}``: the sequences each engine run of decode steps stepped (a histogram: ``_count``
+  the runs, ``_sum`` the sequences' steps; more than one where steps are batched across sequences);
 - ``npurt_sequences_cancelled_total{model}``: sequences freed before their end because their client went away;
 - ``npurt_sequences_active{model}`` / ``npurt_sequences_queued{model}``: read at each scrape.
 """
@@ -20,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 TTFT_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ROWS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 ITL_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -56,20 +59,26 @@ class GenerationMetrics:
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("npurt_inter_token_seconds", "time between a sequence's ids", ["model"],
                              buckets=ITL_BUCKETS, registry=r)
+        self.step_rows = Histogram("npurt_decode_step_rows", "sequences stepped by one engine run of decode steps",
+                                   ["model"], buckets=ROWS_BUCKETS, registry=r)
         r.register(_Sequences(counts))
-        self._timers: dict[str, tuple[Any, Any]] = {}  # per model: its TTFT and inter-token series (looked up once)
+        # per model: its TTFT, inter-token and step-rows series (looked up once)
+        self._timers: dict[str, tuple[Any, Any, Any]] = {}
 
     def add_model(self, model: str) -> None:
         """Show a model's series from the start (at 0), not from its first request."""
         for family in (self.prompt_tokens, self.cached, self.generated, self.cancelled):
             family.labels(model)
-        self._timers[model] = (self.ttft.labels(model), self.itl.labels(model))
+        self._timers[model] = (self.ttft.labels(model), self.itl.labels(model), self.step_rows.labels(model))
 
     def first_token(self, model: str, seconds: float) -> None:
         self._timers[model][0].observe(seconds)
 
     def next_token(self, model: str, seconds: float) -> None:  # once per id: no label lookup
         self._timers[model][1].observe(seconds)
+
+    def decode_step(self, model: str, rows: int) -> None:  # once per run of steps
+        self._timers[model][2].observe(rows)
 
     def sequence_ended(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
                        ok: bool) -> None:

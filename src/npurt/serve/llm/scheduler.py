@@ -1,5 +1,5 @@
 """Many sequences on one decoder runner: each request is a ``Sequence`` with a cache of its own (a Generator taken
-from a ``GeneratorPool``, not made per request), and one ``Scheduler`` thread interleaves them step by step through
+from a pool, ``pools``, not made per request), and one ``Scheduler`` thread interleaves them step by step through
 the Generator's step-level API (``append`` the ids, ``Sampler`` picks the next).
 
 Fairness: a round gives every active sequence one turn: a decode step (one id), or one chunk of ``prefill_chunk``
@@ -10,10 +10,15 @@ shapes are open (one run); on pinned shapes it goes a chunk a turn all the same.
 Admission: at most ``max_sequences`` caches; beyond them a bounded queue (``max_queue``), then 429. A sequence
 cancelled (its client went away) is freed at its next turn, within one round; one waiting is dropped at once.
 
-A free Generator keeps the ids of its last sequence in its cache; with ``prefix_reuse``, a new prompt takes the free
-Generator whose cache shares the longest prefix with it (at least ``prefill_chunk`` ids, so that a chunk is saved)
-and feeds only the rest: a chat's next turn re-sends the whole conversation, and skips prefilling what the cache
-holds already.
+A free cache keeps the ids of its last sequence; with ``prefix_reuse``, a new prompt takes the free cache that shares
+the longest prefix with it (at least ``prefill_chunk`` ids, so that a chunk is saved) and feeds only the rest: a
+chat's next turn re-sends the whole conversation, and skips prefilling what the cache holds already.
+
+Batched steps: over a runner made with option ``decoder`` ``batch`` (sizes above 1), the caches are rows of
+``BatchGenerator`` s (``pools.BatchPool``) and a round first samples every sequence that has logits, then steps all
+those that go on in one run per pool (``BatchGenerator.step``); prompts still go in per sequence between the steps
+(``BatchRow.append``, a chunk a turn). Over any other runner each step is a run of its own (``pools.GeneratorPool``).
+Each engine run of steps is told to the observer with its number of rows (``decode_step``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from collections.abc import Sequence as Ids
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,6 +36,7 @@ from ...generate.generator import Generator, Sampler
 from ...runner import Runner
 from .errors import ApiError
 from .params import Sampling
+from .pools import BatchPool, GeneratorPool
 from .textout import TextStream
 
 log = logging.getLogger("npurt.serve")
@@ -48,6 +53,8 @@ class SequenceObserver(Protocol):
 
     def sequence_ended(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
                        ok: bool) -> None: ...
+
+    def decode_step(self, model: str, rows: int) -> None: ...
 
 
 class Sequence:
@@ -73,54 +80,6 @@ class Sequence:
         return self.row is not None
 
 
-class GeneratorPool:
-    """Up to ``size`` Generators over one runner, made when first needed and kept."""
-
-    def __init__(self, runner: Runner, size: int, prefix_reuse: bool, chunk: int) -> None:
-        self.runner, self.size, self.prefix_reuse, self.chunk = runner, size, prefix_reuse, chunk
-        self._free: list[Generator] = []
-        self._made = 0
-
-    def take(self, prompt: list[int]) -> tuple[Generator, int]:
-        """A Generator for ``prompt`` and the position to start at (the prompt ids its cache holds already)."""
-        best, start = -1, 0
-        if self.prefix_reuse:
-            for k, gen in enumerate(self._free):
-                n = _common_prefix(gen.tokens, prompt)
-                if n > start:
-                    best, start = k, n
-            if start < self.chunk:
-                best, start = -1, 0
-        if best < 0 and self._made < self.size:
-            self._made += 1
-            return Generator(self.runner), 0
-        gen = self._free.pop(best)
-        start = min(start, len(prompt) - 1)  # at least one id is fed: its logits pick the first new id
-        gen.rewind(start)
-        return gen, start
-
-    def give(self, gen: Generator) -> None:
-        self._free.append(gen)
-
-    def discard(self, gen: Generator) -> None:
-        """A Generator whose run failed: its cache is not trusted again."""
-        gen.close()
-        self._made -= 1
-
-    def close(self) -> None:
-        for gen in self._free:
-            gen.close()
-        self._free.clear()
-
-
-def _common_prefix(a: Ids[int], b: Ids[int]) -> int:
-    n = min(len(a), len(b))
-    k = 0
-    while k < n and a[k] == b[k]:
-        k += 1
-    return k
-
-
 class Scheduler:
     """The sequences of one served decoder, run by one thread."""
 
@@ -134,7 +93,9 @@ class Scheduler:
         # pinned shapes run a prompt in chunks anyway: one a turn, so that a request that comes meanwhile waits for
         # one chunk, not the whole prompt
         self.whole_prompts = not runner.decoder.pinned
-        self.pool = GeneratorPool(runner, max_sequences, prefix_reuse, self.chunk)
+        batched = max(runner.decoder.batch, default=1) > 1
+        self.pool: GeneratorPool | BatchPool = (BatchPool if batched else GeneratorPool)(runner, max_sequences,
+                                                                                        prefix_reuse, self.chunk)
         self._cond = threading.Condition(threading.Lock())
         self._waiting: deque[Sequence] = deque()
         self._active: list[Sequence] = []
@@ -216,17 +177,29 @@ class Scheduler:
                     self._cond.wait()
                 batch = list(self._active)
                 alone = len(batch) == 1 and not self._waiting and self.whole_prompts
+            steps: dict[Generator, int] = {}  # the sequences that go on: their caches and next ids
+            stepping: dict[Generator, Sequence] = {}
             for seq in batch:
-                self._turn(seq, alone)
+                token = self._turn(seq, alone)
+                if token is not None and seq.generator is not None:
+                    steps[seq.generator] = token
+                    stepping[seq.generator] = seq
+            for group in self.pool.groups(steps):
+                self._run_steps(group, stepping)
 
     def _admit(self) -> None:
         """Waiting sequences into free caches (under the lock)."""
         while self._waiting and len(self._active) < self.max_sequences:
             self._active.append(self._waiting.popleft())
 
-    def _turn(self, seq: Sequence, alone: bool) -> None:
+    def _turn(self, seq: Sequence, alone: bool) -> int | None:
+        """A sequence's turn: its prompt's next chunk, or its next id (returned where the sequence goes on: the
+        round's steps feed it)."""
         try:
             if seq.cancelled:
+                gen, seq.generator = seq.generator, None
+                if gen is not None:
+                    self.pool.release(gen)
                 self._end(seq, ok=False)
             elif seq.generator is None:
                 seq.generator, seq.reused = self.pool.take(seq.prompt)
@@ -234,9 +207,15 @@ class Scheduler:
             elif not seq.prefilled:
                 self._prefill(seq, alone)
             else:
-                self._step(seq)
+                return self._next(seq)
         except Exception as e:  # noqa: BLE001 - one sequence's failure ends it, not the server
-            log.exception("model %s: a sequence failed", self.model)
+            self._failed([seq], e)
+        return None
+
+    def _failed(self, seqs: list[Sequence], e: Exception) -> None:
+        log.exception("model %s: %s failed", self.model, "a sequence" if len(seqs) == 1 else
+                      f"a step of {len(seqs)} sequences", exc_info=e)
+        for seq in seqs:
             gen, seq.generator = seq.generator, None
             if gen is not None:
                 self.pool.discard(gen)
@@ -254,9 +233,10 @@ class Scheduler:
         if gen.position == len(prompt):
             seq.row = row
 
-    def _step(self, seq: Sequence) -> None:
-        gen, row = seq.generator, seq.row
-        assert gen is not None and row is not None
+    def _next(self, seq: Sequence) -> int | None:
+        """Pick the sequence's next id and tell it; the id where the sequence goes on (None: it ended)."""
+        row = seq.row
+        assert row is not None
         token = seq.sampler(row)
         seq.generated.append(token)
         now = time.perf_counter()
@@ -283,8 +263,21 @@ class Scheduler:
             seq.finish_reason = reason
             seq.emit(("end", reason))
             self._end(seq, ok=True)
+            return None
+        seq.row = None  # (the logits it was picked from are overwritten by the step)
+        return token
+
+    def _run_steps(self, group: dict[Generator, int], stepping: dict[Generator, Sequence]) -> None:
+        """One run stepping the sequences of ``group`` (one, or the rows of one batch): each one's next logits."""
+        try:
+            logits = self.pool.step(group)
+        except Exception as e:  # noqa: BLE001 - the sequences of a failed run end, not the server
+            self._failed([stepping[gen] for gen in group], e)
             return
-        seq.row = gen.append([token])
+        for gen, row in logits.items():
+            stepping[gen].row = row
+        if self.observer is not None:
+            self.observer.decode_step(self.model, len(group))
 
     def _end(self, seq: Sequence, ok: bool) -> None:
         gen, seq.generator = seq.generator, None

@@ -16,6 +16,9 @@ class GenerationSettings:
     max_queue: int = 64  # requests waiting for a cache; more: 429
     max_output_tokens: int = 1024  # a request that leaves max_tokens out gets what the context has left, at most this
     prefix_reuse: bool = True
+    # the batch sizes of steps batched across sequences: None decides per backend and precision (model.batch_sizes),
+    # () or (1,) steps one sequence a run
+    batch: tuple[int, ...] | None = None
 
 
 __all__ = ["DEFAULT_MAX_LENGTH", "GenerationSettings"]
