@@ -66,22 +66,7 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
         return derive_batch(model, max_length, sequence, weight_dims, batch)
     shape = read(model, max_length, weight_dims)
     pairs, has_position_ids = shape.pairs, shape.has_position_ids
-    form = onnx.ModelProto()
-    form.CopyFrom(model)
-    graph = form.graph
-    b = GraphBuilder(graph, PREFIX)
-
-    # the export's own inputs that the position replaces become tensors computed in front of it
-    kept = [v for v in graph.input if v.name not in (ATTENTION_MASK, POSITION_IDS)]
-    del graph.input[:]
-    graph.input.extend(kept)
-    ids = next(v for v in graph.input if v.name == INPUT_IDS)
-    set_shape(ids, (1, sequence))
-    if sequence is None:
-        ids.type.tensor_type.shape.dim[1].dim_param = "sequence_length"
-    graph.input.append(helper.make_tensor_value_info(POSITION, TensorProto.INT64, [1]))
-    for pair in pairs:
-        set_shape(next(v for v in graph.input if v.name == pair.past), pair.shape)
+    form, graph, b = _with_position(model, shape, 1, sequence)
 
     s = b.node("Gather", [b.node("Shape", [INPUT_IDS]), b.const([1])])  # [1]: S
     steps = b.node("Range", [b.const(np.array(0, np.int64)), b.node("Squeeze", [s]), b.const(np.array(1, np.int64))])
@@ -130,22 +115,7 @@ def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None =
     which a later run writes again before any query reads it."""
     shape = read(model, max_length, weight_dims)
     pairs, has_position_ids = shape.pairs, shape.has_position_ids
-    form = onnx.ModelProto()
-    form.CopyFrom(model)
-    graph = form.graph
-    b = GraphBuilder(graph, PREFIX)
-
-    kept = [v for v in graph.input if v.name not in (ATTENTION_MASK, POSITION_IDS)]
-    del graph.input[:]
-    graph.input.extend(kept)
-    ids = next(v for v in graph.input if v.name == INPUT_IDS)
-    set_shape(ids, (batch, sequence))
-    if sequence is None:
-        ids.type.tensor_type.shape.dim[1].dim_param = "sequence_length"
-    position = helper.make_tensor_value_info(POSITION, TensorProto.INT64, [batch if batch is not None else BATCH_DIM])
-    graph.input.append(position)
-    for pair in pairs:
-        set_shape(next(v for v in graph.input if v.name == pair.past), (batch, *pair.shape[1:]))
+    form, graph, b = _with_position(model, shape, batch, sequence)
 
     zero, one = b.const(np.array(0, np.int64)), b.const(np.array(1, np.int64))
     s = b.node("Gather", [b.node("Shape", [INPUT_IDS]), b.const([1])])  # [1]: S
@@ -196,6 +166,28 @@ def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None =
             if value.name in (INPUT_IDS, LOGITS) or value.name.startswith(("past_key_values.", "present.")):
                 value.type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     return StaticForm(form, shape)
+
+
+def _with_position(model: onnx.ModelProto, shape: Layout, batch: int | None, sequence: int | None
+                   ) -> tuple[onnx.ModelProto, onnx.GraphProto, GraphBuilder]:
+    """A copy of ``model`` whose inputs are ``input_ids`` [batch, sequence], ``position`` [batch] and the cache at
+    max_length rows: the export's own inputs that the position replaces (the mask, the position ids) become
+    tensors computed in front of it (by the caller, with the builder returned)."""
+    form = onnx.ModelProto()
+    form.CopyFrom(model)
+    graph = form.graph
+    kept = [v for v in graph.input if v.name not in (ATTENTION_MASK, POSITION_IDS)]
+    del graph.input[:]
+    graph.input.extend(kept)
+    ids = next(v for v in graph.input if v.name == INPUT_IDS)
+    set_shape(ids, (batch, sequence))
+    if sequence is None:
+        ids.type.tensor_type.shape.dim[1].dim_param = "sequence_length"
+    rows: list[int | str | None] = [batch if batch is not None else BATCH_DIM]
+    graph.input.append(helper.make_tensor_value_info(POSITION, TensorProto.INT64, rows))
+    for pair in shape.pairs:
+        set_shape(next(v for v in graph.input if v.name == pair.past), (batch, *pair.shape[1:]))
+    return form, graph, GraphBuilder(graph, PREFIX)
 
 
 def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str, rows: str, sliced: bool
