@@ -65,7 +65,7 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
     if batch != 1:
         return derive_batch(model, max_length, sequence, weight_dims, batch)
     shape = read(model, max_length, weight_dims)
-    pairs, has_position_ids = shape.pairs, shape.has_position_ids
+    has_position_ids = shape.has_position_ids
     form, graph, b = _with_position(model, shape, 1, sequence)
 
     s = b.node("Gather", [b.node("Shape", [INPUT_IDS]), b.const([1])])  # [1]: S
@@ -83,19 +83,7 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
         head, tail = list(b.nodes), list[onnx.NodeProto]()
     else:
         head, tail = _concat_cache(graph, b, shape, s, rows, sliced)
-    b.nodes.clear()
-    _rename_output(graph, LOGITS, LOGITS + FULL_SUFFIX)
-    b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], LOGITS)
-    tail += b.nodes
-    nodes = [*head, *graph.node, *tail]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    for value in graph.output:
-        pair_of = next((p for p in pairs if p.present == value.name), None)
-        if pair_of is not None:
-            set_shape(value, pair_of.shape)
-        elif value.name == LOGITS:
-            set_shape(value, (1, 1, shape.vocab))
+    _around_the_export(graph, b, shape, head, tail, 1)
     return StaticForm(form, shape)
 
 
@@ -148,24 +136,30 @@ def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None =
             where = b.node("Expand", [index, b.node("Shape", [new])])
             b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
         tail = list(b.nodes)
-    b.nodes.clear()
-    _rename_output(graph, LOGITS, LOGITS + FULL_SUFFIX)
-    b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], LOGITS)
-    tail += b.nodes
-    nodes = [*head, *graph.node, *tail]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    for value in graph.output:
-        pair_of = next((p for p in pairs if p.present == value.name), None)
-        if pair_of is not None:
-            set_shape(value, (batch, *pair_of.shape[1:]))
-        elif value.name == LOGITS:
-            set_shape(value, (batch, 1, shape.vocab))
+    _around_the_export(graph, b, shape, head, tail, batch)
     if batch is None:  # one name for the batch dim on every port, so that a stream's state takes the ids' batch
         for value in [*graph.input, *graph.output]:
             if value.name in (INPUT_IDS, LOGITS) or value.name.startswith(("past_key_values.", "present.")):
                 value.type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     return StaticForm(form, shape)
+
+
+def _around_the_export(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, head: list[onnx.NodeProto],
+                       tail: list[onnx.NodeProto], batch: int | None) -> None:
+    """The graph's nodes as ``head``, the export's own, ``tail`` and the slice of the logits' last row; the outputs'
+    shapes: each present the cache of max_length rows, the logits [batch, 1, vocab]."""
+    b.nodes.clear()
+    _rename_output(graph, LOGITS, LOGITS + FULL_SUFFIX)
+    b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])], LOGITS)
+    nodes = [*head, *graph.node, *tail, *b.nodes]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for value in graph.output:
+        pair_of = next((p for p in shape.pairs if p.present == value.name), None)
+        if pair_of is not None:
+            set_shape(value, (batch, *pair_of.shape[1:]))
+        elif value.name == LOGITS:
+            set_shape(value, (batch, 1, shape.vocab))
 
 
 def _with_position(model: onnx.ModelProto, shape: Layout, batch: int | None, sequence: int | None
