@@ -14,7 +14,6 @@ import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,53 +25,24 @@ require_module("aiohttp", "needs the 'serve' extra")
 require_module("tokenizers", "needs the 'text' extra")
 
 from npurt import Generator  # noqa: E402
-from npurt.models import DEFAULT_MODEL  # noqa: E402
-from npurt.serve.process import ServiceProcess  # noqa: E402
 from npurt.text.tokenizer import Tokenizer  # noqa: E402
 from tests.helpers.llm_serving import (  # noqa: E402
     MAX_LENGTH,
     ROOT,
-    SERVE,
     Reference,
     client,
     finish_of,
-    make_folders,
+    folders,  # noqa: F401 - the module fixtures, shared with the other serve-generate module
     metric,
     post,
     raw_post,
+    reference,  # noqa: F401
+    server,  # noqa: F401
+    server_folder,
     sse,
     text_of,
+    tokenizer,  # noqa: F401
 )
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return make_folders(tmp_path_factory.mktemp("lm"))
-
-
-def server_folder(svc, name: str) -> Path:
-    return svc.folders[name]
-
-
-@pytest.fixture(scope="module")
-def server(folders, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
-    args = [*SERVE, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--generate", f"lm={folders['lm']}", "--generate",
-            f"ids={folders['ids']}", "--generate", f"chatml={folders['chatml']}"]
-    with ServiceProcess.start({"digits": DEFAULT_MODEL}, tmp / "serve.sock", args) as svc:
-        svc.folders = folders
-        yield svc
-
-
-@pytest.fixture(scope="module")
-def tokenizer(folders):
-    return Tokenizer(folders["lm"])
-
-@pytest.fixture(scope="module")
-def reference(folders):
-    ref = Reference(folders["lm"])
-    yield ref
-    ref.runner.close()
 
 
 # ---------------------------------------------------------------------------------------------------- the API

@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -27,48 +26,19 @@ require_module("tokenizers", "needs the 'text' extra")
 
 from npurt.models import DEFAULT_MODEL  # noqa: E402
 from npurt.serve.process import ServiceProcess  # noqa: E402
-from npurt.text.tokenizer import Tokenizer  # noqa: E402
 from tests.helpers.llm_serving import (  # noqa: E402
     ROOT,
     SERVE,
-    Reference,
     client,
-    make_folders,
+    folders,  # noqa: F401 - the module fixtures, shared with the other serve-generate module
     metric,
     metric_labels,
     metric_with_token,
+    reference,  # noqa: F401
+    server,  # noqa: F401
     sse,
+    tokenizer,  # noqa: F401
 )
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return make_folders(tmp_path_factory.mktemp("lm"))
-
-
-def server_folder(svc, name: str) -> Path:
-    return svc.folders[name]
-
-
-@pytest.fixture(scope="module")
-def server(folders, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
-    args = [*SERVE, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--generate", f"lm={folders['lm']}", "--generate",
-            f"ids={folders['ids']}", "--generate", f"chatml={folders['chatml']}"]
-    with ServiceProcess.start({"digits": DEFAULT_MODEL}, tmp / "serve.sock", args) as svc:
-        svc.folders = folders
-        yield svc
-
-
-@pytest.fixture(scope="module")
-def tokenizer(folders):
-    return Tokenizer(folders["lm"])
-
-@pytest.fixture(scope="module")
-def reference(folders):
-    ref = Reference(folders["lm"])
-    yield ref
-    ref.runner.close()
 
 
 def test_a_client_dropping_mid_stream_frees_its_sequence(server):
@@ -192,7 +162,6 @@ def test_the_kserve_runtime_s_command_line_serves_a_decoder_folder(folders, tmp_
         assert got.usage.completion_tokens >= 1
         with urllib.request.urlopen(f"http://{svc.http_address}/v2/health/ready", timeout=30) as r:
             assert r.status == 200
-
 
 
 STREAMS = 32

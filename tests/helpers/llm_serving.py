@@ -13,9 +13,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from npurt import Generator, RunnerFactory
+from npurt.models import DEFAULT_MODEL
 from npurt.models.decoders import build_decoder
 from npurt.models.tokenizer_files import CHATML, write_tokenizer
+from npurt.serve.process import ServiceProcess
+from npurt.text.tokenizer import Tokenizer
 from tests.helpers.decoders import decoder_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,3 +146,37 @@ def metric(svc, name: str, model: str = "lm") -> float:
     found = re.search(rf'^{re.escape(name)}{{model="{model}"}} (\S+)$', text, re.M)
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
+
+
+# ------------------------------------------------------------------------------- the fixtures both test modules use
+# (imported by name into tests/test_serve_generate.py and tests/test_serve_generate_limits.py: one served set-up)
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: Any) -> dict[str, Path]:
+    return make_folders(tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="module")
+def server(folders: dict[str, Path], tmp_path_factory: Any) -> Any:
+    """npurt serve with the digits model and the three decoders (--generate lm, ids, chatml), HTTP and gRPC."""
+    tmp = tmp_path_factory.mktemp("serve")
+    args = [*SERVE, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--generate", f"lm={folders['lm']}", "--generate",
+            f"ids={folders['ids']}", "--generate", f"chatml={folders['chatml']}"]
+    with ServiceProcess.start({"digits": DEFAULT_MODEL}, tmp / "serve.sock", args) as svc:
+        svc.folders = folders
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def tokenizer(folders: dict[str, Path]) -> Any:
+    return Tokenizer(folders["lm"])
+
+
+@pytest.fixture(scope="module")
+def reference(folders: dict[str, Path]) -> Any:
+    ref = Reference(folders["lm"])
+    yield ref
+    ref.runner.close()
+
+
+def server_folder(svc: Any, name: str) -> Path:
+    return Path(svc.folders[name])
