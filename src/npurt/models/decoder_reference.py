@@ -56,6 +56,15 @@ class Greedy:
     start: float = 0.0
     times: list[float] = field(default_factory=list)
 
+    def record(self, logits: np.ndarray) -> int:
+        """A greedy step: the id picked from ``logits`` (float32 [vocab]), kept with them, their top-2 gap and when."""
+        token = int(np.argmax(logits))
+        self.times.append(time.perf_counter())
+        self.tokens.append(token)
+        self.logits.append(logits)
+        self.gaps.append(top2_gap(logits))
+        return token
+
     @property
     def time_to_first_token_s(self) -> float:
         """From the start of the run (the prompt given) to the first new token."""
@@ -121,12 +130,7 @@ def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], port
         if ports.use_cache_branch:
             feeds[USE_CACHE_BRANCH] = np.array([total > ids.shape[1]])
         results = step(feeds)
-        logits = np.array(results[LOGITS][0, -1], dtype=np.float32)
-        token = int(np.argmax(logits))
-        out.times.append(time.perf_counter())
-        out.tokens.append(token)
-        out.logits.append(logits)
-        out.gaps.append(top2_gap(logits))
+        token = out.record(np.array(results[LOGITS][0, -1], dtype=np.float32))
         if token == eos_token_id:
             break
         past = {}
@@ -213,12 +217,7 @@ class SharedBufferDecoder:
             all_logits = np.empty((1, ids.shape[1], self.vocab), dtype=p.kv_dtype)  # filled in place by the run
             binding.bind_ortvalue_output(LOGITS, self.ort.OrtValue.ortvalue_from_numpy(all_logits))
             self.session.run_with_iobinding(binding)
-            logits = np.array(all_logits[0, -1], dtype=np.float32)
-            token = int(np.argmax(logits))
-            out.times.append(time.perf_counter())
-            out.tokens.append(token)
-            out.logits.append(logits)
-            out.gaps.append(top2_gap(logits))
+            token = out.record(np.array(all_logits[0, -1], dtype=np.float32))
             if token == eos_token_id:
                 break
             ids = np.asarray([[token]], dtype=np.int64)
