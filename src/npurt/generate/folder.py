@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,10 @@ SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p")
 
 
 @dataclass(frozen=True)
-class ModelFolder:
-    """What a decoder's folder holds (``resolve``)."""
+class FolderConfigs:
+    """What the configs of a folder say (``read_configs``), with or without a model in it (a tokenizer's folder)."""
 
     folder: Path
-    model: Path  # the ONNX file
     genai_config: dict[str, Any] = field(default_factory=dict)  # genai_config.json (empty where there is none)
     config: dict[str, Any] = field(default_factory=dict)  # config.json
     generation_config: dict[str, Any] = field(default_factory=dict)  # generation_config.json
@@ -53,30 +52,42 @@ class ModelFolder:
         return path if path.is_file() else None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModelFolder(FolderConfigs):
+    """What a decoder's folder holds (``resolve``): its configs and its model file."""
+
+    model: Path  # the ONNX file
+
+
 def resolve(model_dir_or_file: str | os.PathLike[str]) -> ModelFolder:
     """The folder's model file and config facts (see the module). FileNotFoundError where there is no model;
     ValueError for a config that cannot be read or says something of the wrong kind."""
     path = Path(model_dir_or_file)
     if not path.exists():
         raise FileNotFoundError(f"no model folder or file at {path}")
-    folder = path if path.is_dir() else path.parent
+    configs = read_configs(path if path.is_dir() else path.parent)
+    model = path if path.is_file() else _model_file(configs.folder, configs.genai_config.get("model", {}))
+    return ModelFolder(model=model, **{f.name: getattr(configs, f.name) for f in fields(FolderConfigs)})
+
+
+def read_configs(folder: Path) -> FolderConfigs:
+    """What the configs in ``folder`` say, first found wins: genai_config.json's model entry, generation_config.json,
+    config.json. ValueError for a config that cannot be read or says something of the wrong kind."""
     genai = _json(folder / GENAI_CONFIG)
     hf, generation = _json(folder / HF_CONFIG), _json(folder / GENERATION_CONFIG)
     genai_model = genai.get("model", {})
     if not isinstance(genai_model, dict):
         raise ValueError(f"{folder / GENAI_CONFIG}: its 'model' entry is not an object")
-    model = path if path.is_file() else _model_file(folder, genai_model)
-    # where each fact comes from, first found wins: genai_config.json's model entry, generation_config.json, config.json
     layers = [(GENAI_CONFIG, genai_model), (GENERATION_CONFIG, generation), (HF_CONFIG, hf)]
     eos = _first(layers, "eos_token_id", _ids)
     context = _first([(GENAI_CONFIG, genai_model), (HF_CONFIG, hf)], "context_length", _positive)
     if context is None:
         context = _first([(HF_CONFIG, hf)], "max_position_embeddings", _positive)
-    return ModelFolder(folder=folder, model=model, genai_config=genai, config=hf, generation_config=generation,
-                       eos_token_ids=eos or (), bos_token_id=_first(layers, "bos_token_id", _id),
-                       pad_token_id=_first(layers, "pad_token_id", _id), context_length=context,
-                       sources=tuple(name for name, d in ((GENAI_CONFIG, genai), (GENERATION_CONFIG, generation),
-                                                          (HF_CONFIG, hf)) if d))
+    return FolderConfigs(folder=folder, genai_config=genai, config=hf, generation_config=generation,
+                         eos_token_ids=eos or (), bos_token_id=_first(layers, "bos_token_id", _id),
+                         pad_token_id=_first(layers, "pad_token_id", _id), context_length=context,
+                         sources=tuple(name for name, d in ((GENAI_CONFIG, genai), (GENERATION_CONFIG, generation),
+                                                            (HF_CONFIG, hf)) if d))
 
 
 def _json(path: Path) -> dict[str, Any]:

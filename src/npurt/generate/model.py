@@ -38,7 +38,6 @@ from ..types import DecoderFacts, NpuError, NpuUnsupportedError, TensorDirection
 from . import folder as folder_of
 from . import layout, merged, openvino_form, verify
 
-GENAI_CONFIG = "genai_config.json"
 MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
 _EXTERNAL_DATA = "decoder_static.onnx.data"  # the static form's weights past MAX_PROTOBUF
 

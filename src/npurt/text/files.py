@@ -22,19 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..generate.folder import resolve
+from ..generate.folder import read_configs, resolve
 from .errors import NoTokenizerError
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-GENERATION_CONFIG = "generation_config.json"
-GENAI_CONFIG = "genai_config.json"
 
 # transformers' named special tokens (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES), in its order
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p")
 
 
 @dataclass(frozen=True)
@@ -94,13 +91,9 @@ def read(model_dir_or_file: str | os.PathLike[str]) -> TextFiles:
     try:
         model = resolve(model_dir_or_file)  # ValueError for a config that says something of the wrong kind
         folder, eos, sampling = model.folder, model.eos_token_ids, model.sampling_defaults
-    except FileNotFoundError:  # a tokenizer's folder without a model
-        folder = model_folder(model_dir_or_file)
-        generation = _optional(folder, GENERATION_CONFIG)
-        genai = _optional(folder, GENAI_CONFIG).get("model", {})
-        eos = _ids(genai.get("eos_token_id") if isinstance(genai, dict) else None) or _ids(
-            generation.get("eos_token_id"))
-        sampling = {k: generation[k] for k in SAMPLING_KEYS if k in generation}
+    except FileNotFoundError:  # a tokenizer's folder without a model: its configs, read by the same rules
+        configs = read_configs(model_folder(model_dir_or_file))
+        folder, eos, sampling = configs.folder, configs.eos_token_ids, configs.sampling_defaults
     tokenizer_json = folder / TOKENIZER_JSON
     if not tokenizer_json.is_file():
         raise NoTokenizerError(f"{folder} has no {TOKENIZER_JSON}: text in and out needs the model's tokenizer "
@@ -174,13 +167,3 @@ def eos_token_ids(files: TextFiles, eos_token_id: int | None) -> tuple[int, ...]
     if files.model_eos_token_ids:
         return files.model_eos_token_ids
     return (eos_token_id,) if eos_token_id is not None else ()
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if isinstance(value, bool):
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    return ()
