@@ -46,6 +46,18 @@ def _status():
                 out[key] = int(value.split()[0]) / 1024
     return out
 
+def _first_cpu():
+    # Every load starts on the machine's first CPU, then may go anywhere again. Where the imports leave the main
+    # thread is chance (numpy's BLAS thread spins on one core while they run, so the main thread ends on the other),
+    # and engines pin their first worker thread to the second core, assuming the caller on the first: a caller
+    # left there shares a core with a spinning worker until the kernel moves it (~8 ms on a 2-core VM), on either
+    # side of a comparison, whichever imported in the order that puts it there.
+    import os
+    if hasattr(os, "sched_setaffinity"):
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(allowed)})
+        os.sched_setaffinity(0, allowed)
+
 class Probe:
     def __init__(self):
         self.kept = []
@@ -53,6 +65,7 @@ class Probe:
 
     def baseline(self):
         self.import_ms = (time.perf_counter() - _t0) * 1e3
+        _first_cpu()
         try:  # "5" resets the peak RSS (VmHWM) to the current RSS
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
