@@ -61,7 +61,8 @@ def test_a_second_load_comes_from_the_cache_with_the_same_results(backend, tmp_p
     assert manifest["key"]["backend"] == backend and manifest["blob"]["size"] == (entry / "blob").stat().st_size
 
 
-@pytest.mark.parametrize("damage", ["truncated", "corrupted", "corrupted weights", "foreign", "garbage manifest"])
+@pytest.mark.parametrize("damage", ["truncated", "corrupted", "corrupted weights", "corrupted, times set back",
+                                    "foreign", "garbage manifest"])
 def test_a_damaged_entry_is_refused_compiled_again_and_replaced(backend, tmp_path, caplog, damage):
     with load(backend, tmp_path):
         pass
@@ -75,6 +76,10 @@ def test_a_damaged_entry_is_refused_compiled_again_and_replaced(backend, tmp_pat
     elif damage == "corrupted weights":  # a byte in the middle of the weights: the engine would load it happily
         at = len(data) // 2
         blob.write_bytes(data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:])
+    elif damage == "corrupted, times set back":  # the manifest's stamp spares the CRC only for the file unwritten
+        st = blob.stat()
+        blob.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+        os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
     elif damage == "foreign":  # a manifest written by another engine version (forged)
         m = json.loads(manifest.read_text())
         m["key"]["engine"] = "0.0.1-another"

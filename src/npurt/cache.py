@@ -11,9 +11,12 @@ is computed once per file identity (path, size, mtime, inode) and kept in ``file
 hashes nothing.
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
-another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32 (checked
-over the mapped file before the engine reads it: ~0.4 ms per MB; taken on a thread beside ONNX Runtime's own read
-it made loads slower on 2 cores, not faster). A refused entry is reported, compiled again and replaced.
+another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32. The CRC is
+taken over the mapped file before the engine reads it (~0.4 ms per MB: 4.5 ms of a 28 ms load of PP-OCR's
+recognizer; on a thread beside ONNX Runtime's own read it made loads slower on 2 cores) unless the blob is the very
+file stored: the manifest keeps its inode, size, mtime and ctime as they were once its CRC was taken, and any write
+to the file since changes its ctime (which no call can set back); a copied cache is checked in full on each load.
+A refused entry is reported, compiled again and replaced.
 Entries are written into a temporary directory and renamed into place, so two processes filling one entry at once
 never leave half of one (the second rename loses and is dropped). A cache directory that cannot be written (read-only,
 full disk) degrades to compiling, with one warning.
@@ -185,7 +188,8 @@ class CompiledModelCache:
             size = blob.stat().st_size
             shutil.move(str(blob), tmp / BLOB)
             crc = _crc32(tmp / BLOB)
-            manifest = {"format": FORMAT, "key": key.parts, "blob": {"size": size, "crc32": crc},
+            manifest = {"format": FORMAT, "key": key.parts,
+                        "blob": {"size": size, "crc32": crc, "stamp": _stamp((tmp / BLOB).stat())},
                         "metadata": dict(metadata), "model_path": str(model), "created": time.time()}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
             final = self.entries_dir / key.id
@@ -225,9 +229,11 @@ class CompiledModelCache:
         """An entry's blob, checked against its manifest (ValueError naming what is wrong): the engine then reads
         the file itself, as it reads its own cache (no copy of it held in Python's heap on the way)."""
         want = (entry.manifest or {}).get("blob", {})
-        size = entry.blob.stat().st_size
-        if size != want.get("size"):
-            raise ValueError(f"its blob has {size} bytes, the manifest says {want.get('size')} (truncated)")
+        st = entry.blob.stat()
+        if st.st_size != want.get("size"):
+            raise ValueError(f"its blob has {st.st_size} bytes, the manifest says {want.get('size')} (truncated)")
+        if _stamp(st) == want.get("stamp"):  # the file whose CRC was taken, unwritten since
+            return entry.blob
         if _crc32(entry.blob) != want.get("crc32"):
             raise ValueError("its blob's CRC-32 differs from the manifest's (corrupted)")
         return entry.blob
@@ -313,6 +319,11 @@ def _digest_and_location(data: mmap.mmap | bytes) -> tuple[str, bool]:
     finally:
         hasher.join()
     return digest[0], found
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    """A file's identity and its last change: a write changes mtime and ctime, and ctime cannot be set back."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _crc32(path: Path) -> int:
