@@ -97,10 +97,12 @@ class RunnerCore:
 
 
 def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_name: str,
-             allocate_state: Callable[[NpuTensorInfo], NpuTensor], in_place: bool) -> tuple[RunnerCore, DeviceInfo]:
+             allocate_state: Callable[[NpuTensorInfo], NpuTensor], in_place: bool
+             ) -> tuple[RunnerCore, Callable[[], DeviceInfo]]:
     """Open the model through ``backend`` and build one runner's core around it (the engines compiled per shape,
     the planner, staging, the job scheduler, the streams' table: ``in_place`` binds each carried past and its
-    present to one buffer), with where it runs. The backend is closed where any of it fails."""
+    present to one buffer), with where it runs: a call, made when first asked (what the engine says of where the
+    nodes went is read then, not during the load). The backend is closed where any of it fails."""
     stats = RunnerStats()
     backend.count_copy = stats.copy
     variants: ShapeVariants | None = None
@@ -125,9 +127,11 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
                       Staging(options.memory_provider, stats), jobs,
                       StreamTable(pairs, allocate_state, in_place=in_place), stats, log, model_name)
     jobs.before_callback = core.set_last_error
-    device_info = dataclasses.replace(
-        backend.refine_device_info(opened.device_info),
-        hw_view="npu" if ports.npu_views else "device", shape_mode=variants.mode,
-        engine_settings=tuple(sorted(backend.engine_settings().items())),
-        load_steps=(("open the model", open_ms), *variants.load_steps))
+    load_steps = (("open the model", open_ms), *variants.load_steps)
+
+    def device_info() -> DeviceInfo:
+        return dataclasses.replace(
+            backend.refine_device_info(opened.device_info),
+            hw_view="npu" if ports.npu_views else "device", shape_mode=variants.mode,
+            engine_settings=tuple(sorted(backend.engine_settings().items())), load_steps=load_steps)
     return core, device_info

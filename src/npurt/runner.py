@@ -80,8 +80,8 @@ class Runner:
         engine_model = engine_model or self.model_path
         self.log = RunnerLog(self.options.log_level)
         self._backend = backend(engine_model, self.options)
-        core, self._device_info = assemble(self._backend, self.options, self.log, self.model_path.name,
-                                           self._allocate_state, in_place=decoder is not None)
+        core, self._device_info_of = assemble(self._backend, self.options, self.log, self.model_path.name,
+                                              self._allocate_state, in_place=decoder is not None)
         self._arrays = ArrayRuns(core)
         self._streams = StreamRuns(core, self._arrays)
         self._core = core
@@ -148,10 +148,10 @@ class Runner:
         """The model's outputs as read, open dims None, state ports too (a new list)."""
         return list(self._core.out_specs)
 
-    @property
+    @functools.cached_property
     def device_info(self) -> DeviceInfo:
         """Requested and attached device, engine and version, fallback and why, views and shapes in force."""
-        return self._device_info
+        return self._device_info_of()
 
     @property
     def placement(self) -> tuple[NodePlacement, ...]:
@@ -414,7 +414,7 @@ class Runner:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Runner {self._backend.name} {self.model_path.name}: {self._device_info.summary()}>"
+        return f"<Runner {self._backend.name} {self.model_path.name}: {self.device_info.summary()}>"
 
 
 def _timeout_s(timeout_ms: Any) -> float | None:

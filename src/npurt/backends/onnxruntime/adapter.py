@@ -530,6 +530,7 @@ class OrtBackend(Backend):
     def close(self) -> None:
         with self._lock:
             self._sessions.clear()
+            _ = self._placement.assigned  # read while its session lives: device_info may be asked for later
         self._model = None
         self._release_model_file()
 
