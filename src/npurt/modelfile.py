@@ -150,7 +150,8 @@ def read_onnx_ports(path: str | os.PathLike[str], nodes: bool = True) -> OnnxMod
     """Read the ports of the ONNX model file at ``path`` (external data files are neither needed nor opened).
 
     ``nodes=False`` skips the nodes (a runner's load needs the ports only: a large model has thousands of nodes);
-    then ``operator_domains`` and ``operator_types`` are empty and ``has_subgraphs`` False, unread. Raises ValueError
+    then ``node_count`` is 0, ``operator_domains`` and ``operator_types`` are empty and ``has_subgraphs`` False,
+    unread. Raises ValueError
     when ``path`` is a directory, not a regular file or not an ONNX model, and OSError when it cannot be opened.
     """
     path = Path(path)
@@ -196,6 +197,8 @@ _ENTRY_FIELDS = frozenset((ENTRY_KEY, ENTRY_VALUE))
 # GraphProto
 _GRAPH_FIELDS = frozenset((GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_SPARSE_INITIALIZER))
 _SUBGRAPH_FIELDS = frozenset((GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_SPARSE_INITIALIZER))
+# the ports alone: the nodes are skipped over, not yielded (a third of a cached load's reading of PP-OCR's classifier)
+_GRAPH_PORT_FIELDS = _GRAPH_FIELDS - {GRAPH_NODE}
 # NodeProto
 _NODE_FIELDS = frozenset((NODE_OP_TYPE, NODE_ATTRIBUTE, NODE_DOMAIN))
 # AttributeProto
@@ -325,8 +328,9 @@ def _walk_graph(buf: memoryview, spans: list[Span], depth: int, walk: _Walk,
     initializers: set[str] = set()
     inputs: list[OnnxPort] = []
     outputs: list[OnnxPort] = []
+    wanted = _SUBGRAPH_FIELDS if not main else _GRAPH_FIELDS if walk.nodes else _GRAPH_PORT_FIELDS
     for start, end in spans:
-        for tag, a, b in fields(buf, start, end, depth, _GRAPH_FIELDS if main else _SUBGRAPH_FIELDS):
+        for tag, a, b in fields(buf, start, end, depth, wanted):
             if tag == GRAPH_NODE:
                 nodes += 1
                 if walk.nodes:

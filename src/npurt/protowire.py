@@ -82,6 +82,9 @@ def fields(buf: memoryview, pos: int, end: int, depth: int, wanted: frozenset[in
             if pos < end and buf[pos] < 0x80:
                 start = pos + 1
                 pos = start + buf[pos]
+            elif pos + 1 < end and buf[pos + 1] < 0x80:  # 128 to 16383 bytes: most nodes and tensor types
+                start = pos + 2
+                pos = start + ((buf[pos] & 0x7F) | buf[pos + 1] << 7)
             else:
                 length, start = varint(buf, pos, end)
                 pos = start + length
