@@ -378,3 +378,30 @@ def test_a_damaged_index_is_hashed_again(tmp_path, backend):
     with load(backend, tmp_path / "cache", model) as r:
         assert step(r) == "loaded from the cache"
         assert r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0] == 24.0
+
+
+@pytest.mark.parametrize("kept", ["sound", "damaged", "foreign shape", "stale"])
+def test_onnx_ports_kept_in_the_index_are_used_only_while_sound(tmp_path, kept):
+    """ONNX Runtime's warm load takes the model's ports from the cache's index (per file identity) instead of walking
+    the graph; a damaged entry there is read again from the file, and a changed file is another identity."""
+    model = tmp_path / "digits.onnx"
+    shutil.copy(DEFAULT_MODEL, model)
+    cache = tmp_path / "cache"
+    with load("VAIML", cache, model) as r:
+        want = [*r.input_specs, *r.output_specs]
+    index_path = cache / "files.json"
+    index = json.loads(index_path.read_text())
+    (identity,) = [k for k, v in index.items() if "onnx_ports" in v]
+    assert index[identity]["onnx_ports"]["inputs"][0][0] == "image"
+    if kept == "damaged":
+        index[identity]["onnx_ports"] = {"inputs": [["image", "tensor", "one", None]], "outputs": []}
+    elif kept == "foreign shape":
+        index[identity]["onnx_ports"] = [1, 2, 3]
+    elif kept == "stale":  # the file changed (another identity): its old ports are not this file's
+        model.write_bytes(model.read_bytes())
+    index_path.write_text(json.dumps(index))
+    with load("VAIML", cache, model) as r:
+        assert [*r.input_specs, *r.output_specs] == want
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference("VAIML"))
+    index = json.loads(index_path.read_text())
+    assert all(isinstance(v.get("onnx_ports", {}), dict) for v in index.values())  # repaired where it was damaged

@@ -8,7 +8,8 @@ hash of: the model's content, the backend, the engine and its version, the devic
 versions where the engine reports them), the input shapes and views, and every setting that changes compilation.
 The model's content hash (with that of each file holding its weights: an ONNX model's external data, an IR's .bin)
 is computed once per file identity (path, size, mtime, inode) and kept in ``files.json``, so that a warm load
-hashes nothing.
+hashes nothing; backends keep other facts of a model file there too (``remembered``: an ONNX model's ports, so that
+a warm load does not walk its graph).
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
 another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32. The CRC is
@@ -34,7 +35,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,10 @@ class Outcome:
 
 
 def model_identity(path: Path) -> dict[str, Any]:
+    # the device and inode name the file; the path (absolute, not resolved: resolving stats each of its
+    # components, a tenth of npurt's share of a warm load) is for whoever reads the index
     st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
             "device": st.st_dev}
 
 
@@ -132,12 +135,27 @@ class CompiledModelCache:
             return known
         with _mapped(path) as data:  # mapped, not read: a cold load hashes megabytes once, without copies
             digest, names_a_location = _digest_and_location(data)
-        known = {"sha256": digest}
+        known = {**(known if isinstance(known, dict) else {}), "sha256": digest}  # (what else it knows stays)
         if with_data:
             known["data"] = _data_files(path, names_a_location)
         index[name] = known
         self._write_index(index)
         return known
+
+    def remembered(self, path: Path, name: str, compute: Callable[[], Any], valid: Callable[[Any], bool]) -> Any:
+        """A fact about a file kept in the index beside its hash, per file identity: ``compute()`` (JSON-able)
+        where the index does not hold one that is ``valid`` for the file as it is now."""
+        index = self._read_index()
+        name_of_file = json.dumps(model_identity(path), sort_keys=True)
+        known = index.get(name_of_file)
+        if isinstance(known, dict) and name in known:
+            with contextlib.suppress(Exception):  # a damaged or foreign index is read again from the file
+                if valid(known[name]):
+                    return known[name]
+        value = compute()
+        index[name_of_file] = {**(known if isinstance(known, dict) else {}), name: value}
+        self._write_index(index)
+        return value
 
     def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
         return CacheKey.of({"format": FORMAT, "model": self.content_hash(model), **parts})

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, get_args
 
 from .onnx_fields import (
     ATTR_G,
@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 PortKind = Literal["tensor", "sequence", "map", "optional", "sparse_tensor", "unknown"]
+PORT_KINDS: frozenset[str] = frozenset(get_args(PortKind))
 Dim = int | str | None
 
 # TensorProto.DataType, by number (onnx.proto); checked against onnx's own enum by the tests.

@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from . import formats
-from .modelfile import OnnxPort, read_onnx_ports
+from .modelfile import PORT_KINDS, OnnxModelInfo, OnnxPort, read_onnx_ports
 from .options import RunnerOptions
 from .types import (
     DYNAMIC_DIM,
@@ -118,12 +119,43 @@ def spec_of_onnx_port(port: OnnxPort, what: str) -> PortSpec:
     return PortSpec(port.name, dtype, shape, dim_names=names)
 
 
-def onnx_port_specs(path: str | os.PathLike[str]) -> tuple[list[PortSpec], list[PortSpec]]:
+Remember = Callable[[Callable[[], Any], Callable[[Any], bool]], Any]  # (compute, valid) -> the value kept
+
+
+def onnx_port_specs(path: str | os.PathLike[str], remember: Remember | None = None
+                    ) -> tuple[list[PortSpec], list[PortSpec]]:
     """An ONNX model's own inputs and outputs, read from the file without loading it (its nodes are not walked).
-    ValueError where the file is not an ONNX model; NpuUnsupportedError naming a port npurt cannot carry."""
-    info = read_onnx_ports(path, nodes=False)
-    return ([spec_of_onnx_port(p, "input") for p in info.inputs],
-            [spec_of_onnx_port(p, "output") for p in info.outputs])
+    ``remember``: where they may be kept between processes as JSON (the compiled-model cache's index, per file
+    identity), read from the file only where it holds none. ValueError where the file is not an ONNX model;
+    NpuUnsupportedError naming a port npurt cannot carry."""
+    if remember is None:
+        info = read_onnx_ports(path, nodes=False)
+        inputs, outputs = info.inputs, info.outputs
+    else:
+        kept = remember(lambda: _ports_json(read_onnx_ports(path, nodes=False)), lambda v: bool(_ports_of_json(v)))
+        inputs, outputs = _ports_of_json(kept)
+    return ([spec_of_onnx_port(p, "input") for p in inputs],
+            [spec_of_onnx_port(p, "output") for p in outputs])
+
+
+def _ports_json(info: OnnxModelInfo) -> dict[str, list[list[Any]]]:
+    return {side: [[p.name, p.kind, p.elem_type, None if p.shape is None else list(p.shape)] for p in ports]
+            for side, ports in (("inputs", info.inputs), ("outputs", info.outputs))}
+
+
+def _ports_of_json(kept: Any) -> tuple[tuple[OnnxPort, ...], tuple[OnnxPort, ...]]:
+    """The ports kept by ``_ports_json``; ValueError for anything else (a damaged or foreign index)."""
+    def port(item: Any) -> OnnxPort:
+        name, kind, elem_type, shape = item
+        if not (isinstance(name, str) and kind in PORT_KINDS and type(elem_type) is int and (shape is None or (
+                isinstance(shape, list) and all(d is None or type(d) in (int, str) for d in shape)))):
+            raise ValueError(f"not a port: {item!r}")
+        return OnnxPort(name, kind, elem_type, None if shape is None else tuple(shape))
+
+    if not isinstance(kept, dict) or not isinstance(kept.get("inputs"), list) or \
+            not isinstance(kept.get("outputs"), list):
+        raise ValueError("not the ports of a model")
+    return tuple(port(p) for p in kept["inputs"]), tuple(port(p) for p in kept["outputs"])
 
 
 class PortFactory:

@@ -32,8 +32,9 @@ from typing import Any
 import onnxruntime as ort
 
 from ... import devices
+from ...cache import CompiledModelCache
 from ...engine import Backend, Engine, OpenedModel
-from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Signature, onnx_port_specs
+from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Remember, Signature, onnx_port_specs
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
 from .engine import OrtEngine
 from .placement import ModelNodes, Placement
@@ -135,8 +136,12 @@ class OrtBackend(Backend):
         if self.model_path.suffix.lower() == ".xml":
             raise NpuError(f"{ep.label} reads ONNX models; {self.model_path.name} is an OpenVINO IR model")
         # The model's own ports, read from the file without loading it (a session or the cache loads it later).
+        remember: Remember | None = None
+        if self.options.cache_dir is not None:  # kept in the cache's index: a warm load does not walk the graph
+            remember = functools.partial(CompiledModelCache(self.options.cache_dir).remembered, self.model_path,
+                                         "onnx_ports")
         try:
-            ins, outs = onnx_port_specs(self.model_path)
+            ins, outs = onnx_port_specs(self.model_path, remember)
         except ValueError as e:
             raise NpuError(f"cannot read ONNX model {self.model_path}: {e}") from None
         if self.options.frames:
