@@ -223,6 +223,11 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+_INFO_ENUMS: tuple[tuple[str, type[IntEnum]], ...] = (
+    ("data_type", DataType), ("direction", TensorDirection), ("tensor_type", TensorType),
+    ("memory_layout", MemoryLayout))
+
+
 @dataclass(frozen=True)
 class NpuTensorInfo:
     """Metadata of one tensor in one view. Immutable, hashable, equal by value; it describes memory, it holds none.
@@ -262,19 +267,20 @@ class NpuTensorInfo:
         setattr_ = object.__setattr__
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"NpuTensorInfo.name must be a non-empty string, got {self.name!r}")
-        setattr_(self, "data_type", enum_member(DataType, self.data_type, f"tensor {self.name!r} data_type"))
-        setattr_(self, "direction", enum_member(TensorDirection, self.direction, f"tensor {self.name!r} direction"))
-        setattr_(self, "tensor_type", enum_member(TensorType, self.tensor_type, f"tensor {self.name!r} tensor_type"))
-        setattr_(self, "memory_layout", enum_member(MemoryLayout, self.memory_layout, f"tensor {self.name!r} layout"))
+        # (members as given are the common case: runners make several infos per port at load)
+        for name, enum_cls in _INFO_ENUMS:
+            value = getattr(self, name)
+            if type(value) is not enum_cls:
+                setattr_(self, name, enum_member(enum_cls, value, f"tensor {self.name!r} {name}"))
         try:
-            shape = tuple(int(d) for d in self.shape)
+            shape = tuple(map(int, self.shape))
         except (TypeError, ValueError):
             raise ValueError(f"tensor {self.name!r}: shape must be a sequence of ints, got {self.shape!r}") from None
-        if any(d < DYNAMIC_DIM for d in shape):
+        if shape and min(shape) < DYNAMIC_DIM:
             raise ValueError(f"tensor {self.name!r}: shape {shape} has a negative dimension "
                              f"({DYNAMIC_DIM} marks a dynamic one)")
         setattr_(self, "shape", shape)
-        order = tuple(int(d) for d in self.memory_layout_order)
+        order = tuple(map(int, self.memory_layout_order))
         if order and sorted(order) != list(range(len(shape))):
             raise ValueError(
                 f"tensor {self.name!r}: memory_layout_order {order} is not a permutation of {len(shape)} dims"
