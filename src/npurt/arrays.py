@@ -70,10 +70,11 @@ class ArrayRuns:
             context = None if stream is None else stream.context(variant.engine)
             results = variant.engine.run_arrays(arrays, context)
         except Exception as e:  # noqa: BLE001 - the engine's error, in the contract's words
-            self.core.stats.executed(False)
+            self.core.stats.execute_ended()
+            self.core.stats.execute_failed()
             status, message = status_of(e)
             raise NpuError(f"{status.name}: {message}") from None
-        self.core.stats.executed(True)
+        self.core.stats.execute_ended()
         return results
 
     def _variant(self, signature: Signature) -> Variant | None:
@@ -113,7 +114,8 @@ class ArrayRuns:
             status, message = core.execute_plan(plan, [ins], [outs], stream)
         except StatusError as e:
             status, message = e.status, str(e)
-        core.stats.executed(status is StatusCode.SUCCESS)
+        core.stats.execute_ended()
         if status is not StatusCode.SUCCESS:
+            core.stats.execute_failed()
             raise NpuError(f"{status.name}: {message}")
         return results

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .core import RunnerCore
-from .status import SUCCESS, StatusError
+from .status import StatusError
 from .streams import StreamRef, StreamRuns
 from .tensor import NpuTensor
 from .types import StatusCode
@@ -33,8 +33,7 @@ class BoundRun:
                 status, message = self._run()
             except StatusError as e:
                 status, message = e.status, str(e)
-        core.stats.executed(status is SUCCESS)
-        return core.fail(status, message)
+        return core.executed(status, message)
 
 
 def bind(core: RunnerCore, streams: StreamRuns, inputs: Sequence[Sequence[NpuTensor]],

@@ -65,6 +65,15 @@ class RunnerCore:
             self.log.debug("%s: %s", status.name, message)
         return status
 
+    def executed(self, status: StatusCode, message: str) -> StatusCode:
+        """An execute's end: counted, and ``status`` returned with ``message`` as its ``last_error``."""
+        self.stats.execute_ended()
+        if status is not SUCCESS:
+            self.stats.execute_failed()
+            self.log.debug("%s: %s", status.name, message)
+        self._tls.error = message
+        return status
+
     def check_open(self) -> None:
         """StatusError FAILURE once the runner is closed (the execution path's form of a closed runner)."""
         if self.closed:

@@ -33,7 +33,7 @@ from .engine import Backend, Engine
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
 from .ports import Port, PortSpec
-from .staging import engine_start
+from .staging import engine_start, run_plan
 from .status import SUCCESS, StatusError
 from .streams import Stream, StreamRuns
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
@@ -242,16 +242,14 @@ class Runner:
             if stream is not None or self._streams.stateful:
                 status, message = self._streams.execute(stream, inputs, outputs)
             else:
-                plan = core.planner.plan(inputs, outputs)
-                status, message = core.execute_plan(plan, inputs, outputs)
+                status, message = run_plan(core.planner.plan(inputs, outputs), inputs, outputs, core.staging)
         except StatusError as e:
             status, message = e.status, str(e)
         except BaseException as e:  # noqa: BLE001 - execution never raises (VART-ML contract)
             if isinstance(e, KeyboardInterrupt):
                 raise
             status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
-        core.stats.executed(status is SUCCESS)
-        return core.fail(status, message)
+        return core.executed(status, message)
 
     def execute_async(self, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
                       callback: Callable[[JobHandle], Any] | None = None,

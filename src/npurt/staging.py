@@ -130,21 +130,23 @@ ContextOf = Callable[[Any], Any]  # an engine -> the context a run uses on it (a
 def run_plan(plan: Plan, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
              staging: Staging, context_of: ContextOf | None = None) -> tuple[StatusCode, str]:
     """Run every batch slot of a plan; the status (the engine's error becomes a status: this never raises)."""
-    for b, slot in enumerate(plan):
-        variant = slot.variant
-        variant.touch()
-        try:
+    b = 0  # (no enumerate, one try: a 7 us run of the digits model on ONNX Runtime feels each step here)
+    try:
+        for slot in plan:
+            variant = slot.variant
+            variant.touch()
             engine = variant.engine
-            context = None if context_of is None else context_of(engine)
             binding = slot.binding
             if binding is not None and not slot.sync:
-                shapes = engine.run(binding, context)
+                shapes = engine.run(binding, None if context_of is None else context_of(engine))
                 if shapes:
                     record_shapes([outputs[b][k] for k in slot.out_order], shapes)
             else:
-                staging.run(slot, *slot.tensors(inputs[b], outputs[b]), context)
-        except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
-            return status_of(e, b)
+                staging.run(slot, *slot.tensors(inputs[b], outputs[b]),
+                            None if context_of is None else context_of(engine))
+            b += 1
+    except Exception as e:  # noqa: BLE001 - the engine's error becomes a status
+        return status_of(e, b)
     return SUCCESS, ""
 
 

@@ -24,7 +24,7 @@ def _value(counter: itertools.count[int]) -> int:
 class RunnerStats:
     """Thread-safe totals; ``snapshot()`` gives them as a dict (``Runner.stats``)."""
 
-    __slots__ = ("_lock", "_counts", "_events", "_executes", "_execute_failures", "job_submitted", "job_completed",
+    __slots__ = ("_lock", "_counts", "_events", "execute_ended", "execute_failed", "job_submitted", "job_completed",
                  "job_failed")
 
     def __init__(self) -> None:
@@ -32,8 +32,9 @@ class RunnerStats:
         self._counts = {name: 0 for name in COUNTERS if name not in _EVENTS}
         self._events = {name: itertools.count() for name in _EVENTS}
         events = self._events
-        self._executes, self._execute_failures = events["executes"], events["execute_failures"]
-        # one job submitted / completed / failed: C calls (a partial of next), no Python frame per job
+        # one execute or job submitted / completed / failed: C calls (a partial of next), no Python frame each
+        self.execute_ended: Callable[[], int] = functools.partial(next, events["executes"])
+        self.execute_failed: Callable[[], int] = functools.partial(next, events["execute_failures"])
         self.job_submitted: Callable[[], int] = functools.partial(next, events["jobs_submitted"])
         self.job_completed: Callable[[], int] = functools.partial(next, events["jobs_completed"])
         self.job_failed: Callable[[], int] = functools.partial(next, events["jobs_failed"])
@@ -52,11 +53,6 @@ class RunnerStats:
         with self._lock:
             self._counts["copies"] += 1
             self._counts["bytes_copied"] += int(nbytes)
-
-    def executed(self, ok: bool) -> None:
-        next(self._executes)
-        if not ok:
-            next(self._execute_failures)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
