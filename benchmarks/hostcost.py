@@ -39,7 +39,9 @@ status; no engine work, no thread woken. A diagnostic, with no target.
 ``--paths``: instead, OpenVINO's asynchronous rows (``execute_async + wait``, ``wait_any``) with npurt's two job
 paths side by side: jobs on the requests of npurt's ``_ovjobs`` extension (completion in C++) and on Python
 InferRequests (a runner whose engine has ``native_jobs`` turned off before its first job), against the raw pattern,
-the three in turn in each block (the order rotates), in one process. A diagnostic, with no target.
+the three in turn in each block (the order rotates), in one process; besides the process's CPU, the main thread's
+(``time.thread_time``: npurt's Python, the raw pattern's calls), whose difference is npurt's share of the CPU added
+(the rest is OpenVINO's threads). A diagnostic, with no target.
 
     python -m benchmarks.hostcost [--quick] [--json] [--backends OPENVINO,VAIML] [--models digits,cls] [--n N]
                                   [--blocks K] [--own | --paths]
@@ -442,12 +444,12 @@ def own_python(n: int, jobs: int, blocks: int, table: Table) -> None:
         npurt.close()
 
 
-def _added(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Median of per-block CPU differences (us per job)."""
-    return statistics.median(x[0] - y[0] for x, y in zip(a, b))
+def _added(a: list[tuple[float, ...]], b: list[tuple[float, ...]], k: int = 0) -> float:
+    """Median of per-block CPU differences (us per job): the process's (k = 0) or the main thread's (k = 2)."""
+    return statistics.median(x[k] - y[k] for x, y in zip(a, b))
 
 
-def _ratio(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def _ratio(a: list[tuple[float, ...]], b: list[tuple[float, ...]]) -> float:
     """Median of per-block jobs/s ratios."""
     return statistics.median(x[1] / y[1] for x, y in zip(a, b))
 
@@ -470,17 +472,21 @@ def job_paths(names: list[str], n: int, quick: bool, blocks: int, table: Table) 
                 for _ in range(2):  # warm-up, as paired()
                     for fn in subjects.values():
                         fn(jobs)
-                samples: dict[str, list[tuple[float, float]]] = {k: [] for k in subjects}
+                # per block: process CPU us/job, jobs/s, and the main thread's CPU us/job (the thread that runs
+                # npurt's Python and the raw pattern's calls; OpenVINO's own threads are the rest)
+                samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in subjects}
                 order = list(subjects)
                 for b in range(blocks):
                     for side in order[b % 3:] + order[:b % 3]:
-                        c0, t0 = time.process_time(), time.perf_counter()
+                        c0, m0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
                         subjects[side](jobs)
                         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                        samples[side].append((cpu / jobs * 1e6, jobs / wall))
+                        main = time.thread_time() - m0
+                        samples[side].append((cpu / jobs * 1e6, jobs / wall, main / jobs * 1e6))
                 ext, py, raws = samples["extension"], samples["python"], samples["raw"]
                 table.add("OPENVINO", name, row, n, statistics.median(y[0] for y in raws), _added(ext, raws),
-                          _added(py, raws), _ratio(ext, raws), _ratio(py, raws), _ratio(ext, py))
+                          _added(py, raws), statistics.median(y[2] for y in raws), _added(ext, raws, 2),
+                          _ratio(ext, raws), _ratio(py, raws), _ratio(ext, py))
             native_engine: Any = native.asyn.engine_for()
             if native_engine._native is None:
                 raise BenchError("npurt._ovjobs is not built (or refused this OpenVINO): both sides ran the Python "
@@ -525,9 +531,10 @@ def main() -> int:
         report = Report(f"OpenVINO's job paths: npurt with its _ovjobs extension, npurt on Python requests, raw "
                         f"OpenVINO, in turn ({'quick' if args.quick else 'full'} run, {blocks} blocks per row)")
         table = Table(["backend", "model", "pattern", "N", "raw CPU us/job", "extension: CPU added us",
-                       "Python path: CPU added us", "extension/raw jobs/s", "Python path/raw jobs/s",
-                       "extension/Python path jobs/s"],
-                      formats=["", "", "", "", "{:.1f}", "{:+.1f}", "{:+.1f}", "{:.3f}", "{:.3f}", "{:.3f}"],
+                       "Python path: CPU added us", "raw main thread us/job", "extension: main thread added us",
+                       "extension/raw jobs/s", "Python path/raw jobs/s", "extension/Python path jobs/s"],
+                      formats=["", "", "", "", "{:.1f}", "{:+.1f}", "{:+.1f}", "{:.1f}", "{:+.1f}", "{:.3f}", "{:.3f}",
+                               "{:.3f}"],
                       title="medians of per-block differences and ratios against the neighbouring block")
         report.tables.append(table)
         job_paths(names, args.n, args.quick, blocks, table)

@@ -174,6 +174,56 @@ def test_threads_submitting_and_waiting_at_once():
         assert r.stats["jobs_completed"] == 80 and r.stats["jobs_failed"] == 0
 
 
+def test_two_threads_waiting_for_one_job_end_it_once():
+    """Two threads wait for the same job on the extension's requests: the run is finished by one of them (the other,
+    where it waits meanwhile, told so by the extension and given the job's status; where it comes after the job was
+    collected, INVALID_JOB_ID), the job is counted once and its request serves the next jobs."""
+    with make(1) as r:
+        ins, outs = tensors(r, 3)
+        want = expected(r, ins)
+        for k in range(3):
+            job = r.execute_async([ins[k]], [outs[k]])
+            assert job.status is StatusCode.SUCCESS, r.last_error
+            gate, seen = threading.Barrier(2), []
+
+            def waiter(job=job, gate=gate, seen=seen) -> None:
+                gate.wait(10)
+                seen.append(r.wait(job, 30_000))
+
+            threads = [threading.Thread(target=waiter) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert StatusCode.SUCCESS in seen and set(seen) <= {StatusCode.SUCCESS, StatusCode.INVALID_JOB_ID}, seen
+            assert r.wait(job, 0) is StatusCode.INVALID_JOB_ID
+            np.testing.assert_allclose(outs[k][0].numpy(), want[k], rtol=1e-5, atol=1e-6)
+        assert r.stats["jobs_completed"] == 3 and r.stats["jobs_failed"] == 0
+
+
+def test_a_ticket_of_a_run_already_finished_is_told_so_not_answered_about_the_next():
+    """The extension directly: a run is finished once (its message, '' for success); asking again with its ticket,
+    after the slot has started another run, answers False (finish) and ended (wait, wait_any), never the new run's
+    state; a wrong ticket is an IndexError, not a crash."""
+    with make(1) as r:
+        engine = r.engine_for()
+        ins, outs = tensors(r, 2)
+        bindings = [engine.bind(ins[k], outs[k]) for k in range(2)]
+        requests = _ovjobs.Requests(engine.compiled_model, 1, engine._native_ports, [])
+        first = requests.start(bindings[0].wrapped)
+        assert first >= 0 and requests.start(bindings[1].wrapped) == -1  # one slot, taken
+        assert requests.finish(first, 30_000) == ""
+        assert requests.finish(first, 0) is False
+        second = requests.start(bindings[1].wrapped)
+        assert second >= 0 and second != first
+        assert requests.wait(first, 0) is True and requests.wait_any([first], 0) == first
+        assert requests.finish(first, 0) is False
+        assert requests.finish(second, 30_000) == ""
+        with pytest.raises(IndexError):
+            requests.finish(-1, 0)
+        del requests  # (its destructor waits for its runs)
+
+
 def test_the_stub_names_the_modules_methods_and_parameters():
     """src/npurt/_ovjobs.pyi against the built module: the same methods of Requests, the same parameter names
     (pybind11 writes each signature in the first line of its docstring)."""

@@ -364,7 +364,7 @@ class JobScheduler:
         if job is None:
             return StatusCode.INVALID_JOB_ID, f"job {job_id} is unknown to this runner or was already collected"
         if job.state != _DONE:
-            if timeout_s != 0:
+            if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:  # (the call only where due)
                 hand_over_continuation()
             if not job.block(timeout_s):
                 return StatusCode.JOB_PENDING, f"job {job_id} is still running"
@@ -375,18 +375,17 @@ class JobScheduler:
     def wait_any(self, job_ids: Sequence[int], timeout_s: float | None) -> tuple[StatusCode, int, str]:
         """(status, job id, message) of whichever of the jobs ended first, collecting it."""
         table = self._jobs
-        jobs = []
-        for job_id in job_ids:
-            job = table.get(job_id)
-            if job is None:
-                return (StatusCode.INVALID_JOB_ID, job_id,
-                        f"job {job_id} is unknown to this runner or was already collected")
-            jobs.append(job)
-        if not jobs:
+        found = [table.get(job_id) for job_id in job_ids]
+        if None in found:  # (Job has no __eq__: identity)
+            job_id = job_ids[found.index(None)]
+            return (StatusCode.INVALID_JOB_ID, job_id,
+                    f"job {job_id} is unknown to this runner or was already collected")
+        if not found:
             return StatusCode.INVALID_JOB_ID, 0, "wait_any needs at least one job"
+        jobs: list[Job] = found  # type: ignore[assignment]  # (no None in it)
         first = _first_ended(jobs)
         if first is None:
-            if timeout_s != 0:
+            if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:
                 hand_over_continuation()
             for job in jobs:
                 if job.launched is not None:
@@ -426,6 +425,17 @@ class JobScheduler:
         poll of it first), until one has ended or the time is up."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            found = [j.launched for j in jobs if j.state != _DONE]
+            if found and None not in found:  # (Launched has no __eq__: identity)
+                # every job left is ended by its waiter: one wait in the engine for whichever ends, where it has one
+                runs: list[Launched] = found  # type: ignore[assignment]  # (no None in it)
+                left = None if deadline is None else deadline - time.monotonic()
+                ended = runs[0].wait_any(runs[1:], _SLICE_S if left is None else max(0.0, min(_SLICE_S, left)))
+                if ended is not None:
+                    first = _first_ended(jobs)
+                    if first is not None or left is not None and left <= _SLICE_S:
+                        return first
+                    continue
             oldest: Job | None = None
             for job in jobs:
                 if job.launched is not None and job.state != _DONE and (oldest is None or job.job_id < oldest.job_id):
@@ -434,14 +444,6 @@ class JobScheduler:
             left = None if deadline is None else deadline - time.monotonic()
             launched = None if oldest is None else oldest.launched
             rest = [r for r in (j.launched for j in others) if r is not None]
-            if launched is not None and len(rest) == len(others):
-                # every job left is ended by its waiter: one wait in the engine for whichever ends, where it has one
-                ended = launched.wait_any(rest, _SLICE_S if left is None else max(0.0, min(_SLICE_S, left)))
-                if ended is not None:
-                    first = _first_ended(jobs)
-                    if first is not None or left is not None and left <= _SLICE_S:
-                        return first
-                    continue
             for r in rest:
                 r.wait(0)
             first = _first_ended(jobs)

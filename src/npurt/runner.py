@@ -311,13 +311,14 @@ class Runner:
         try:
             if type(jobs) is not list and (isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence)):
                 raise StatusError(StatusCode.INVALID_JOB_ID, f"wait_any takes a list of jobs, got {jobs!r}")
-            ids = []
-            for job in jobs:
-                job_id = _job_id_of(job)
-                if job_id is None:
-                    raise StatusError(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
-                ids.append(job_id)
-            timeout_s = _timeout_s(timeout_ms)
+            # (the plain cases without a call: JobHandles, or ids as ints)
+            found = [job.job_id if type(job) is JobHandle else job if type(job) is int else _job_id_of(job)
+                     for job in jobs]
+            if None in found:
+                job = jobs[found.index(None)]
+                raise StatusError(StatusCode.INVALID_JOB_ID, f"{job!r} is not a JobHandle or a job id")
+            ids: list[int] = found  # type: ignore[assignment]  # (no None in it)
+            timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
         except StatusError as e:
             core.fail(e.status, str(e))
             return JobHandle(e.status, 0)

@@ -174,69 +174,63 @@ class _Started(Launched):
 
 
 class _NativeStarted(Launched):
-    """A job running on a request of the ``_ovjobs`` extension; its waiters end it, as ``_Started``'s do."""
+    """A job running on a request of the ``_ovjobs`` extension, named by its ticket; its waiters end it, as
+    ``_Started``'s do. The extension's ``finish`` ends a run once, whichever thread asks first (the others are told
+    False): no lock of npurt's per job."""
 
-    __slots__ = ("engine", "native", "slot", "done", "ended")
+    __slots__ = ("engine", "native", "ticket", "done")
 
-    def __init__(self, engine: OpenVINOEngine, native: Any, slot: int, done: Done) -> None:
-        self.engine, self.native, self.slot = engine, native, slot
+    def __init__(self, engine: OpenVINOEngine, native: Any, ticket: int, done: Done) -> None:
+        self.engine, self.native, self.ticket = engine, native, ticket
         self.done: Done | None = done
-        self.ended = False
 
     def wait(self, timeout_s: float | None) -> bool:
-        if self.ended:
-            return True
+        finish, ticket = self.native.finish, self.ticket
         if timeout_s is None:
-            while not self.native.wait(self.slot, _WAIT_MS):
+            while (ended := finish(ticket, _WAIT_MS)) is None:
                 pass
-        elif not self.native.wait(self.slot, math.ceil(timeout_s * 1000)):
+        elif (ended := finish(ticket, math.ceil(timeout_s * 1000))) is None:
             return False
-        self.end()
+        if ended is not False:  # finished by this call: end the job
+            done, self.done = self.done, None  # the job refers to this: no cycle left through its done
+            assert done is not None
+            if ended == "":  # (a run that succeeded, static outputs: every job's path)
+                done(None, None)
+            else:
+                self._end(done, ended)
         return True
+
+    def _end(self, done: Done, ended: str | tuple[str, list[list[int]]]) -> None:
+        """End the job of a run that failed, or whose outputs' shapes it decided: ``finish``'s answer."""
+        engine = self.engine
+        told: list[list[int]] = []
+        if isinstance(ended, str):
+            message = ended
+        else:
+            message, told = ended
+        if message:
+            done(engine.translate(RuntimeError(message)), None)
+            return
+        shapes: list[tuple[int, ...] | None] = [None] * len(engine.outputs)
+        for (j, _), shape in zip(engine.dynamic_positions, told):
+            shapes[j] = tuple(shape)
+        done(None, shapes)
 
     def wait_any(self, others: Sequence[Launched], timeout_s: float) -> bool | None:
         """This run or any of ``others`` (runs of this engine's extension requests) waited for in C++."""
-        group = [self]
+        native = self.native
         for o in others:
-            if type(o) is not _NativeStarted or o.native is not self.native:
+            if type(o) is not _NativeStarted or o.native is not native:
                 return None
-            group.append(o)
-        slot = self.native.wait_any([s.slot for s in group], math.ceil(timeout_s * 1000))
-        if slot < 0:
+        runs: list[_NativeStarted] = [self, *others]  # type: ignore[list-item]  # (checked above)
+        ticket = native.wait_any([r.ticket for r in runs], math.ceil(timeout_s * 1000))
+        if ticket < 0:
             return False
-        for s in group:
-            if s.slot == slot:
-                s.end()
+        for r in runs:
+            if r.ticket == ticket:
+                r.wait(0)
+                break
         return True
-
-    def end(self) -> None:
-        """Once the run has ended: free the slot and end the job (once, whichever thread comes first)."""
-        end_lock = self.engine.end_lock
-        end_lock.acquire()  # (not `with`: half the cost, per job)
-        try:
-            if self.ended:
-                return
-            self.ended = True
-        finally:
-            end_lock.release()
-        done, self.done = self.done, None  # the job refers to this: no cycle left through its done
-        assert done is not None
-        engine = self.engine
-        error: BaseException | None = None
-        shapes: list[tuple[int, ...] | None] | None = None
-        try:
-            if engine.dynamic_outputs:  # the shapes the run wrote, read before the slot is released
-                shapes = [None] * len(engine.outputs)
-                for (j, _), shape in zip(engine.dynamic_positions,
-                                         self.native.shapes(self.slot, [k for _, k in engine.dynamic_positions])):
-                    shapes[j] = tuple(shape)
-        except Exception as e:  # noqa: BLE001 - the run's (a failed run may leave no shape to read)
-            error = e
-        finally:  # (KeyboardInterrupt included: the slot comes back and the job ends)
-            message = self.native.release(self.slot)
-            if message:
-                error = RuntimeError(message)
-            done(None if error is None else engine.translate(error), None if error is not None else shapes)
 
 
 class OpenVINOEngine(Engine):
@@ -395,10 +389,10 @@ class OpenVINOEngine(Engine):
         if native is not None or self.native_jobs and (native := self._open_native()) is not None:
             self.async_used = True
             try:
-                slot = native.start(binding.wrapped)  # the GIL released while it starts
+                ticket = native.start(binding.wrapped)  # the GIL released while it starts
             except Exception as e:
                 raise self.translate(e) from None
-            return False if slot < 0 else _NativeStarted(self, native, slot, done)
+            return False if ticket < 0 else _NativeStarted(self, native, ticket, done)
         request: _Request | None
         try:
             request = self._free.get_nowait()  # (acquire's first step, without its frame: every job's path)
@@ -421,7 +415,8 @@ class OpenVINOEngine(Engine):
         with self._lock:
             if self._native is None and self.native_jobs:
                 try:
-                    self._native = _NativeRequests(self.compiled_model, self.limit, self._native_ports)
+                    self._native = _NativeRequests(self.compiled_model, self.limit, self._native_ports,
+                                                   [k for _, k in self.dynamic_positions])
                 except TypeError:  # the conduit refused: an OpenVINO other than the one it was built with
                     self.native_jobs = False
             return self._native
