@@ -1,7 +1,11 @@
 """Start-up: npurt's ``create_runner`` against the engine's own load, cold and from a compiled-model cache.
 
 Each load runs in a fresh process, timed after the imports (``npurt.bench.fresh``): the load itself and the first
-inference, and the memory the load adds (VmRSS after the first inference minus VmRSS after the imports).
+inference, and the memory the load adds (VmRSS after the first inference minus VmRSS after the imports). Every
+child starts its clock with its main thread moved to the first CPU (then free to go anywhere): ONNX Runtime pins its
+pool's worker to the second core, and a caller the imports left there shares that core with the spinning worker
+until the kernel moves it (~8 ms on a 2-core VM), which happened after npurt's imports every time and after
+onnxruntime's alone about half the time.
 - OPENVINO: raw is ``ov.Core()``, ``read_model``, ``reshape`` to the static shape, ``compile_model(model, "CPU",
   {"INFERENCE_PRECISION_HINT": "f32"})``; cached, the same with ``CACHE_DIR`` filled by an earlier process. npurt is
   ``create_runner("OPENVINO", model, {"device": "CPU", "shapes": ...})``; cached, with ``cache_dir`` filled by an
