@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -185,9 +186,10 @@ class ServedModel:
                 self._cond.notify()
         return True
 
-    def run_inline(self, job: Job) -> None:
-        """Run a job in the slot ``try_slot`` gave (and the queued jobs after it while there are any)."""
-        self._run_in_slot(job)
+    def run_inline(self, job: Job, before_queued: Callable[[], None] | None = None) -> None:
+        """Run a job in the slot ``try_slot`` gave (and the queued jobs after it while there are any, calling
+        ``before_queued()`` before each of those)."""
+        self._run_in_slot(job, before_queued)
 
     def run_once(self, job: Job) -> None:
         """Run a job in the slot ``try_slot`` gave, then give the slot back (a worker takes the jobs queued
@@ -204,7 +206,7 @@ class ServedModel:
             self._busy -= 1
             self._cond.notify()
 
-    def _run_in_slot(self, job: Job | None) -> None:
+    def _run_in_slot(self, job: Job | None, before_queued: Callable[[], None] | None = None) -> None:
         queue = self.queue
         while job is not None:
             self.run(job)
@@ -212,6 +214,11 @@ class ServedModel:
                 job = queue.get() if len(queue) else None
                 if job is None:
                     self._busy -= 1
+            if job is not None and before_queued is not None:
+                try:
+                    before_queued()
+                except Exception:  # noqa: BLE001 - the queued job runs whatever happened
+                    log.exception("model %s: preparing to run a queued job failed", self.name)
 
     def _work(self) -> None:
         while True:
