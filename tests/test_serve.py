@@ -246,7 +246,6 @@ def test_the_thread_that_read_a_run_reads_next_and_others_read_meanwhile(tmp_pat
             in_flight = client.stats()["client"]["in_flight"]
             assert runner.wait(job) is StatusCode.SUCCESS
             assert in_flight == 1, "a query during a run was answered only after it"
-            assert client.stats()["client"]["in_flight"] == 0
 
 
 def test_options_that_change_the_engine_get_a_runner_of_their_own(client):
