@@ -195,6 +195,59 @@ def test_model_is_compiled_once_and_shared(service):
         rb.close()
 
 
+def slow_model(path: Path) -> Path:
+    """Eight 256x1024 @ 1024x1024 products: a run of tens of milliseconds on one engine thread."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((1024, 1024), np.float32) / 32, "w")
+    nodes = [helper.make_node("MatMul", [f"h{k}" if k else "x", "w"], [f"h{k + 1}" if k < 7 else "y"])
+             for k in range(8)]
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 1024])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9), str(path))
+    return path
+
+
+def busy_threads(pid: int) -> dict[str, int]:
+    """Context switches so far of each of a process's threads."""
+    switches = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            lines = Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        switches[tid] = sum(int(line.split()[1]) for line in lines if "ctxt_switches" in line)
+    return switches
+
+
+def test_the_thread_that_read_a_run_reads_next_and_others_read_meanwhile(tmp_path):
+    # A client that waits for each answer is served by one thread of the service: the one that ran its last job
+    # reads its next request (runs rotating over threads ran slower). A message that comes while a run is in
+    # progress is still read at once, by another thread.
+    models = {"cls": model_or_skip("ocr_cls"), "slow": slow_model(tmp_path / "slow.onnx")}
+    with ServiceProcess.start(models, tmp_path / "serve.sock",
+                              ["--backend", "openvino", "--device", "CPU", "--shape", "cls:" + SHAPE_FLAG,
+                               "--threads", "1"]) as svc, npurt.connect(svc.socket_path) as client:
+        with client.open_runner("cls") as runner:
+            x, y = tensors(runner)
+            assert runner.execute([[x]], [[y]]) is StatusCode.SUCCESS
+            before = busy_threads(svc.pid)
+            runs = 300
+            for _ in range(runs):
+                assert runner.execute([[x]], [[y]]) is StatusCode.SUCCESS
+            after = busy_threads(svc.pid)
+            serving = [tid for tid, n in after.items() if n - before.get(tid, 0) >= runs // 10]
+            assert len(serving) == 1, f"threads of the service that took part in {runs} runs: {serving}"
+        with client.open_runner("slow") as runner:
+            x, y = tensors(runner)
+            job = runner.execute_async([[x]], [[y]])
+            assert job.status is StatusCode.SUCCESS
+            in_flight = client.stats()["client"]["in_flight"]
+            assert runner.wait(job) is StatusCode.SUCCESS
+            assert in_flight == 1, "a query during a run was answered only after it"
+
+
 def test_options_that_change_the_engine_get_a_runner_of_their_own(client):
     with client.open_runner("cls", {"input_tensor_type": "CPU", "output_tensor_type": "CPU"}) as remote:
         assert remote.get_port("x").view is TensorType.CPU

@@ -293,7 +293,13 @@ class Service:
         with self._lock:
             sid = self._next_sid
             self._next_sid += 1
+        try:
             session = Session(self, conn, sid, peer)
+        except OSError as e:  # its epoll and eventfd (out of fds)
+            log.warning("accept: %s; closed the connection of %s", e.strerror, peer)
+            conn.close()
+            return
+        with self._lock:
             self._sessions[sid] = session
             self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
         session.start()

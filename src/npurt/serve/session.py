@@ -32,6 +32,7 @@ from . import protocol as p
 from .limits import Limits, Peer
 from .protocol import ServiceError
 from .served import Binding, Job, ServedModel
+from .turns import ReadTurns
 
 log = logging.getLogger("npurt.serve")
 
@@ -62,10 +63,9 @@ class SessionHost(Protocol):
 class Session:
     """One client connection: its runners, registered tensors, contexts and jobs, and the threads that serve it.
 
-    Its threads all wait in ``recvmsg`` on the connection; the kernel hands each message to one of them. A thread
-    that runs a job at once leaves the others to read the client's next messages (one more is started where none
-    would be left), and reads again after it. The first thread to see the connection end frees the client's
-    state."""
+    Its threads take turns to read the connection (``ReadTurns``): a reader that runs a job at once leaves the turn
+    to whichever of the others a message wakes meanwhile (one more is started where none would be left), and reads
+    again after the run if nobody took over. The first thread to see the connection end frees the client's state."""
 
     def __init__(self, service: SessionHost, sock: socket.socket, sid: int, peer: Peer) -> None:
         self.service, self.sock, self.sid, self.peer = service, sock, sid, peer
@@ -83,8 +83,7 @@ class Session:
         self.jobs = 0
         self.failed = 0
         self._idle = threading.Condition(self._lock)
-        self._readers = 0  # threads reading (or about to), not running a job
-        self._ended = False  # the connection has ended
+        self.turns = ReadTurns(sock.fileno())
         self.threads: list[threading.Thread] = []
         self.greeted = False
 
@@ -92,8 +91,6 @@ class Session:
         self._spawn(self._first)
 
     def _spawn(self, target: Callable[[], None]) -> None:
-        with self._lock:
-            self._readers += 1
         thread = threading.Thread(target=target, name=f"npurt-serve-client-{self.sid}-{len(self.threads)}",
                                   daemon=True)
         self.threads.append(thread)
@@ -148,6 +145,7 @@ class Session:
         self.send(p.pack_json(p.REPLY, req, {"error": message[:8000]}, status=int(status)))
 
     def reply_done(self, req: int, status: StatusCode, message: str, shapes: list[Any] | None) -> None:
+        self.turns.back()  # (a job run on the thread that read it: the turn first, then the answer)
         if status is StatusCode.SUCCESS and not shapes:
             self.send(p.HEAD.pack(p.DONE, 0, 0, 0, 0, req))
             return
@@ -169,9 +167,8 @@ class Session:
             if self.in_flight == 0:
                 self._idle.notify_all()
 
-    def _count_job(self, reading: bool = False) -> bool:
-        """Count a job in flight (ServiceError when shutting down or over this client's limit); ``reading``: the
-        calling reader is to run it (one reader fewer): whether it was the last one reading."""
+    def _count_job(self) -> None:
+        """Count a job in flight (ServiceError when shutting down or over this client's limit)."""
         if self.draining:
             raise ServiceError(StatusCode.FAILURE, "the service is shutting down: it takes no new jobs")
         with self._lock:
@@ -182,10 +179,6 @@ class Session:
                                    "one and retry")
             self.in_flight += 1
             self.jobs += 1
-            if reading:
-                self._readers -= 1
-                return self._readers == 0
-            return False
 
     def _accept_job(self, served: ServedModel, job: Job) -> None:
         self._count_job()
@@ -223,27 +216,34 @@ class Session:
     # -- the reader -------------------------------------------------------------------------------------
     def _first(self) -> None:
         """The first thread: the handshake, then a reader like the others."""
+        self.turns.take()
         try:
             ok = self._handshake()
         except Exception:  # noqa: BLE001
             log.exception("client %d: unexpected error in the handshake", self.sid)
             ok = False
         if ok:
-            self._serve()
+            self._serve(True)
         else:
             self._end()
 
-    def _serve(self) -> None:
+    def _watcher(self) -> None:
+        if self.turns.watch(counted=True):
+            self._serve(True)
+
+    def _serve(self, reads: bool) -> None:
+        """One of the session's threads, until the connection ends: it reads while it has the turn, else waits for
+        it (``reads``: it has it now)."""
+        turns = self.turns
         try:
-            self._read()
+            while reads or turns.watch():
+                reads = False
+                if not self._read():  # the connection ended (else this thread ran a job and another reads now)
+                    break
         except Exception:  # noqa: BLE001 - one client's trouble never takes the service down
             log.exception("client %d: unexpected error; closing its connection", self.sid)
             self.disconnect()  # the other threads see the end too
-        with self._lock:
-            self._readers -= 1
-            first = not self._ended
-            self._ended = True
-        if first:
+        if turns.end():
             self._end()
 
     def _handshake(self) -> bool:
@@ -274,8 +274,9 @@ class Session:
         self.greeted = True
         return True
 
-    def _read(self) -> None:
-        """Read and handle messages until the connection ends."""
+    def _read(self) -> bool:
+        """Read and handle messages while this thread has the turn: False when the connection ends, True when this
+        thread ran a job and another took the turn meanwhile."""
         buffer = bytearray(p.MAX_MESSAGE + 1)
         view = memoryview(buffer)
         handlers = self._handlers()
@@ -285,13 +286,14 @@ class Session:
             try:
                 n, ancdata, msg_flags, _ = recvmsg_into(buffers, p.ANCILLARY_SIZE, flags)
             except OSError:
-                return
+                return False
             if n == head and not ancdata and buffer[0] == run:  # the hot path first: RUN, a head alone
                 _, _, _, a, b, req = unpack_from(buffer)
-                self._run(req, a, b)
+                if not self._run(req, a, b):
+                    return True
                 continue
             if n == 0:
-                return
+                return False
             message = Message(view[:n], ancdata, msg_flags)
             try:
                 if n < head or n > p.MAX_MESSAGE:
@@ -299,7 +301,8 @@ class Session:
                     continue
                 kind, _, message.flags, a, b, req = unpack_from(buffer)
                 if kind == run:  # (with fds, closed below)
-                    self._run(req, a, b)
+                    if not self._run(req, a, b):
+                        return True
                     continue
                 handler = handlers.get(kind)
                 if handler is None:
@@ -393,7 +396,8 @@ class Session:
             self.mapped += nbytes
             binding_id = self._next_id
             self._next_id += 1
-            self.bindings[binding_id] = Binding(served, a, tensors[:b], tensors[b:], nbytes)
+            binding = self.bindings[binding_id] = Binding(served, a, tensors[:b], tensors[b:], nbytes)
+        served.bind(binding)  # (before the answer: no run can name it until then)
         self.reply(req, a=binding_id)
 
     def _unbind(self, req: int, a: int, b: int, msg: Message) -> None:
@@ -414,8 +418,9 @@ class Session:
                                                          "connection")
         return entry[2]
 
-    def _run(self, req: int, binding_id: int, context_id: int) -> None:
-        """RUN: run the job on this thread when the model has a free slot and nobody queues, else queue it."""
+    def _run(self, req: int, binding_id: int, context_id: int) -> bool:
+        """RUN: run the job on this thread when the model has a free slot and nobody queues, else queue it. Whether
+        this thread still has the turn to read (it leaves it for a run, and may find it taken after)."""
         binding = self.bindings.get(binding_id)
         try:
             if binding is None:
@@ -425,21 +430,27 @@ class Session:
             job = Job(self, req, binding, self._stream(context_id, served) if context_id or served.stateful else None)
             if not served.try_slot():
                 self._accept_job(served, job)
-                return
+                return True
             try:
-                alone = self._count_job(reading=True)
+                self._count_job()
             except ServiceError:
                 served.release_slot()
                 raise
-            if alone:
-                self._spawn(self._serve)  # someone must read the client's next messages meanwhile
+            if self.turns.leave():
+                self._spawn(self._watcher)  # someone must read the client's next messages meanwhile
             try:
-                served.run_inline(job)
+                served.run_inline(job, self._again)
             finally:
-                with self._lock:
-                    self._readers += 1
+                reads = self.turns.rejoin()
+            return reads
         except ServiceError as e:
             self.reply_done(req, e.status, str(e), None)
+            return True
+
+    def _again(self) -> None:
+        """This thread is to run another client's queued job after its own: it leaves the turn to read."""
+        if self.turns.again():
+            self._spawn(self._watcher)
 
     def _run_arrays(self, req: int, a: int, b: int, msg: Message) -> None:
         tensors = msg.tensors("RUN_ARRAYS")
@@ -519,7 +530,7 @@ class Session:
     def _end(self) -> None:
         """The connection ended (closed, killed, or the handshake failed): free what the client held once its jobs
         in flight have ended and its other threads have left."""
-        self._ended = True
+        self.turns.end()
         self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # threads still in recvmsg return
@@ -531,6 +542,7 @@ class Session:
         for thread in list(self.threads):
             if thread is not me:
                 thread.join(timeout=10)
+        self.turns.close()
         contexts = list(self.contexts.values())
         with self._lock:
             bindings, mapped = len(self.bindings), self.mapped
