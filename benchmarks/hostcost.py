@@ -28,8 +28,10 @@ CPU per job is ``time.process_time()`` over a block (every thread of the process
 are the medians of the paired per-block differences (CPU) and ratios (jobs/s) between neighbouring blocks. The CPU
 target is checked as the median of per-block ratios npurt / (raw + 5 us) <= 1.
 
-Targets (issue 37, 2 cores): in every row npurt's CPU per job <= the engine's + 5 us and jobs/s >= 0.95x the engine's;
-callback rows (InferQueue, callbacks) are held to jobs/s only. On a shared machine the figures are noisy.
+Targets (issue 46, 2 cores): in every row npurt's CPU per job <= the engine's + 5 us; jobs/s >= 0.95x the engine's on
+PP-OCR's classifier and >= 0.85x on the digits model (a 10-20 us job, where 0.95x would leave under a microsecond
+for any Python call); callback rows (InferQueue, callbacks) are held to jobs/s only. Each is judged on the median of
+three full runs; on a shared machine the figures are noisy.
 
 ``--own``: instead, npurt's own Python per job, the engine taken out: the digits model on OpenVINO with the engine's
 ``run`` returning at once and its ``start`` giving a run that has already ended (``execute``; ``execute_async`` +
@@ -75,7 +77,8 @@ MODELS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
 }
 JOBS = {"digits": 2000, "cls": 300}  # per block (full run)
 QUICK_JOBS = {"digits": 300, "cls": 60}
-CPU_LIMIT_US, RATE_LIMIT = 5.0, 0.95
+CPU_LIMIT_US = 5.0
+RATE_LIMIT = {"cls": 0.95, "digits": 0.85}  # jobs/s npurt / raw, by model
 CALLBACK_ROWS = ("InferQueue", "callbacks")
 
 Jobs = Callable[[int], None]  # runs k jobs to their end
@@ -387,7 +390,7 @@ def measure(backend: str, name: str, n: int, jobs: int, blocks: int, table: Tabl
             if row not in CALLBACK_ROWS:  # npurt <= raw + 5 us, as a ratio (a difference may be negative)
                 over = statistics.median(x[0] / (y[0] + CPU_LIMIT_US) for x, y in zip(a, b))
                 report.targets.append(Target(f"{what}: npurt CPU/job / (raw + {CPU_LIMIT_US:g} us)", over, 1.0))
-            report.targets.append(Target(f"{what}: npurt/raw jobs/s", ratio, RATE_LIMIT, at_most=False))
+            report.targets.append(Target(f"{what}: npurt/raw jobs/s", ratio, RATE_LIMIT[name], at_most=False))
         copies = npurt.copies() - before
         if copies:
             report.problems.append(f"{backend} {name}: {copies} host copies on the zero-copy paths")
