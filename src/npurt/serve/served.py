@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..bound import BoundRun
 from ..runner import Runner
 from ..streams import Stream
 from ..tensor import NpuTensor
@@ -122,17 +121,15 @@ class FairQueue:
 
 # ---------------------------------------------------------------------------------------------- served models
 class Binding:
-    """A client's registered tensors (mapped here), as the runner takes them: one batch slot; ``bound``, where
-    ``ServedModel.bind`` bound them to the runner once."""
+    """A client's registered tensors (mapped here), as the runner takes them: one batch slot."""
 
-    __slots__ = ("served", "runner_id", "inputs", "outputs", "nbytes", "bound")
+    __slots__ = ("served", "runner_id", "inputs", "outputs", "nbytes")
 
     def __init__(self, served: ServedModel, runner_id: int, inputs: list[NpuTensor], outputs: list[NpuTensor],
                  nbytes: int) -> None:
         self.served, self.runner_id = served, runner_id
         self.inputs, self.outputs = [inputs], [outputs]
         self.nbytes = nbytes
-        self.bound: BoundRun | None = None
 
 
 class Job:
@@ -171,16 +168,6 @@ class ServedModel:
                          for k in range(slots)]
         for w in self._workers:
             w.start()
-
-    def bind(self, binding: Binding) -> None:
-        """Bind a registration that many runs will use to the runner once (``Runner.bind``): its runs outside a
-        context then skip ``execute``'s per-run checks (~2.5 us a run). Left unbound where it cannot be: a model
-        with state runs in contexts, and tensors ``execute`` refuses are refused by each run, as before."""
-        if not self.stateful:
-            try:
-                binding.bound = self.runner.bind(binding.inputs, binding.outputs)
-            except (ValueError, NpuError):
-                pass
 
     def try_slot(self) -> bool:
         """A slot for a run on the caller's thread: only when one is free and nobody waits in the queue."""
@@ -309,11 +296,7 @@ class ServedModel:
         binding = job.binding
         assert binding is not None
         runner = self.runner
-        bound = binding.bound
-        if bound is not None and job.stream is None:
-            status = bound.execute()
-        else:
-            status = runner.execute(binding.inputs, binding.outputs, job.stream)
+        status = runner.execute(binding.inputs, binding.outputs, job.stream)
         shapes: list[list[int] | None] | None = None  # only where a run decided an output's shape
         for k, t in enumerate(binding.outputs[0]):
             result = t.result_info

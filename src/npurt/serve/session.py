@@ -396,8 +396,7 @@ class Session:
             self.mapped += nbytes
             binding_id = self._next_id
             self._next_id += 1
-            binding = self.bindings[binding_id] = Binding(served, a, tensors[:b], tensors[b:], nbytes)
-        served.bind(binding)  # (before the answer: no run can name it until then)
+            self.bindings[binding_id] = Binding(served, a, tensors[:b], tensors[b:], nbytes)
         self.reply(req, a=binding_id)
 
     def _unbind(self, req: int, a: int, b: int, msg: Message) -> None:
