@@ -155,38 +155,51 @@ class GenerationRoutes:
             doc = {**head, "choices": [choice]}
             if req.include_usage:
                 doc["usage"] = None
-            return b"data: " + _dumps(doc) + b"\n\n"
+            return _event(doc)
 
+        def end(held: list[int], finish: str, made: int) -> bytes:
+            out = chunk(None if chat else "", held, finish)
+            if req.include_usage:
+                out += _event({**head, "choices": [], "usage": _usage(prepared, made)})
+            return out + b"data: [DONE]\n\n"
+
+        return await self._sse(request, prepared, opening=chunk(None, [], None, role=True) if chat else b"",
+                               delta=lambda text, ids: chunk(text, ids, None), end=end,
+                               error=lambda status, message: _event(ApiError(status, message).doc())
+                               + b"data: [DONE]\n\n")
+
+    async def _sse(self, request: web.Request, prepared: Prepared, opening: bytes,
+                   delta: Callable[[str, list[int]], bytes], end: Callable[[list[int], str, int], bytes],
+                   error: Callable[[int, str], bytes]) -> tuple[web.StreamResponse, bool]:
+        """A sequence's events as Server-Sent Events, each API's way (``opening`` first; ``delta(text, ids)``, ids
+        held until they make text, or each at once for a model without a tokenizer; ``end(ids, finish_reason, ids
+        made)``; ``error(status, message)``), one write per batch of events; and whether the sequence reached its
+        end (not an error, not a client gone)."""
         with self.watch.watching(Running(self.front, prepared, request)) as running:
             response = web.StreamResponse(headers=SSE)
             ended = False
             try:
                 await response.prepare(request)
-                if chat:
-                    await response.write(chunk(None, [], None, role=True))
+                if opening:
+                    await response.write(opening)
                 held: list[int] = []
                 made = 0
                 text_model = prepared.model.tokenizer is not None
                 async for batch in running.batches():
-                    out = bytearray()  # the batch's chunks in one write
+                    out = bytearray()  # the batch's events in one write
                     for event in batch:
                         kind = event[0]
                         if kind == "delta":
                             held.append(event[1])
                             made += 1
                             if event[2] or not text_model:
-                                out += chunk(event[2], held, None)
+                                out += delta(event[2], held)
                                 held = []
                         elif kind == "end":
                             ended = True
-                            out += chunk(None if chat else "", held, event[1])
-                            if req.include_usage:
-                                usage = _usage(prepared, made)
-                                out += b"data: " + _dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
-                            out += b"data: [DONE]\n\n"
+                            out += end(held, event[1], made)
                         elif kind == "error":
-                            out += b"data: " + _dumps(ApiError(event[1], event[2]).doc()) + b"\n\n"
-                            out += b"data: [DONE]\n\n"
+                            out += error(event[1], event[2])
                     if out:
                         await response.write(bytes(out))
                 await response.write_eof()
@@ -230,38 +243,17 @@ class GenerationRoutes:
 
     async def _triton_stream(self, request: web.Request, prepared: Prepared, head: dict[str, Any]
                              ) -> tuple[web.StreamResponse, bool]:
-        with self.watch.watching(Running(self.front, prepared, request)) as running:
-            response = web.StreamResponse(headers=SSE)
-            ended = False
-            try:
-                await response.prepare(request)
-                held: list[int] = []
-                made = 0
-                text_model = prepared.model.tokenizer is not None
-                async for batch in running.batches():
-                    out = bytearray()
-                    for event in batch:
-                        kind = event[0]
-                        if kind == "delta":
-                            held.append(event[1])
-                            made += 1
-                            if event[2] or not text_model:
-                                out += b"data: " + _dumps({**head, "text_output": event[2], "output_ids": held}) + (
-                                    b"\n\n")
-                                held = []
-                        elif kind == "end":
-                            ended = True
-                            out += b"data: " + _dumps({**head, "text_output": "", "output_ids": held,
-                                                       "finish_reason": event[1], "usage": _usage(prepared, made)}
-                                                      ) + b"\n\n"
-                        elif kind == "error":
-                            out += b"data: " + _dumps({"error": event[2]}) + b"\n\n"
-                    if out:
-                        await response.write(bytes(out))
-                await response.write_eof()
-            except ConnectionError:
-                pass
-        return response, ended
+        return await self._sse(
+            request, prepared, opening=b"",
+            delta=lambda text, ids: _event({**head, "text_output": text, "output_ids": ids}),
+            end=lambda ids, finish, made: _event({**head, "text_output": "", "output_ids": ids,
+                                                  "finish_reason": finish, "usage": _usage(prepared, made)}),
+            error=lambda status, message: _event({"error": message}))
+
+
+def _event(doc: Any) -> bytes:
+    """One Server-Sent Event carrying ``doc`` as JSON."""
+    return b"data: " + _dumps(doc) + b"\n\n"
 
 
 async def _json(request: web.Request) -> Any:
