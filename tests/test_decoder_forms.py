@@ -32,6 +32,7 @@ from tests.helpers.decoders import (
     MODEL_FILE,
     SHAPES,
     assert_tokens_agree,
+    form_folder,
     greedy_genai,
     greedy_onnxruntime,
     make_weights,
@@ -57,15 +58,6 @@ INT4_SETTINGS = (Int4(32, True, 0), Int4(32, False, 0), Int4(128, True, 0), Int4
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("decoder_forms")
-
-
-def form_folder(root, name: str, form: str, **options):
-    """The preset ``name`` in ``form`` under root (built once per module; ``options``: build_decoder_form's)."""
-    suffix = "".join(f"-{k}={getattr(v, 'label', v)}" for k, v in sorted(options.items()))
-    folder = root / f"{name}-{form}{suffix}"
-    if not (folder / decoder_forms.model_file(form)).is_file():
-        decoder_forms.build_decoder_form(folder, name, form=form, **options)
-    return folder
 
 
 def form_model(root, name: str, form: str, **options):

@@ -19,8 +19,7 @@ from onnx import helper
 from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory, StatusCode
 from npurt.generate import layout, static_form, verify_child
 from npurt.generate.batch import BatchGenerator, greedy_batch
-from npurt.models import decoder_forms
-from tests.helpers.decoders import MODEL_FILE, assert_tokens_agree, greedy_onnxruntime
+from tests.helpers.decoders import MODEL_FILE, assert_tokens_agree, form_folder, greedy_onnxruntime
 
 NEW_TOKENS = 24
 MORE = 6  # the references run this much longer: sequences idle for a while go on after the others
@@ -35,13 +34,6 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("batch")
 
 
-def folder_of(root, shape: str, form: str):
-    folder = root / f"{shape}-{form}"
-    if not (folder / MODEL_FILE).is_file():
-        decoder_forms.build_decoder_form(folder, shape, form=form)
-    return folder
-
-
 def batch_runner(backend: str, folder, **options):
     device = "NPU" if backend == "QNN" else "CPU"
     return RunnerFactory.create_runner(backend, folder / MODEL_FILE,
@@ -51,7 +43,7 @@ def batch_runner(backend: str, folder, **options):
 @pytest.fixture(scope="module")
 def references(root):
     """Per form, each prompt's greedy run alone on plain ONNX Runtime over the export."""
-    return {(shape, form): [greedy_onnxruntime(folder_of(root, shape, form) / MODEL_FILE, p, NEW_TOKENS + MORE)
+    return {(shape, form): [greedy_onnxruntime(form_folder(root, shape, form) / MODEL_FILE, p, NEW_TOKENS + MORE)
                             for p in PROMPTS] for shape, form in FORMS}
 
 
@@ -60,7 +52,7 @@ def references(root):
 def test_rows_give_the_tokens_of_each_sequence_alone(root, references, shape, form, backend):
     """Six sequences prefilled into their rows, then every step batched (an 8-row run, two rows idle): each row's
     tokens are its sequence's alone; the pooled cache is the engine's input and output (no host copy)."""
-    with batch_runner(backend, folder_of(root, shape, form)) as r:
+    with batch_runner(backend, form_folder(root, shape, form)) as r:
         assert r.decoder.batch == (1, 2, 4, 8)
         assert "8 rows batched (one idle), each against the export alone" in r.decoder.verification
         assert r.decoder.attention == (layout.GROUP_QUERY if form == "builder" else layout.CONCAT)
@@ -79,7 +71,7 @@ def test_sequences_join_leave_and_idle(root, references, shape, form):
     leave mid-way, and sit idle while others step (their rows run a pad at their own position): every sequence's
     tokens are still its own alone. Runs pick the smallest batch size that holds the rows stepped."""
     refs = references[(shape, form)]
-    with batch_runner("ONNXRUNTIME", folder_of(root, shape, form)) as r, BatchGenerator(r) as batch:
+    with batch_runner("ONNXRUNTIME", form_folder(root, shape, form)) as r, BatchGenerator(r) as batch:
         made: dict = {}
         next_id: dict = {}
 
@@ -126,7 +118,7 @@ def test_rows_move_down_when_sequences_leave(root, references):
     """Four sequences in rows 0-3; three leave: the one left is moved into row 0 (one copy of its cache) and steps
     as the 1-row run; its tokens are still its own alone, and so are those of a sequence joining after it."""
     refs = references[("gqa", "builder")]
-    with batch_runner("ONNXRUNTIME", folder_of(root, "gqa", "builder")) as r, BatchGenerator(r) as batch:
+    with batch_runner("ONNXRUNTIME", form_folder(root, "gqa", "builder")) as r, BatchGenerator(r) as batch:
         seqs = [batch.open() for _ in range(4)]
         ids = {seq: int(np.argmax(seq.append(PROMPTS[k]))) for k, seq in enumerate(seqs)}
         made = {seq: [ids[seq]] for seq in seqs}
@@ -157,7 +149,7 @@ def test_several_pools_over_one_runner(root, references):
     """Where a larger run does not pay (int4 on the CPU), several 2-row BatchGenerators over one runner, stepped in
     turn: each has a pool of its own, and every sequence keeps its own tokens."""
     refs = references[("gqa", "standard")]
-    with batch_runner("ONNXRUNTIME", folder_of(root, "gqa", "standard")) as r:
+    with batch_runner("ONNXRUNTIME", form_folder(root, "gqa", "standard")) as r:
         pools = [BatchGenerator(r, rows=2), BatchGenerator(r, rows=2)]
         seqs = [pool.open() for pool in pools for _ in range(2)]
         ids = {seq: int(np.argmax(seq.append(PROMPTS[k]))) for k, seq in enumerate(seqs)}
@@ -183,7 +175,7 @@ def _prefix(reference, n: int):
 def test_pinned_batch_sizes(root, references, shape, form):
     """Shapes pinned (as on an NPU): the prefill chunk, the step and each batch size are signatures of one graph;
     batched rows still give each sequence's tokens; a plain Generator runs over the same runner."""
-    with batch_runner("VAIML", folder_of(root, shape, form), static_shapes=True) as r:
+    with batch_runner("VAIML", form_folder(root, shape, form), static_shapes=True) as r:
         assert r.decoder.pinned
         with BatchGenerator(r, rows=4) as batch:
             got = greedy_batch(batch, PROMPTS[:3], NEW_TOKENS)
@@ -207,7 +199,7 @@ def test_the_htp_emulator(root, references):
     from tests.helpers.qnn import require_qnn
 
     require_qnn()
-    with batch_runner("QNN", folder_of(root, "gqa", "standard"),
+    with batch_runner("QNN", form_folder(root, "gqa", "standard"),
                       decoder={"max_length": 48, "prefill_chunk": 4, "batch": [1, 4]}) as r:
         assert {p.device for p in r.placement} == {"QNNExecutionProvider"}, [
             (p.node, p.op_type, p.reason) for p in r.placement if p.device != "QNNExecutionProvider"]
@@ -219,7 +211,7 @@ def test_the_htp_emulator(root, references):
 
 
 def test_bad_input_is_refused(root):
-    folder = folder_of(root, "gqa", "standard")
+    folder = form_folder(root, "gqa", "standard")
     with pytest.raises(ValueError, match="batch"):
         RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE,
                                     {"device": "CPU", "decoder": {"max_length": 32, "batch": 4}})
@@ -263,7 +255,7 @@ def test_shared_stream_state(root):
     """Stream.share_state: a stream's cache is the caller's array itself (a run writes there), and what it
     cannot be is refused with INVALID_INPUT: another dtype, rank or fixed dim, memory not contiguous, a name not
     carried, a runner whose state changes buffers every run."""
-    folder = folder_of(root, "gqa", "standard")
+    folder = form_folder(root, "gqa", "standard")
     with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE,
                                      {"device": "CPU", "decoder": {"max_length": 16}}) as r:
         names = list(r.options.state_pairs)
@@ -296,7 +288,7 @@ def test_shared_stream_state(root):
 def test_the_batch_check_catches_rows_that_share_a_position(root, tmp_path):
     """A batch form whose rows all take the first row's position passes every check of one row, and fails the
     batched check (each row against the export alone): the check this runner's verdict rests on can fail."""
-    folder = folder_of(root, "gqa", "standard")
+    folder = form_folder(root, "gqa", "standard")
     model = onnx.load(str(folder / MODEL_FILE))
     form = static_form.derive(model, 48, batch=None).model
     graph = form.graph

@@ -14,8 +14,14 @@ import pytest
 
 from npurt import Generator, NpuError, NpuUnsupportedError, RunnerFactory
 from npurt.generate import layout
-from npurt.models import decoder_forms
-from tests.helpers.decoders import MODEL_FILE, assert_tokens_agree, greedy_genai, greedy_onnxruntime, require_genai
+from tests.helpers.decoders import (
+    MODEL_FILE,
+    assert_tokens_agree,
+    form_folder,
+    greedy_genai,
+    greedy_onnxruntime,
+    require_genai,
+)
 
 PROMPT = [1, 23, 5, 77, 150, 11]
 NEW_TOKENS = 64
@@ -26,13 +32,6 @@ DECODER = {"max_length": 96, "prefill_chunk": 4}
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("builder")
-
-
-def folder_of(root, name: str, form: str = "builder"):
-    folder = root / f"{name}-{form}"
-    if not (folder / MODEL_FILE).is_file():
-        decoder_forms.build_decoder_form(folder, name, form=form)
-    return folder
 
 
 def runner(backend: str, folder, **options):
@@ -47,7 +46,7 @@ def test_tokens_equal_onnxruntime_genai(root, shape, backend):
     """64 greedy tokens equal onnxruntime-genai's on the same folder (its own shared past/present buffer); the cache
     stays in place (no host copy), the derived form says it is GroupQueryAttention's and how it was checked."""
     require_genai()
-    folder = folder_of(root, shape)
+    folder = form_folder(root, shape, "builder")
     want = greedy_genai(folder, PROMPT, NEW_TOKENS)
     reference = greedy_onnxruntime(folder / MODEL_FILE, PROMPT, NEW_TOKENS)
     assert reference.tokens == want  # the two anchors agree (no near-tie on these prompts)
@@ -67,7 +66,7 @@ def test_pinned_shapes_and_packed_qkv(root, form, chunk):
     """Shapes pinned as on an NPU (prefill chunks of 1, 4 and 8 over a 6-id prompt: one id a run, an overlapping
     last chunk, a prompt shorter than a chunk), the QKV projections separate or packed into one input: the logits each
     id is picked from are the export's within 1e-4 at every step."""
-    folder = folder_of(root, "gqa", form)
+    folder = form_folder(root, "gqa", form)
     reference = greedy_onnxruntime(folder / MODEL_FILE, PROMPT, 16)
     with runner("VAIML", folder, static_shapes=True, decoder={"max_length": 48, "prefill_chunk": chunk}) as r:
         assert r.decoder.pinned
@@ -81,7 +80,7 @@ def test_pinned_shapes_and_packed_qkv(root, form, chunk):
 def test_a_conversation_continues_in_the_shared_buffer(root):
     """start= on the builder form: GroupQueryAttention writes the second turn's rows after the first's, in place,
     and the tokens equal a fresh run over the whole sequence."""
-    folder = folder_of(root, "kv3")
+    folder = form_folder(root, "kv3", "builder")
     path = folder / MODEL_FILE
     with runner("VAIML", folder) as r:
         g = Generator(r)
@@ -94,7 +93,7 @@ def test_the_htp_emulator_places_it_or_says_why(root):
     """On the HTP emulator at FP16 (pinned shapes): the tokens are the export's up to a near-tie at FP16's scale,
     and placement names the nodes the HTP did not take."""
     pytest.importorskip("onnxruntime_qnn")
-    folder = folder_of(root, "gqa")
+    folder = form_folder(root, "gqa", "builder")
     reference = greedy_onnxruntime(folder / MODEL_FILE, PROMPT, 8)
     with runner("QNN", folder) as r:
         tokens = Generator(r).generate(PROMPT, 8)
@@ -110,7 +109,7 @@ def test_rotary_tables_shorter_than_max_length_are_refused(root, tmp_path):
     """The builder writes cos/sin caches of the context length; a max_length past them would rotate positions the
     tables do not hold (ONNX Runtime: 'cos_cache dimension 0 shall not be less than total_sequence_length' at that
     step, mid-generation). Refused at load, naming the rows."""
-    folder = folder_of(root, "gqa")
+    folder = form_folder(root, "gqa", "builder")
     copy = tmp_path / "long"
     copy.mkdir()
     (copy / MODEL_FILE).write_bytes((folder / MODEL_FILE).read_bytes())
@@ -123,7 +122,7 @@ def test_rotary_tables_shorter_than_max_length_are_refused(root, tmp_path):
 
 @pytest.mark.parametrize("op", ["MultiHeadAttention", "RotaryEmbedding"])
 def test_attention_not_understood_is_refused_by_name(root, tmp_path, op):
-    model = onnx.load(str(folder_of(root, "gqa") / MODEL_FILE))
+    model = onnx.load(str(form_folder(root, "gqa", "builder") / MODEL_FILE))
     model.graph.node.append(onnx.helper.make_node(op, ["input_ids"], [f"{op}_out"], domain="com.microsoft"))
     (tmp_path / MODEL_FILE).write_bytes(model.SerializeToString())
     with pytest.raises(NpuUnsupportedError, match=f"attention by {op} is not one npurt derives"):
@@ -139,8 +138,8 @@ def test_a_form_that_is_not_the_export_is_refused(root, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     with pytest.raises(NpuUnsupportedError, match=r"does not give the export's logits \(first at the prompt in one "
                                                   r"run: step 1 \(position 7\); they differ by up to"):
-        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache), static_shapes=True)
+        runner("VAIML", form_folder(root, "gqa", "builder"), cache_dir=str(cache), static_shapes=True)
     verdicts = list(cache.glob("decoders/*/verified-onnxruntime-c4.json"))
     assert len(verdicts) == 1 and json.loads(verdicts[0].read_text())["ok"] is False
     with pytest.raises(NpuUnsupportedError, match="does not give the export's logits"):
-        runner("VAIML", folder_of(root, "gqa"), cache_dir=str(cache), static_shapes=True)
+        runner("VAIML", form_folder(root, "gqa", "builder"), cache_dir=str(cache), static_shapes=True)

@@ -19,6 +19,7 @@ from types import ModuleType
 
 import numpy as np
 
+from npurt.models import decoder_forms
 from npurt.models.decoder_reference import (
     NEAR_TIE,
     GenaiDecoder,
@@ -67,6 +68,16 @@ def decoder_folder(root: Path, shape: DecoderShape | str, seed: int = 0, **optio
     folder = Path(root) / f"{label}-seed{seed}{suffix}"
     if not (folder / MODEL_FILE).is_file():
         build_decoder(folder, shape, seed, **options)  # type: ignore[arg-type]
+    return folder
+
+
+def form_folder(root: Path, name: str, form: str, **options: object) -> Path:
+    """The preset ``name`` in export ``form`` under ``root`` (built once per folder name; ``options``:
+    build_decoder_form's)."""
+    suffix = "".join(f"-{k}={getattr(v, 'label', v)}" for k, v in sorted(options.items()))
+    folder = Path(root) / f"{name}-{form}{suffix}"
+    if not (folder / decoder_forms.model_file(form)).is_file():
+        decoder_forms.build_decoder_form(folder, name, form=form, **options)  # type: ignore[arg-type]
     return folder
 
 
