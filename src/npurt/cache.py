@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .logs import LOGGER
 
@@ -48,6 +48,7 @@ ROOT_NAME = f"npurt-v{FORMAT}"
 MANIFEST = "manifest.json"
 BLOB = "blob"
 INDEX = "files.json"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -142,20 +143,20 @@ class CompiledModelCache:
         self._write_index(index)
         return known
 
-    def remembered(self, path: Path, name: str, compute: Callable[[], Any], valid: Callable[[Any], bool]) -> Any:
-        """A fact about a file kept in the index beside its hash, per file identity: ``compute()`` (JSON-able)
-        where the index does not hold one that is ``valid`` for the file as it is now."""
+    def remembered(self, path: Path, name: str, compute: Callable[[], Any], decode: Callable[[Any], T]) -> T:
+        """A fact about a file kept in the index beside its hash, per file identity, as ``decode`` reads it:
+        ``compute()`` (JSON-able) where the index holds none that ``decode`` takes (it raises on anything else)
+        for the file as it is now."""
         index = self._read_index()
         name_of_file = json.dumps(model_identity(path), sort_keys=True)
         known = index.get(name_of_file)
         if isinstance(known, dict) and name in known:
             with contextlib.suppress(Exception):  # a damaged or foreign index is read again from the file
-                if valid(known[name]):
-                    return known[name]
+                return decode(known[name])
         value = compute()
         index[name_of_file] = {**(known if isinstance(known, dict) else {}), name: value}
         self._write_index(index)
-        return value
+        return decode(value)
 
     def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
         return CacheKey.of({"format": FORMAT, "model": self.content_hash(model), **parts})

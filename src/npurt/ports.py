@@ -119,7 +119,7 @@ def spec_of_onnx_port(port: OnnxPort, what: str) -> PortSpec:
     return PortSpec(port.name, dtype, shape, dim_names=names)
 
 
-Remember = Callable[[Callable[[], Any], Callable[[Any], bool]], Any]  # (compute, valid) -> the value kept
+Remember = Callable[[Callable[[], Any], Callable[[Any], Any]], Any]  # (compute, decode) -> the value decoded
 
 
 def onnx_port_specs(path: str | os.PathLike[str], remember: Remember | None = None
@@ -132,8 +132,7 @@ def onnx_port_specs(path: str | os.PathLike[str], remember: Remember | None = No
         info = read_onnx_ports(path, nodes=False)
         inputs, outputs = info.inputs, info.outputs
     else:
-        kept = remember(lambda: _ports_json(read_onnx_ports(path, nodes=False)), lambda v: bool(_ports_of_json(v)))
-        inputs, outputs = _ports_of_json(kept)
+        inputs, outputs = remember(lambda: _ports_json(read_onnx_ports(path, nodes=False)), _ports_of_json)
     return ([spec_of_onnx_port(p, "input") for p in inputs],
             [spec_of_onnx_port(p, "output") for p in outputs])
 
