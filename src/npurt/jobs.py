@@ -31,7 +31,6 @@ A job with a callback is released from the job table after its callback returns;
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -46,7 +45,7 @@ from .types import JobHandle, StatusCode
 
 log = logging.getLogger("npurt")
 
-Work = Callable[[], tuple[StatusCode, str]]  # a job run on a worker: never raises
+Work = Callable[..., tuple[StatusCode, str]]  # a job run on a worker (called with its args): never raises
 # start on the engine, given the job's end (called with the run's error, and what the engine tells besides, which
 # is the starter's to use: ignored here); False: cannot now
 Start = Callable[[Done], bool | Launched]
@@ -64,14 +63,17 @@ ANY_SLICE_S = 0.001  # wait_any over jobs ended by their waiter: how long it wai
 class Job:
     """One asynchronous run and its outcome."""
 
-    __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "ended", "on_worker", "launched")
+    __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "ended", "on_worker", "launched",
+                 "scheduler")
 
-    def __init__(self, job_id: int, callback: Callback | None, seq: int) -> None:
+    def __init__(self, job_id: int, callback: Callback | None, seq: int, scheduler: JobScheduler) -> None:
+        self.scheduler = scheduler
         self.job_id = job_id
         self.callback = callback
         self.seq = seq  # place among the jobs with callbacks, for callback_order="submission"
-        self.done = threading.Lock()  # held until the job has its final status
-        self.done.acquire()
+        # held until the job has its final status: made by the first thread that must block on it (under the
+        # scheduler's lock), never for a job its waiter ends in the engine (most engine-started jobs)
+        self.done: threading.Lock | None = None
         self.status = JOB_PENDING
         self.error = ""
         self.state = _QUEUED
@@ -88,7 +90,28 @@ class Job:
             if self.state == _DONE:  # (ended by this thread, most often)
                 return True
             # else ended, and it has its status in a moment from the thread that saw its end
-        return _block(self.done, timeout_s) or self.state == _DONE
+        done = self.done
+        if done is None:
+            with self.scheduler._lock:
+                if self.state == _DONE:
+                    return True
+                done = self.done
+                if done is None:
+                    done = self.done = threading.Lock()
+                    done.acquire()
+        return _block(done, timeout_s) or self.state == _DONE
+
+    def end(self, error: BaseException | None, _told: Any = None) -> None:
+        """The engine's ``Done`` for a job started on it (its bound method: nothing made per job to say which job):
+        the job's final status from the run's error; what the engine tells besides is the starter's to use."""
+        status, message = (SUCCESS, "") if error is None else status_of(error, 0)
+        scheduler = self.scheduler
+        lock = scheduler._lock
+        lock.acquire()
+        try:
+            scheduler._finish_locked(self, status, message)  # (never the caller's to call back: not a worker)
+        finally:
+            lock.release()
 
 
 def _first_ended(jobs: list[Job]) -> Job | None:
@@ -128,7 +151,7 @@ class JobScheduler:
         self._next_seq = 0
         self._ended = 0
         self._closed = False
-        self._queue: SimpleQueue[tuple[Job, Work] | None] = SimpleQueue()
+        self._queue: SimpleQueue[tuple[Job, Work, tuple[Any, ...]] | None] = SimpleQueue()
         self._workers: list[threading.Thread] = []
         # callbacks
         self._due = 0  # next sequence number to deliver (submission order)
@@ -142,10 +165,11 @@ class JobScheduler:
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
 
     # -- submission ------------------------------------------------------------------------------------
-    def submit(self, work: Work, start: Start | None, callback: Callback | None,
+    def submit(self, work: Work, args: tuple[Any, ...], start: Start | None, callback: Callback | None,
                on_accept: Callable[[], None] | None = None) -> Job:
-        """Register a job and start it on the engine (``start``) or queue it for the workers (``work``); the first
-        job a worker's callback submits is that worker's next (see the module's docstring).
+        """Register a job and start it on the engine (``start``) or queue it for the workers (``work(*args)``: no
+        object made for it per job where the engine starts it); the first job a worker's callback submits is that
+        worker's next (see the module's docstring).
 
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
         its job's place in line there, so that places follow the queue's order). StatusError
@@ -162,7 +186,7 @@ class JobScheduler:
                                                                    "busy; wait for one and retry")
             job_id = self._next_id
             self._next_id = job_id + 1
-            job = Job(job_id, callback, self._next_seq)
+            job = Job(job_id, callback, self._next_seq, self)
             if callback is not None:
                 self._next_seq += 1
             self._jobs[job_id] = job
@@ -171,13 +195,13 @@ class JobScheduler:
             if on_accept is not None:
                 on_accept()
             if start is None:
-                self._enqueue(job, work)
+                self._enqueue(job, work, args)
                 return job
             job.state = _RUNNING
         finally:
             lock.release()
         try:
-            started = start(functools.partial(self._engine_done, job))
+            started = start(job.end)
         except BaseException as e:  # noqa: BLE001 - the engine's error is the job's status
             self.finish(job, *status_of(e, 0))
             if not isinstance(e, Exception):
@@ -193,34 +217,34 @@ class JobScheduler:
                     self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
                 else:
                     job.state = _QUEUED
-                    self._enqueue(job, work)
+                    self._enqueue(job, work, args)
         return job
 
-    def _enqueue(self, job: Job, work: Work) -> None:
+    def _enqueue(self, job: Job, work: Work, args: tuple[Any, ...]) -> None:
         """Queue for the workers (under _lock), starting them on the first job; the first job a worker's callback
         submits is that worker's next job instead (a continuation)."""
         here = _callback_thread.__dict__
         if here.get("scheduler") is self and here.get("next") is None:
-            here["next"] = (job, work)
+            here["next"] = (job, work, args)
             return
-        self._to_workers(job, work)
+        self._to_workers(job, work, args)
 
-    def _to_workers(self, job: Job, work: Work) -> None:
+    def _to_workers(self, job: Job, work: Work, args: tuple[Any, ...]) -> None:
         # worker_count workers, plus one for each worker that is in a callback (which may wait for this job)
         wanted = self._worker_count + self._workers_in_callbacks
         while len(self._workers) < wanted:
             worker = threading.Thread(target=self._work, name=f"{self._name}-run-{len(self._workers)}", daemon=True)
             worker.start()
             self._workers.append(worker)
-        self._queue.put((job, work))
+        self._queue.put((job, work, args))
 
-    def _hand_over(self, job: Job, work: Work) -> None:
+    def _hand_over(self, job: Job, work: Work, args: tuple[Any, ...]) -> None:
         """A continuation given back to the workers (hand_over_continuation); once closed, it ends unrun."""
         with self._lock:
             if self._closed:
                 self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
             else:
-                self._to_workers(job, work)
+                self._to_workers(job, work, args)
 
     def _reap(self) -> None:
         """End the jobs started on the engine whose runs have ended but that no waiter has ended yet."""
@@ -229,15 +253,6 @@ class JobScheduler:
             started = job.launched
             if started is not None:
                 started.wait(0)
-
-    def _engine_done(self, job: Job, error: BaseException | None, _told: Any = None) -> None:
-        status, message = (SUCCESS, "") if error is None else status_of(error, 0)
-        lock = self._lock
-        lock.acquire()
-        try:
-            self._finish_locked(job, status, message)  # (never the caller's to call back: not a worker)
-        finally:
-            lock.release()
 
     def _work(self) -> None:
         """A worker: run queued jobs until the sentinel (its continuations first); a worker never dies of a job."""
@@ -250,7 +265,7 @@ class JobScheduler:
                     return
             else:
                 here["next"] = None
-            job, work = item
+            job, work, args = item
             lock.acquire()
             try:
                 if job.state == _DONE:  # ended by close() before it started
@@ -260,7 +275,7 @@ class JobScheduler:
             finally:
                 lock.release()
             try:
-                status, message = work()
+                status, message = work(*args)
             except BaseException as e:  # noqa: BLE001
                 status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
             self.finish(job, status, message, on_worker=True)
@@ -314,7 +329,8 @@ class JobScheduler:
         self._stats.job_completed()
         if status is not SUCCESS:
             self._stats.job_failed()
-        job.done.release()
+        if job.done is not None:
+            job.done.release()
         for ids, waiter in self._any_waits:
             if job.job_id in ids and waiter.locked():
                 waiter.release()

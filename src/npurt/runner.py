@@ -272,7 +272,7 @@ class Runner:
             else:
                 plan = core.planner.plan(inputs, outputs)
                 start = engine_start(plan, outputs, callback is not None)
-                job = core.jobs.submit(functools.partial(core.execute_plan, plan, inputs, outputs), start, callback)
+                job = core.jobs.submit(core.execute_plan, (plan, inputs, outputs), start, callback)
         except StatusError as e:
             core.fail(e.status, str(e))
             return JobHandle(e.status, 0)

@@ -90,7 +90,8 @@ class StreamRuns:
         self.arrays = arrays
         self.table: StreamTable = core.streams
         table = self.table
-        self._stateful: bool | None = True if table.pairs else None
+        if table.pairs:
+            self.stateful = True
         # (carried input, state shape) -> the pair's CPU-view (input, output) infos: derived once per shape
         self._infos: dict[tuple[str, tuple[int, ...]], tuple[NpuTensorInfo, NpuTensorInfo]] = {}
         # run()'s lists: where each carried input goes among the model's inputs (ascending), which output feeds it,
@@ -101,16 +102,19 @@ class StreamRuns:
         self._carried_from = [(i, out_names.index(o)) for i, o in table.pairs.items()]
         self._app_outputs = [(n, k) for k, n in enumerate(out_names) if n not in set(table.pairs.values())]
 
-    @property
-    def stateful(self) -> bool:
-        """Whether the model has state (carried pairs, or variables its engine keeps): then every run is a stream's,
-        the default stream's where none is given."""
-        if self._stateful is None:
-            default = self.core.variants.default
-            if default is None:
-                return False  # nothing compiled yet: asked again after the first compile
-            self._stateful = bool(default.engine.state_names)
-        return self._stateful
+    # Whether the model has state (carried pairs, or variables its engine keeps): then every run is a stream's, the
+    # default stream's where none is given. An instance attribute once known (a plain read on every run: this is
+    # every execute's path), found by __getattr__ until then.
+    stateful: bool
+
+    def __getattr__(self, name: str) -> bool:
+        if name != "stateful":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        default = self.core.variants.default
+        if default is None:
+            return False  # nothing compiled yet: asked again after the first compile
+        self.stateful = bool(default.engine.state_names)
+        return self.stateful
 
     # -- the handles -------------------------------------------------------------------------------------------
     def open(self) -> Stream:
@@ -157,7 +161,7 @@ class StreamRuns:
             except NpuError as e:
                 return StatusCode.FAILURE, str(e)
 
-        return self.core.jobs.submit(work, None, callback, on_accept=lambda: place.append(state.place()))
+        return self.core.jobs.submit(work, (), None, callback, on_accept=lambda: place.append(state.place()))
 
     def bound(self, stream: StreamRef, inputs: Any, outputs: Any) -> Callable[[], tuple[StatusCode, str]]:
         """A stream's run planned once (``Runner.bind``): its carried state must stay in the same buffers, as pairs

@@ -39,7 +39,7 @@ class ShapeError(ValueError):
     """Input shapes the model cannot take (StatusCode.INVALID_INPUT on the execution path)."""
 
 
-_clock = itertools.count(1)  # recency of use, for the LRU
+use_clock = itertools.count(1)  # recency of use, for the LRU (a variant's run sets used = next(use_clock))
 
 # a staging tensor's place in a variant's free lists: the port's direction and index, the shape staged
 StageKey = tuple[TensorDirection, int, tuple[int, ...]]
@@ -57,7 +57,7 @@ class Variant:
         self.inputs: list[Port] = engine.inputs
         self.signature = signature
         self.staging: dict[StageKey, list[NpuTensor]] = {}  # free staging tensors (staging.py)
-        self.used = next(_clock)
+        self.used = next(use_clock)
 
     @property
     def outputs(self) -> list[Port]:
@@ -65,7 +65,7 @@ class Variant:
         return self.engine.outputs
 
     def touch(self) -> None:
-        self.used = next(_clock)
+        self.used = next(use_clock)
 
     @property
     def dynamic(self) -> bool:
