@@ -34,9 +34,10 @@ for any Python call); callback rows (InferQueue, callbacks) are held to jobs/s o
 three full runs; on a shared machine the figures are noisy.
 
 ``--own``: instead, npurt's own Python per job, the engine taken out: the digits model on OpenVINO with the engine's
-``run`` returning at once and its ``start`` giving a run that has already ended (``execute``; ``execute_async`` +
-``wait`` and ``wait_any``, N in flight). What is left is the runner, the plan lookup, the job table and the
-status; no engine work, no thread woken. A diagnostic, with no target.
+``run`` returning at once and its job lane replaced by one in Python whose jobs have ended when they start
+(``execute``; ``execute_async`` + ``wait`` and ``wait_any``, N in flight). What is left is the runner, the plan
+lookup, the scheduler and the status, plus the stand-in lane's trivial calls; no engine work, no thread woken. A
+diagnostic, with no target.
 
 ``--paths``: instead, OpenVINO's asynchronous rows (``execute_async + wait``, ``wait_any``) with npurt's two job
 paths side by side: jobs on the requests of npurt's ``_ovjobs`` extension (completion in C++) and on Python
@@ -56,7 +57,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -67,7 +68,7 @@ from benchmarks.apps import BACKENDS, callback_chains, model_path, npurt_runner
 from npurt import InferQueue, JobHandle, StatusCode, TensorType
 from npurt.bench import BenchError, Report, Table, Target, random_feeds
 from npurt.bench.subjects import runner_tensors
-from npurt.engine import Done, Launched, ResultShapes
+from npurt.engine import ResultShapes
 from npurt.models import DEFAULT_MODEL
 from npurt.runner import Runner
 
@@ -403,19 +404,38 @@ def measure(backend: str, name: str, n: int, jobs: int, blocks: int, table: Tabl
         npurt.close()
 
 
-class _EndedAtOnce(Launched):
-    """A run that had ended when it started (``--own``): its first wait ends the job."""
+class _EndedLane:
+    """A job lane whose jobs have ended when they start (``--own``; engine.JobLane), in Python."""
 
-    __slots__ = ("done",)
+    def __init__(self) -> None:
+        self.ended: dict[int, str] = {}
 
-    def __init__(self, done: Done) -> None:
-        self.done: Done | None = done
+    def reserve(self, job_id: int, others: int, limit: int) -> int:
+        return 1
 
-    def wait(self, timeout_s: float | None) -> bool:
-        done, self.done = self.done, None
-        if done is not None:
-            done(None, None)
-        return True
+    def launch(self, job_id: int, arg: Any) -> None:
+        self.ended[job_id] = ""
+
+    def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | bool | str:
+        return self.ended.pop(job_id, False)
+
+    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool) -> None | tuple[int, bool | str]:
+        return job_ids[0], self.ended.pop(job_ids[0], False)
+
+    def take(self, job_id: int) -> bool | None:
+        return None
+
+    def jobs(self) -> list[int]:
+        return []
+
+    def running(self) -> int:
+        return 0
+
+    def uncollected(self) -> int:
+        return len(self.ended)
+
+    def counts(self) -> tuple[int, int, int]:
+        return 0, 0, 0
 
 
 def own_python(n: int, jobs: int, blocks: int, table: Table) -> None:
@@ -427,12 +447,10 @@ def own_python(n: int, jobs: int, blocks: int, table: Table) -> None:
         def run(binding: Any, context: Any = None) -> ResultShapes:
             return None
 
-        def start(binding: Any, done: Done, context: Any = None) -> bool | Launched:
-            return _EndedAtOnce(done)
-
         for runner in (npurt.sync, npurt.asyn):  # before any run: the plans made from here on hold these
             engine: Any = runner.engine_for()
-            engine.run, engine.start = run, start
+            lane = _EndedLane()
+            engine.run, engine.lane = run, lambda binding, lane=lane, engine=engine: (lane, None, engine.translate)
         patterns = npurt.patterns()
         for row in ("execute", "execute_async + wait", "wait_any"):
             fn = patterns[row]

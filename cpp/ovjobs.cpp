@@ -6,6 +6,12 @@
 // wakes the waiters, with no GIL; a wait for one run or for whichever of several ends waits on a condition variable
 // with the GIL released, and has a timeout.
 //
+// A job lane: runs named by npurt's job ids (`reserve` + `launch`, `collect`, `collect_any`), whose table is kept
+// here: the runner submits a job and collects it with a call or two, with no Python object made per job. A lane job that ended with
+// nobody collecting it yet frees its request for the next submission (its outcome moves to a table of ended jobs),
+// and the lane counts its jobs' ends as they happen (`counts`). A job the runner's scheduler must hold as its own
+// (a close, a wait over jobs of several kinds) is `take`n: it stays collectable by id, but no longer counts here.
+//
 // Objects cross from openvino._pyopenvino by pybind11's conduit (_pybind11_conduit_v1_): a raw pointer, checked by
 // platform ABI id and C++ type name, valid while the Python object lives. Nothing else of OpenVINO's bindings is
 // used, so a different pybind11 version or internals in OpenVINO's wheel does not matter; OpenVINO's C++ ABI does
@@ -24,6 +30,7 @@
 #include <openvino/runtime/infer_request.hpp>
 #include <openvino/runtime/tensor.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -72,6 +79,8 @@ public:
         order_.assign(n, 0);
         errors_.assign(n, std::string());
         held_.assign(n, std::vector<py::object>(ports_.size()));
+        job_.assign(n, -1);
+        taken_.assign(n, false);
         for (size_t i = 0; i < n; ++i)
             requests_[i].set_callback([this, i](std::exception_ptr error) { on_end(i, error); });
     }
@@ -97,15 +106,174 @@ public:
         uint64_t count = 0;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            for (size_t i = 0; i < state_.size(); ++i)
-                if (state_[i] == IDLE) {
-                    slot = static_cast<int64_t>(i);
-                    state_[i] = RUNNING;  // taken: no other start picks it
-                    count = ++starts_[i];
-                    break;
-                }
+            slot = take_slot_locked(-1);
+            if (slot >= 0) count = starts_[slot];
         }
         if (slot < 0) return -1;
+        run_on(static_cast<size_t>(slot), tensors);
+        return static_cast<int64_t>(count * requests_.size()) + slot;
+    }
+
+    // -- the job lane (see the file's comment) --------------------------------------------------------------
+    // Reserve a request for job `job_id`, where the lane's running jobs and `others` (the runner's other runs) are
+    // fewer than `limit`: 1 reserved (`launch` starts it), 0 every request runs, -1 the limit is reached. Only for
+    // models whose outputs' shapes are fixed (no shape_positions).
+    int reserve(int64_t job_id, size_t others, size_t limit) {
+        if (!shape_positions_.empty()) throw py::value_error("reserve: a lane runs only models with fixed output shapes");
+        std::lock_guard<std::mutex> lock(mutex_);
+        size_t running = 0;
+        for (size_t i = 0; i < job_.size(); ++i) running += job_[i] >= 0 && !taken_[i] && state_[i] == RUNNING;
+        if (others + running >= limit) return -1;
+        if (take_slot_locked(job_id) < 0) return 0;
+        ++submitted_;
+        return 1;
+    }
+
+    // Start reserved job `job_id` on `tensors` (ov.Tensor, ports' order); a failure to start is the job's outcome
+    // (collected as its message), as a run's error is.
+    void launch(int64_t job_id, const py::list &tensors) {
+        int64_t slot;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            slot = slot_of_locked(job_id);
+        }
+        if (slot < 0) throw py::index_error("launch: no such reserved job");
+        try {
+            if (tensors.size() != ports_.size()) throw py::value_error("launch: one tensor per port");
+            run_on(static_cast<size_t>(slot), tensors);
+        } catch (const std::exception &e) {
+            std::string error = e.what();
+            if (error.empty()) error = "the inference could not start";
+            on_end(static_cast<size_t>(slot), std::make_exception_ptr(std::runtime_error(error)));
+        } catch (...) {
+            on_end(static_cast<size_t>(slot), std::make_exception_ptr(std::runtime_error("the inference could not start")));
+        }
+    }
+
+    // Wait up to timeout_ms (0: poll) for lane job `job_id` and collect it: None while it runs, False for a job this
+    // lane does not hold (never submitted here, collected already, or taken: `taken` says which kind is asked for),
+    // else its error message ("" if it succeeded).
+    py::object collect(int64_t job_id, int64_t timeout_ms, bool taken) {
+        std::unique_lock<std::mutex> lock(mutex_);  // (with the GIL held: see the class's comment)
+        if (lane_running_locked(job_id) && timeout_ms > 0) {
+            lock.unlock();
+            {
+                py::gil_scoped_release nogil;
+                std::unique_lock<std::mutex> waiting(mutex_);
+                cv_.wait_for(waiting, std::chrono::milliseconds(timeout_ms),
+                             [&] { return !lane_running_locked(job_id); });
+            }
+            lock.lock();
+        }
+        std::string error;
+        switch (collect_locked(job_id, taken, error)) {
+            case RUNNING: return py::none();
+            case IDLE: return py::bool_(false);
+            default: return message(error);
+        }
+    }
+
+    // Wait up to timeout_ms for whichever of lane jobs `job_ids` ends first and collect it: (job id, its message);
+    // None if none has; (job id, False) for the first id this lane does not hold (nothing collected then).
+    py::object collect_any(const std::vector<int64_t> &job_ids, int64_t timeout_ms, bool taken) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (int64_t id : job_ids)
+            if (!holds_locked(id, taken)) return py::make_tuple(id, false);
+        int64_t first = first_ended_locked(job_ids);
+        if (first < 0 && timeout_ms > 0) {
+            lock.unlock();
+            {
+                py::gil_scoped_release nogil;
+                std::unique_lock<std::mutex> waiting(mutex_);
+                cv_.wait_for(waiting, std::chrono::milliseconds(timeout_ms),
+                             [&] { return first_ended_locked(job_ids) >= 0; });
+            }
+            lock.lock();
+            first = first_ended_locked(job_ids);
+        }
+        if (first < 0) return py::none();
+        std::string error;
+        if (collect_locked(first, taken, error) != ENDED)  // (taken meanwhile by another thread)
+            return py::make_tuple(first, false);
+        return py::make_tuple(first, message(error));
+    }
+
+    // Hand lane job `job_id` to the runner's scheduler: None if this lane does not hold it; else whether it has
+    // ended (its end counted here). From now on its end is the scheduler's to count; it is still collected here.
+    py::object take(int64_t job_id) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = lane_ended_.find(job_id);
+        if (it != lane_ended_.end()) {
+            bool counted = !it->second.taken;
+            it->second.taken = true;
+            return py::bool_(counted);
+        }
+        int64_t slot = slot_of_locked(job_id);
+        if (slot < 0) return py::none();
+        bool counted = state_[slot] == ENDED && !taken_[slot];
+        taken_[slot] = true;
+        return py::bool_(counted);
+    }
+
+    // The lane's jobs not yet collected nor taken
+    std::vector<int64_t> jobs() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<int64_t> ids;
+        for (size_t i = 0; i < job_.size(); ++i)
+            if (job_[i] >= 0 && !taken_[i]) ids.push_back(job_[i]);
+        for (const auto &[id, e] : lane_ended_)
+            if (!e.taken) ids.push_back(id);
+        return ids;
+    }
+
+    // Lane jobs running (not taken): what the lane holds of the runner's concurrent runs
+    size_t running_count() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        size_t n = 0;
+        for (size_t i = 0; i < job_.size(); ++i) n += job_[i] >= 0 && !taken_[i] && state_[i] == RUNNING;
+        return n;
+    }
+
+    // Lane jobs not yet collected nor taken
+    size_t uncollected() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        size_t n = 0;
+        for (size_t i = 0; i < job_.size(); ++i) n += job_[i] >= 0 && !taken_[i];
+        for (const auto &entry : lane_ended_) n += !entry.second.taken;
+        return n;
+    }
+
+    // (jobs submitted, ended, failed) on the lane, ends counted as they happen (taken jobs' ends excluded)
+    py::tuple counts() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return py::make_tuple(submitted_, completed_, failed_);
+    }
+
+private:
+    // (under mutex_) an idle slot, marked running for a lane job (job_id >= 0) or a ticket run (-1); where none is
+    // idle, one whose lane job ended uncollected (its outcome kept in ended_); -1 if every slot runs
+    int64_t take_slot_locked(int64_t job_id) {
+        int64_t slot = -1;
+        for (size_t i = 0; i < state_.size() && slot < 0; ++i)
+            if (state_[i] == IDLE) slot = static_cast<int64_t>(i);
+        for (size_t i = 0; i < state_.size() && slot < 0; ++i)
+            if (state_[i] == ENDED && job_[i] >= 0) {
+                lane_ended_[job_[i]] = Ended{order_[i], std::move(errors_[i]), taken_[i]};
+                errors_[i].clear();
+                slot = static_cast<int64_t>(i);
+            }
+        if (slot >= 0) {
+            state_[slot] = RUNNING;  // taken: no other start picks it
+            ++starts_[slot];
+            job_[slot] = job_id;
+            taken_[slot] = false;
+        }
+        return slot;
+    }
+
+    // Point a slot taken for a run at `tensors` and start it (the GIL released while it starts); on failure the
+    // slot is idle again and the error raised
+    void run_on(size_t slot, const py::list &tensors) {
         ov::InferRequest &request = requests_[slot];
         try {
             // The run before may still be returning from its callback (OpenVINO marks the request done after it):
@@ -125,12 +293,15 @@ public:
             py::gil_scoped_release nogil;
             request.start_async();
         } catch (...) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            state_[slot] = IDLE;
+            if (job_[slot] < 0) {  // a ticket run: the slot is idle again and the caller told (a lane job: launch)
+                std::lock_guard<std::mutex> lock(mutex_);
+                state_[slot] = IDLE;
+            }
             throw;
         }
-        return static_cast<int64_t>(count * requests_.size()) + slot;
     }
+
+public:
 
     // Wait up to timeout_ms (0: poll) for the ticket's run to end; whether it has.
     bool wait(int64_t ticket, int64_t timeout_ms) {
@@ -233,6 +404,72 @@ private:
     // (under mutex_) whether the ticket's run is still running
     bool running(size_t slot, uint64_t count) const { return starts_[slot] == count && state_[slot] == RUNNING; }
 
+    // (under mutex_) the slot that runs or ran lane job `job_id` (-1: none)
+    int64_t slot_of_locked(int64_t job_id) const {
+        if (job_id < 0) return -1;
+        for (size_t i = 0; i < job_.size(); ++i)
+            if (job_[i] == job_id) return static_cast<int64_t>(i);
+        return -1;
+    }
+
+    // (under mutex_) whether lane job `job_id` is still running
+    bool lane_running_locked(int64_t job_id) const {
+        const int64_t slot = slot_of_locked(job_id);
+        return slot >= 0 && state_[slot] == RUNNING;
+    }
+
+    // (under mutex_) whether the lane holds job `job_id`, taken or not as `taken` says
+    bool holds_locked(int64_t job_id, bool taken) const {
+        auto it = lane_ended_.find(job_id);
+        if (it != lane_ended_.end()) return it->second.taken == taken;
+        const int64_t slot = slot_of_locked(job_id);
+        return slot >= 0 && taken_[slot] == taken;
+    }
+
+    // (under mutex_) collect lane job `job_id` (taken or not as `taken` says): RUNNING (not yet ended), IDLE (not a
+    // job of the lane of that kind), else ENDED with its error moved into `error` and the job forgotten (its slot
+    // idle again)
+    State collect_locked(int64_t job_id, bool taken, std::string &error) {
+        if (!holds_locked(job_id, taken)) return IDLE;
+        auto it = lane_ended_.find(job_id);
+        if (it != lane_ended_.end()) {
+            error = std::move(it->second.error);
+            lane_ended_.erase(it);
+            return ENDED;
+        }
+        const int64_t slot = slot_of_locked(job_id);
+        if (slot < 0) return IDLE;
+        if (state_[slot] != ENDED) return RUNNING;
+        error.swap(errors_[slot]);
+        errors_[slot].clear();
+        job_[slot] = -1;
+        taken_[slot] = false;
+        state_[slot] = IDLE;
+        return ENDED;
+    }
+
+    // (under mutex_) of lane jobs `job_ids`, the one that ended first (-1: none has)
+    int64_t first_ended_locked(const std::vector<int64_t> &job_ids) const {
+        int64_t first = -1;
+        uint64_t best = UINT64_MAX;
+        for (int64_t id : job_ids) {
+            uint64_t order;
+            auto it = lane_ended_.find(id);
+            if (it != lane_ended_.end()) {
+                order = it->second.order;
+            } else {
+                const int64_t slot = slot_of_locked(id);
+                if (slot < 0 || state_[slot] != ENDED) continue;
+                order = order_[slot];
+            }
+            if (order < best) {
+                best = order;
+                first = id;
+            }
+        }
+        return first;
+    }
+
     void on_end(size_t slot, std::exception_ptr error) {
         std::string message;
         if (error) {
@@ -247,6 +484,10 @@ private:
         }
         {
             std::lock_guard<std::mutex> lock(mutex_);
+            if (job_[slot] >= 0 && !taken_[slot]) {  // a lane job's end, counted as it happens
+                ++completed_;
+                failed_ += !message.empty();
+            }
             errors_[slot] = std::move(message);
             order_[slot] = ++ended_;
             state_[slot] = ENDED;
@@ -265,6 +506,17 @@ private:
     std::vector<uint64_t> order_;  // order of ending
     std::vector<std::string> errors_;
     uint64_t ended_ = 0;
+    // the lane: per slot, the lane job it runs or ran (-1: none, or a ticket run) and whether the scheduler took it;
+    // lane jobs that ended uncollected and left their slot; counts of lane jobs submitted, ended and failed
+    struct Ended {
+        uint64_t order;
+        std::string error;
+        bool taken;
+    };
+    std::vector<int64_t> job_;
+    std::vector<bool> taken_;
+    std::unordered_map<int64_t, Ended> lane_ended_;
+    uint64_t submitted_ = 0, completed_ = 0, failed_ = 0;
 };
 
 }  // namespace
@@ -278,5 +530,14 @@ PYBIND11_MODULE(_ovjobs, m) {
         .def("start", &Requests::start, py::arg("tensors"))
         .def("wait", &Requests::wait, py::arg("ticket"), py::arg("timeout_ms"))
         .def("wait_any", &Requests::wait_any, py::arg("tickets"), py::arg("timeout_ms"))
-        .def("finish", &Requests::finish, py::arg("ticket"), py::arg("timeout_ms"));
+        .def("finish", &Requests::finish, py::arg("ticket"), py::arg("timeout_ms"))
+        .def("reserve", &Requests::reserve, py::arg("job_id"), py::arg("others"), py::arg("limit"))
+        .def("launch", &Requests::launch, py::arg("job_id"), py::arg("tensors"))
+        .def("collect", &Requests::collect, py::arg("job_id"), py::arg("timeout_ms"), py::arg("taken"))
+        .def("collect_any", &Requests::collect_any, py::arg("job_ids"), py::arg("timeout_ms"), py::arg("taken"))
+        .def("take", &Requests::take, py::arg("job_id"))
+        .def("jobs", &Requests::jobs)
+        .def("running", &Requests::running_count)
+        .def("uncollected", &Requests::uncollected)
+        .def("counts", &Requests::counts);
 }

@@ -237,3 +237,54 @@ def test_the_stub_names_the_modules_methods_and_parameters():
         first = getattr(_ovjobs.Requests, name).__doc__.splitlines()[0]
         inside = first[first.index("(") + 1: first.rindex(") ->")]
         assert re.findall(r"(\w+): ", inside)[1:] == params, name  # (the first is self)
+
+
+def test_lane_jobs_are_counted_as_they_end_and_free_their_request_uncollected():
+    """Jobs on the extension's lane (no callback, fixed output shapes): their ends reach the stats with nobody
+    waiting; a job that ended uncollected gives its request to the next submission (two requests, three jobs in the
+    table); each is then collected once with execute's results."""
+    with make(2) as r:
+        ins, outs = tensors(r, 3)
+        jobs = [r.execute_async([ins[k]], [outs[k]]) for k in range(2)]
+        assert all(j.status is StatusCode.SUCCESS for j in jobs), r.last_error
+        deadline = time.monotonic() + 30
+        while r.stats["jobs_completed"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        third = r.execute_async([ins[2]], [outs[2]])
+        assert third.status is StatusCode.SUCCESS, r.last_error
+        scheduler = r._core.jobs
+        assert len(scheduler) == 3 and not scheduler._jobs  # (all three in the lane, none made a Python job)
+        assert [r.wait(j, 30_000) for j in (*jobs, third)] == [StatusCode.SUCCESS] * 3
+        assert len(scheduler) == 0 and r.wait(third, 0) is StatusCode.INVALID_JOB_ID
+        assert r.stats["jobs_submitted"] == r.stats["jobs_completed"] == 3 and r.stats["jobs_failed"] == 0
+        for y, want in zip(outs, expected(r, ins)):
+            np.testing.assert_allclose(y[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_lane_directly_reserves_within_the_limit_and_keeps_each_outcome_once():
+    """The extension's lane API: reserve refuses past the limit (-1) and where every request runs (0); a failure to
+    start is the job's outcome (collected as its message, counted failed); collect answers None while running,
+    the message once, False after; collect_any collects the first to end; take hands a job over (collected then
+    only with taken=True, its end no longer counted by the lane)."""
+    with make(2) as r:
+        engine = r.engine_for()
+        ins, outs = tensors(r, 2)
+        wrapped = [engine.bind(ins[k], outs[k]).wrapped for k in range(2)]
+        lane = _ovjobs.Requests(engine.compiled_model, 2, engine._native_ports, [])
+        assert lane.reserve(1, 2, 2) == -1  # the runner's other runs fill the limit
+        assert lane.reserve(1, 0, 2) == 1 and lane.reserve(2, 0, 2) == 1 and lane.reserve(3, 0, 3) == 0
+        lane.launch(1, wrapped[0])
+        lane.launch(2, [])  # wrong tensors: the job's outcome, not an exception here
+        assert lane.collect(2, 30_000, False) == "launch: one tensor per port"
+        assert lane.collect(2, 0, False) is False and lane.collect(99, 0, False) is False
+        assert lane.collect_any([1], 30_000, False) == (1, "")
+        assert lane.counts() == (2, 2, 1) and lane.uncollected() == 0 and lane.jobs() == []
+        assert lane.reserve(4, 0, 2) == 1
+        lane.launch(4, wrapped[1])
+        assert lane.collect_any([4, 5], 0, False) == (5, False)  # an id the lane does not hold: nothing collected
+        assert lane.take(4) in (True, False) and lane.take(5) is None
+        assert lane.jobs() == [] and lane.running() == 0
+        assert lane.collect(4, 30_000, False) is False  # taken: the scheduler's to collect
+        assert lane.collect(4, 30_000, True) == ""
+        del lane

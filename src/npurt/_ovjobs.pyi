@@ -20,3 +20,25 @@ class Requests:
     def finish(self, ticket: int, timeout_ms: int) -> None | bool | str | tuple[str, list[list[int]]]:
         """Wait up to ``timeout_ms`` for the run to end and free its slot: None while it runs, False where another
         call finished it, else its error message ('' if none), as (message, shapes) where shapes are reported."""
+    # the job lane: runs named by the runner's job ids (engine.JobLane)
+    def reserve(self, job_id: int, others: int, limit: int) -> int:
+        """Reserve a request for the job where the lane's running jobs + ``others`` < ``limit``: 1, 0 (every request
+        runs), -1 (the limit is reached)."""
+    def launch(self, job_id: int, tensors: list[Any]) -> None:
+        """Start a reserved job on ``tensors`` (ov.Tensor, ports' order); a failure to start is its outcome."""
+    def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | bool | str:
+        """Wait up to ``timeout_ms`` (0: poll) and collect: None while it runs, False for a job the lane does not
+        hold (or not of the kind ``taken`` asks for), else its error message ('' if none)."""
+    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool) -> None | tuple[int, bool | str]:
+        """Collect whichever ended first, waiting up to ``timeout_ms``: (job id, message); None if none has;
+        (job id, False) for the first id the lane does not hold."""
+    def take(self, job_id: int) -> bool | None:
+        """Hand the job to the scheduler (its end no longer counted here): None if not held; whether it had ended."""
+    def jobs(self) -> list[int]:
+        """Lane jobs not yet collected nor taken."""
+    def running(self) -> int:
+        """Lane jobs running (not taken)."""
+    def uncollected(self) -> int:
+        """Lane jobs not yet collected nor taken."""
+    def counts(self) -> tuple[int, int, int]:
+        """Lane jobs (submitted, ended, failed), ends counted as they happen (taken jobs' ends excluded)."""

@@ -9,6 +9,7 @@ and none of them knows the facade.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,12 +21,12 @@ from .logs import RunnerLog
 from .options import RunnerOptions
 from .plans import Plan, Planner
 from .ports import Port, PortFactory, PortSpec, check_port_options
-from .staging import Staging, run_plan
+from .staging import Staging, engine_start, run_plan
 from .stats import RunnerStats
 from .status import SUCCESS, StatusError
 from .stream_state import StreamState, StreamTable
 from .tensor import NpuTensor
-from .types import DeviceInfo, NpuTensorInfo, StatusCode, TensorDirection
+from .types import DeviceInfo, JobHandle, NpuTensorInfo, StatusCode, TensorDirection
 from .variants import ShapeVariants
 
 
@@ -46,6 +47,8 @@ class RunnerCore:
         self.model_name = model_name
         self.closed = False
         self._tls = threading.local()
+        # set this thread's last_error: a C call (setattr on the thread-local), no Python frame (every job's path)
+        self.set_last_error: Callable[[str], None] = functools.partial(setattr, self._tls, "error")
         carried_in, carried_out = set(streams.pairs), set(streams.pairs.values())
         self.input_names = [s.name for s in in_specs if s.name not in carried_in]  # the inputs an app passes
         self.output_names = [s.name for s in out_specs if s.name not in carried_out]
@@ -55,8 +58,6 @@ class RunnerCore:
     def last_error(self) -> str:
         return getattr(self._tls, "error", "")
 
-    def set_last_error(self, message: str) -> None:
-        self._tls.error = message
 
     def fail(self, status: StatusCode, message: str) -> StatusCode:
         """Return ``status`` to the caller with ``message`` as its ``last_error`` (logged where it is a failure)."""
@@ -97,6 +98,23 @@ class RunnerCore:
                          f"{self.output_names}")
 
     # -- running ---------------------------------------------------------------------------------------------
+    def submit(self, plan: Plan, inputs: Sequence[Sequence[NpuTensor]], outputs: Sequence[Sequence[NpuTensor]],
+               callback: Callable[[JobHandle], Any] | None) -> int:
+        """Submit a validated plan as a job (``execute_async`` without a stream): its id. On the engine's job lane
+        where it has one (no callback, one slot; see ``Engine.lane``), else on the engine's own requests or the
+        workers. StatusError where the scheduler refuses it."""
+        if callback is None and len(plan) == 1:
+            slot = plan[0]
+            lane = slot.lane
+            if lane is None:
+                lane = slot.lane = slot.find_lane()
+            if lane:
+                job_id = self.jobs.submit_lane(*lane)
+                if job_id:
+                    return job_id
+        start = engine_start(plan, outputs, callback is not None)
+        return self.jobs.submit(self.execute_plan, (plan, inputs, outputs), start, callback).job_id
+
     def execute_plan(self, plan: Plan, inputs: Sequence[Sequence[NpuTensor]],
                      outputs: Sequence[Sequence[NpuTensor]], stream: StreamState | None = None
                      ) -> tuple[StatusCode, str]:

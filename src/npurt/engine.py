@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -53,6 +53,48 @@ class Launched(ABC):
         ``wait`` does); whether one has. None where the engine cannot wait for several at once: the scheduler then
         waits on one at a time."""
         return None
+
+
+class JobLane(Protocol):
+    """Jobs an engine starts and ends itself, named by the runner's job ids, whose table the engine keeps in native
+    code (``Engine.lane``): the runner submits such a job and collects it with a call or two and makes no object per
+    job. Jobs the runner's scheduler must hold as its own (at close, in a wait over jobs of several kinds) are
+    ``take`` n from the lane and collected with ``taken=True``. Timeouts in ms (0: poll); waits release the GIL. A
+    job's outcome is its engine's error message, "" where it succeeded."""
+
+    def reserve(self, job_id: int, others: int, limit: int, /) -> int:
+        """Reserve a run for the job where the lane's running jobs + ``others`` < ``limit``: 1; 0 where the lane is
+        full; -1 where the limit is reached."""
+
+    def launch(self, job_id: int, arg: Any, /) -> None:
+        """Start a reserved job (``arg``: what ``Engine.lane`` gave for the binding); a failure is its outcome."""
+
+    def collect(self, job_id: int, timeout_ms: int, taken: bool, /) -> None | bool | str:
+        """The job's message once it has ended (collected: forgotten here); None while it runs; False if the lane
+        holds no such job (of the kind ``taken`` says)."""
+
+    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool, /) -> None | tuple[int, bool | str]:
+        """(job id, message) of whichever ended first (collected); None if none has; (id, False): id not held."""
+
+    def take(self, job_id: int, /) -> bool | None:
+        """Hand the job to the scheduler: None if not held; whether it had ended (its end counted by the lane)."""
+
+    def jobs(self) -> list[int]:
+        """Jobs not yet collected nor taken."""
+
+    def running(self) -> int:
+        """Jobs running, not taken."""
+
+    def uncollected(self) -> int:
+        """Jobs not yet collected nor taken."""
+
+    def counts(self) -> tuple[int, int, int]:
+        """Jobs (submitted, ended, failed) on the lane, ends counted as they happen (taken jobs' ends excluded)."""
+
+
+# an engine's job lane for a binding: the lane, what its launch takes for the binding, and what makes a job's message
+# the engine's error (Engine.lane)
+LaneRef = tuple[JobLane, Any, Callable[[BaseException], BaseException]]
 
 
 class OutputTooSmallError(NpuError):
@@ -126,6 +168,12 @@ class Engine(ABC):
         ``Launched`` whose ``wait`` the job's waiters call, which calls ``done``. False when the engine cannot start
         one now (the runner then runs the job on its own workers with ``run``)."""
         return False
+
+    def lane(self, binding: Any) -> LaneRef | None:
+        """Where jobs on this binding (no callback, no context, outputs' shapes fixed) may go to the engine's job
+        lane: the lane, what its ``launch`` takes for the binding, and what makes a job's message the engine's
+        error (None: ``start``, or the workers)."""
+        return None
 
     @abstractmethod
     def run_arrays(self, arrays: Sequence[np.ndarray], context: Any = None) -> list[np.ndarray]:

@@ -20,9 +20,9 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from .engine import Done, Engine, Launched
+from .engine import Done, Engine, LaneRef, Launched
 from .ports import Port
 from .status import StatusError
 from .tensor import NpuTensor
@@ -61,7 +61,7 @@ class SlotPlan:
     """One validated batch slot. Tensor-free: each call's own tensors are passed along with it."""
 
     __slots__ = ("variant", "in_order", "out_order", "convert_in", "convert_out", "sync", "binding", "start",
-                 "tells_shapes")
+                 "tells_shapes", "lane")
 
     def __init__(self, variant: Variant, in_order: tuple[int, ...], out_order: tuple[int, ...],
                  convert_in: tuple[int, ...], convert_out: tuple[int, ...], sync: bool, binding: Any = None) -> None:
@@ -77,6 +77,17 @@ class SlotPlan:
         if binding is not None and not sync and type(engine).start is not Engine.start:
             self.start = functools.partial(engine.start, binding)
         self.tells_shapes = not all(p.is_static for p in variant.outputs)  # a run reports the outputs' shapes
+        # the engine's job lane for jobs on the binding (Engine.lane), asked on the first job: None until then,
+        # False where there is none
+        self.lane: LaneRef | Literal[False] | None = None
+
+    def find_lane(self) -> LaneRef | Literal[False]:
+        """The engine's job lane for jobs on this slot's binding, with what it takes and the engine's error
+        translation (False: none; also where the tensors need conversions or the outputs' shapes are the run's)."""
+        if self.start is None or self.tells_shapes:
+            return False
+        found = self.variant.engine.lane(self.binding)
+        return False if found is None else found
 
     @property
     def direct(self) -> bool:

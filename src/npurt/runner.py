@@ -33,7 +33,7 @@ from .engine import Backend, Engine
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
 from .ports import Port, PortSpec
-from .staging import engine_start, run_plan
+from .staging import run_plan
 from .status import SUCCESS, StatusError
 from .streams import Stream, StreamRuns
 from .tensor import NpuTensor, allocate_tensor, sub_tensor
@@ -268,11 +268,9 @@ class Runner:
             if callback is not None and not callable(callback):
                 raise StatusError(StatusCode.INVALID_INPUT, f"callback {callback!r} is not callable")
             if stream is not None or self._streams.stateful:
-                job = self._streams.submit(stream, inputs, outputs, callback)
+                job_id = self._streams.submit(stream, inputs, outputs, callback).job_id
             else:
-                plan = core.planner.plan(inputs, outputs)
-                start = engine_start(plan, outputs, callback is not None)
-                job = core.jobs.submit(core.execute_plan, (plan, inputs, outputs), start, callback)
+                job_id = core.submit(core.planner.plan(inputs, outputs), inputs, outputs, callback)
         except StatusError as e:
             core.fail(e.status, str(e))
             return JobHandle(e.status, 0)
@@ -282,7 +280,7 @@ class Runner:
             core.fail(StatusCode.FAILURE, f"unexpected error: {e!r}")
             return JobHandle(StatusCode.FAILURE, 0)
         core.set_last_error("")
-        return job_handle(SUCCESS, job.job_id)
+        return job_handle(SUCCESS, job_id)
 
     def wait(self, job: JobHandle | int, timeout_ms: int | None = None) -> StatusCode:
         """Wait for a job (a JobHandle or its id): ``timeout_ms`` 0 polls, None waits for as long as it takes.

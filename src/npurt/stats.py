@@ -24,13 +24,15 @@ def _value(counter: itertools.count[int]) -> int:
 class RunnerStats:
     """Thread-safe totals; ``snapshot()`` gives them as a dict (``Runner.stats``)."""
 
-    __slots__ = ("_lock", "_counts", "_events", "execute_ended", "execute_failed", "job_submitted", "job_completed",
-                 "job_failed")
+    __slots__ = ("_lock", "_counts", "_events", "_jobs_elsewhere", "execute_ended", "execute_failed", "job_submitted",
+                 "job_completed", "job_failed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = {name: 0 for name in COUNTERS if name not in _EVENTS}
         self._events = {name: itertools.count() for name in _EVENTS}
+        # jobs counted where they run (an engine's job lane): (submitted, completed, failed), added to the totals
+        self._jobs_elsewhere: list[Callable[[], tuple[int, int, int]]] = []
         events = self._events
         # one execute or job submitted / completed / failed: C calls (a partial of next), no Python frame each
         self.execute_ended: Callable[[], int] = functools.partial(next, events["executes"])
@@ -54,8 +56,17 @@ class RunnerStats:
             self._counts["copies"] += 1
             self._counts["bytes_copied"] += int(nbytes)
 
+    def count_jobs_of(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        """Add the jobs another counter counts, (submitted, completed, failed), to the totals from now on."""
+        with self._lock:
+            self._jobs_elsewhere.append(counts)
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             counts = dict(self._counts)
+            elsewhere = list(self._jobs_elsewhere)
         counts.update((name, _value(c)) for name, c in self._events.items())
+        for source in elsewhere:
+            for name, n in zip(("jobs_submitted", "jobs_completed", "jobs_failed"), source()):
+                counts[name] += n
         return {name: counts[name] for name in COUNTERS}

@@ -410,6 +410,16 @@ class OpenVINOEngine(Engine):
         started = request.started = _Started(request, done)
         return started
 
+    def lane(self, binding: _Binding) -> tuple[Any, list[ov.Tensor], Any] | None:
+        """The extension's requests as the job lane (jobs without a callback whose outputs' shapes are fixed)."""
+        if not self.starts or self.dynamic_positions or self._closed:
+            return None
+        native = self._native
+        if native is None and (not self.native_jobs or (native := self._open_native()) is None):
+            return None
+        self.async_used = True
+        return native, binding.wrapped, self.translate
+
     def _open_native(self) -> Any:
         """The extension's requests, ``limit`` of them (None where it refuses this OpenVINO's objects)."""
         with self._lock:
