@@ -59,7 +59,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -416,10 +416,11 @@ class _EndedLane:
     def launch(self, job_id: int, arg: Any) -> None:
         self.ended[job_id] = ""
 
-    def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | bool | str:
+    def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | Literal[False] | str:
         return self.ended.pop(job_id, False)
 
-    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool) -> None | tuple[int, bool | str]:
+    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool
+                    ) -> None | tuple[int, Literal[False] | str]:
         return job_ids[0], self.ended.pop(job_ids[0], False)
 
     def take(self, job_id: int) -> bool | None:

@@ -2,7 +2,7 @@
 OpenVINO's C++ config is at hand)."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 class Requests:
     """``n`` infer requests of an ``openvino.CompiledModel``; ``ports``: per tensor position, (is_output, index);
@@ -26,10 +26,11 @@ class Requests:
         runs), -1 (the limit is reached)."""
     def launch(self, job_id: int, tensors: list[Any]) -> None:
         """Start a reserved job on ``tensors`` (ov.Tensor, ports' order); a failure to start is its outcome."""
-    def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | bool | str:
+    def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | Literal[False] | str:
         """Wait up to ``timeout_ms`` (0: poll) and collect: None while it runs, False for a job the lane does not
         hold (or not of the kind ``taken`` asks for), else its error message ('' if none)."""
-    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool) -> None | tuple[int, bool | str]:
+    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool
+                    ) -> None | tuple[int, Literal[False] | str]:
         """Collect whichever ended first, waiting up to ``timeout_ms``: (job id, message); None if none has;
         (job id, False) for the first id the lane does not hold."""
     def take(self, job_id: int) -> bool | None:

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -69,11 +69,12 @@ class JobLane(Protocol):
     def launch(self, job_id: int, arg: Any, /) -> None:
         """Start a reserved job (``arg``: what ``Engine.lane`` gave for the binding); a failure is its outcome."""
 
-    def collect(self, job_id: int, timeout_ms: int, taken: bool, /) -> None | bool | str:
+    def collect(self, job_id: int, timeout_ms: int, taken: bool, /) -> None | Literal[False] | str:
         """The job's message once it has ended (collected: forgotten here); None while it runs; False if the lane
         holds no such job (of the kind ``taken`` says)."""
 
-    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool, /) -> None | tuple[int, bool | str]:
+    def collect_any(self, job_ids: Sequence[int], timeout_ms: int, taken: bool, /
+                    ) -> None | tuple[int, Literal[False] | str]:
         """(job id, message) of whichever ended first (collected); None if none has; (id, False): id not held."""
 
     def take(self, job_id: int, /) -> bool | None:

@@ -32,7 +32,6 @@ A job with a callback is released from the job table after its callback returns;
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from .engine import Done, JobLane, Launched
+from .lanes import LaneRun, Lanes, Translate
 from .stats import RunnerStats
 from .status import JOB_PENDING, SUCCESS, StatusError, status_of
 from .types import JobHandle, StatusCode
@@ -58,7 +58,6 @@ _callback_thread = threading.local()
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
 _SLICE_S = 0.1  # untimed waits block in slices, so that KeyboardInterrupt reaches a waiting main thread
-_WAIT_MS = 100  # (the same, for waits in a job lane)
 ANY_SLICE_S = 0.001  # wait_any over jobs ended by their waiter: how long it waits on one before looking at the rest
 
 
@@ -117,48 +116,6 @@ class Job:
             lock.release()
 
 
-class LaneRun(Launched):
-    """A job of an engine's job lane that the scheduler holds as its own (taken from the lane): its waiters collect
-    it from the lane and end the job."""
-
-    __slots__ = ("lane", "job", "translate", "counted")
-
-    def __init__(self, lane: JobLane, job: Job, translate: Callable[[BaseException], BaseException],
-                 counted: bool) -> None:
-        self.lane, self.job, self.translate, self.counted = lane, job, translate, counted
-
-    def wait(self, timeout_s: float | None) -> bool:
-        collect, job_id = self.lane.collect, self.job.job_id
-        if timeout_s is None:
-            while (message := collect(job_id, _WAIT_MS, True)) is None:
-                pass
-        elif (message := collect(job_id, math.ceil(timeout_s * 1000), True)) is None:
-            return False
-        if message is not False:  # (False: collected by another thread, which ends the job)
-            self.end(message)
-        return True
-
-    def end(self, message: str | bool) -> None:
-        self.job.end(None if message == "" else self.translate(RuntimeError(message)), None, self.counted)
-
-    def wait_any(self, others: Sequence[Launched], timeout_s: float) -> bool | None:
-        """This run or any of ``others`` (runs of the same lane) waited for in the lane."""
-        runs = [self]
-        for r in others:
-            if type(r) is not LaneRun or r.lane is not self.lane:
-                return None
-            runs.append(r)
-        got = self.lane.collect_any([r.job.job_id for r in runs], math.ceil(timeout_s * 1000), True)
-        if got is None:
-            return False
-        job_id, message = got
-        if message is not False:
-            for r in runs:
-                if r.job.job_id == job_id:
-                    r.end(message)
-        return True
-
-
 def _first_ended(jobs: list[Job]) -> Job | None:
     """Of these jobs, the first to have ended (None: none has)."""
     first = None
@@ -208,9 +165,7 @@ class JobScheduler:
         self._queued_callbacks = 0
         self._workers_in_callbacks = 0  # workers running the callback of the job they ran
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
-        # engines' job lanes that jobs went to (Engine.lane), with their engine's error translation
-        self._lanes: list[tuple[JobLane, Callable[[BaseException], BaseException]]] = []
-        self._last_lane: JobLane | None = None
+        self._lanes = Lanes(stats)  # engines' job lanes that jobs went to (Engine.lane)
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, args: tuple[Any, ...], start: Start | None, callback: Callback | None,
@@ -229,7 +184,7 @@ class JobScheduler:
         try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
-            if self._running + (self._lanes_running() if self._lanes else 0) >= self.max_concurrent:
+            if self._running + (self._lanes.running() if self._lanes.known else 0) >= self.max_concurrent:
                 raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs are "
                                                                    "busy; wait for one and retry")
             job_id = self._next_id
@@ -268,18 +223,19 @@ class JobScheduler:
                     self._enqueue(job, work, args)
         return job
 
-    def submit_lane(self, lane: JobLane, arg: Any, translate: Callable[[BaseException], BaseException]) -> int:
+    def submit_lane(self, lane: JobLane, arg: Any, translate: Translate) -> int:
         """A job on an engine's job lane (``Engine.lane``; no callback): its id, 0 where the lane has no free run
         (submit it the other way). Its table is the lane's until the scheduler must hold it (``_take``).
         StatusError RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
+        lanes = self._lanes
         lock = self._lock
         lock.acquire()
         try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
-            if lane is not self._last_lane:
-                self._add_lane(lane, translate)
-            others = self._running if len(self._lanes) == 1 else self._running + self._lanes_running(lane)
+            if lane is not lanes.last:
+                lanes.add(lane, translate)
+            others = self._running if len(lanes.known) == 1 else self._running + lanes.running(but=lane)
             job_id = self._next_id
             reserved = lane.reserve(job_id, others, self.max_concurrent)
             if reserved <= 0:
@@ -293,44 +249,19 @@ class JobScheduler:
         lane.launch(job_id, arg)  # (a failure to start is the job's outcome)
         return job_id
 
-    def _add_lane(self, lane: JobLane, translate: Callable[[BaseException], BaseException]) -> None:
-        """(under _lock) A lane jobs go to: its counts join the stats."""
-        self._last_lane = lane
-        if all(known is not lane for known, _ in self._lanes):
-            self._lanes.append((lane, translate))
-            self._stats.count_jobs_of(lane.counts)
-
-    def _lanes_running(self, but: JobLane | None = None) -> int:
-        return sum(lane.running() for lane, _ in self._lanes if lane is not but)
-
     def _take(self, job_id: int) -> Job | None:
         """(under _lock) A lane's job as the scheduler's own (None: no lane holds it): in the table, its waiters
         collecting it from the lane (LaneRun)."""
-        for lane, translate in self._lanes:
-            ended = lane.take(job_id)
-            if ended is not None:
-                job = Job(job_id, None, -1, self)
-                job.state = _RUNNING
-                job.launched = LaneRun(lane, job, translate, ended)
-                self._jobs[job_id] = job
-                self._running += 1
-                return job
-        return None
-
-    def _wait_lane(self, job_id: int, timeout_s: float | None) -> tuple[StatusCode, str] | None:
-        """``wait`` for a job in a lane (collecting it): None where no lane holds it."""
-        if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:
-            hand_over_continuation()
-        for lane, translate in self._lanes:
-            if timeout_s is None:
-                while (message := lane.collect(job_id, _WAIT_MS, False)) is None:
-                    pass
-            elif (message := lane.collect(job_id, math.ceil(timeout_s * 1000), False)) is None:
-                return StatusCode.JOB_PENDING, f"job {job_id} is still running"
-            if message is False:
-                continue
-            return (SUCCESS, "") if message == "" else status_of(translate(RuntimeError(message)), 0)
-        return None
+        taken = self._lanes.take(job_id)
+        if taken is None:
+            return None
+        lane, translate, counted = taken
+        job = Job(job_id, None, -1, self)
+        job.state = _RUNNING
+        job.launched = LaneRun(lane, job_id, job.end, translate, counted)
+        self._jobs[job_id] = job
+        self._running += 1
+        return job
 
     def _enqueue(self, job: Job, work: Work, args: tuple[Any, ...]) -> None:
         """Queue for the workers (under _lock), starting them on the first job; the first job a worker's callback
@@ -493,19 +424,12 @@ class JobScheduler:
         job = self._jobs.get(job_id)  # a single dict operation: atomic
         if job is None:
             lanes = self._lanes
-            if lanes:  # a job in a lane, collected there (as _wait_lane; inline for the one lane: every job's path)
-                if len(lanes) == 1 and timeout_s is None and _callback_thread.__dict__.get("next") is None:
-                    lane, translate = lanes[0]
-                    while (message := lane.collect(job_id, _WAIT_MS, False)) is None:
-                        pass
-                    if message == "":
-                        return SUCCESS, ""
-                    if message is not False:
-                        return status_of(translate(RuntimeError(message)), 0)
-                else:
-                    ended = self._wait_lane(job_id, timeout_s)
-                    if ended is not None:
-                        return ended
+            if lanes.known:  # a job in a lane, collected there
+                if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:
+                    hand_over_continuation()
+                ended = lanes.wait(job_id, timeout_s)
+                if ended is not None:
+                    return ended
                 job = self._jobs.get(job_id)  # (taken from its lane meanwhile: the scheduler's now)
             if job is None:
                 return StatusCode.INVALID_JOB_ID, f"job {job_id} is unknown to this runner or was already collected"
@@ -522,9 +446,12 @@ class JobScheduler:
         """(status, job id, message) of whichever of the jobs ended first, collecting it."""
         table = self._jobs
         found = [table.get(job_id) for job_id in job_ids]
-        if self._lanes and None in found:
-            if len(self._lanes) == 1 and all(job is None for job in found):  # (the lane's own wait, collecting)
-                ended = self._wait_any_lane(job_ids, timeout_s)
+        lanes = self._lanes
+        if lanes.known and None in found:
+            if all(job is None for job in found):  # in the lane's own wait where one lane holds them all
+                if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:
+                    hand_over_continuation()
+                ended = lanes.wait_any(job_ids, timeout_s)
                 if ended is not None:
                     return ended
             with self._lock:  # jobs of several kinds (or lanes): the scheduler holds those in lanes
@@ -551,27 +478,6 @@ class JobScheduler:
         if first.callback is None:
             table.pop(first.job_id, None)  # collected (a dict operation: atomic; walks over the table copy it)
         return first.status, first.job_id, first.error
-
-    def _wait_any_lane(self, job_ids: Sequence[int], timeout_s: float | None) -> tuple[StatusCode, int, str] | None:
-        """wait_any over jobs of the one lane, in the lane (collecting the first to end); None where it holds not
-        every one of them (nothing collected)."""
-        if not job_ids:
-            return None
-        if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:
-            hand_over_continuation()
-        lane, translate = self._lanes[0]
-        if timeout_s is None:
-            while (got := lane.collect_any(job_ids, _WAIT_MS, False)) is None:
-                pass
-        elif (got := lane.collect_any(job_ids, math.ceil(timeout_s * 1000), False)) is None:
-            return JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
-        job_id, message = got
-        if message is False:
-            return None
-        if message == "":
-            return SUCCESS, job_id, ""
-        status, text = status_of(translate(RuntimeError(message)), 0)
-        return status, job_id, text
 
     def _wait_any_ended(self, job_ids: Sequence[int], jobs: list[Job], timeout_s: float | None) -> Job | None:
         """wait_any over jobs that others end (workers, the engine's callbacks): one lock, released by the first of
@@ -637,11 +543,11 @@ class JobScheduler:
     # -- state ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Jobs in the table (and in lanes): not yet collected by a wait, or with a callback not yet returned."""
-        return len(self._jobs) + sum(lane.uncollected() for lane, _ in self._lanes)
+        return len(self._jobs) + self._lanes.uncollected()
 
     @property
     def running(self) -> int:
-        return self._running + self._lanes_running()
+        return self._running + self._lanes.running()
 
     def threads(self) -> list[threading.Thread]:
         return [*self._workers, *self._callback_threads]
@@ -652,9 +558,8 @@ class JobScheduler:
             if self._closed:
                 return
             self._closed = True
-            for lane, _ in self._lanes:  # jobs in lanes: the scheduler's own now, as every other job
-                for job_id in lane.jobs():
-                    self._take(job_id)
+            for job_id in self._lanes.jobs():  # jobs in lanes: the scheduler's own now, as every other job
+                self._take(job_id)
             # A worker runs one job at a time, in submission order: queued jobs that a free worker is about to
             # take run; the rest end here, never started.
             table = list(self._jobs.values())  # (a copy: jobs are collected without the lock)
