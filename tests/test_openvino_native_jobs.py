@@ -7,9 +7,11 @@ module fails); without it OpenVINO's jobs take the Python path, covered by tests
 from __future__ import annotations
 
 import ast
+import gc
 import re
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -288,3 +290,26 @@ def test_the_lane_directly_reserves_within_the_limit_and_keeps_each_outcome_once
         assert lane.collect(4, 30_000, False) is False  # taken: the scheduler's to collect
         assert lane.collect(4, 30_000, True) == ""
         del lane
+
+
+@pytest.mark.parametrize("collect", [True, False])
+def test_a_closed_runner_with_lane_jobs_is_freed_without_the_garbage_collector(collect):
+    """Jobs on the lane, collected or left for close(): once closed and dropped, the runner's engine goes with the
+    last reference (no reference cycle left for the garbage collector, which would destroy the compiled model on
+    whatever thread it runs, in the middle of another call), and the stats keep the lane's counts."""
+    gc.collect()
+    gc.disable()
+    try:
+        r = make(2)
+        ins, outs = tensors(r, 2)
+        engine = weakref.ref(r.engine_for())
+        jobs = [r.execute_async([ins[k]], [outs[k]]) for k in range(2)]
+        assert all(j.status is StatusCode.SUCCESS for j in jobs), r.last_error
+        if collect:
+            assert [r.wait(j, 30_000) for j in jobs] == [StatusCode.SUCCESS] * 2
+        r.close()
+        assert r.stats["jobs_submitted"] == r.stats["jobs_completed"] == 2 and r.stats["jobs_failed"] == 0
+        del r, jobs
+        assert engine() is None
+    finally:
+        gc.enable()

@@ -68,7 +68,7 @@ class Job:
                  "scheduler")
 
     def __init__(self, job_id: int, callback: Callback | None, seq: int, scheduler: JobScheduler) -> None:
-        self.scheduler = scheduler
+        self.scheduler: JobScheduler | None = scheduler  # until the job ends (the table refers to the job)
         self.job_id = job_id
         self.callback = callback
         self.seq = seq  # place among the jobs with callbacks, for callback_order="submission"
@@ -91,9 +91,11 @@ class Job:
             if self.state == _DONE:  # (ended by this thread, most often)
                 return True
             # else ended, and it has its status in a moment from the thread that saw its end
-        done = self.done
+        done, scheduler = self.done, self.scheduler
         if done is None:
-            with self.scheduler._lock:
+            if scheduler is None:  # (ended: the scheduler lets go of a job as it ends it)
+                return True
+            with scheduler._lock:
                 if self.state == _DONE:
                     return True
                 done = self.done
@@ -108,6 +110,8 @@ class Job:
         ``counted``: its end is in the stats already (a job lane counted it)."""
         status, message = (SUCCESS, "") if error is None else status_of(error, 0)
         scheduler = self.scheduler
+        if scheduler is None:  # ended already
+            return
         lock = scheduler._lock
         lock.acquire()
         try:
@@ -367,6 +371,8 @@ class JobScheduler:
             return False
         job.status, job.error, job.state = status, message, _DONE
         job.launched = None  # a Launched refers back to the job (its done): no cycle left
+        job.scheduler = None  # nor through the table, for a job never collected (else the runner's engines would
+        # wait for the garbage collector, which may destroy them on any thread, in the middle of another call)
         self._ended += 1
         job.ended = self._ended
         self._running -= 1
@@ -572,6 +578,8 @@ class JobScheduler:
             workers, self._workers = self._workers, []
         for job in running:  # on a worker or on the engine: let them end
             job.block(None)
+        with self._lock:
+            self._lanes.close()
         me = threading.current_thread()
         for _ in workers:
             self._queue.put(None)

@@ -75,12 +75,24 @@ class Lanes:
         self.known: list[tuple[JobLane, Translate]] = []
         self.last: JobLane | None = None  # the lane of the last submission (the one check on every job's path)
         self._stats = stats
+        self._counts: list[Callable[[], tuple[int, int, int]]] = []  # each lane's counts, as the stats hold them
 
     def add(self, lane: JobLane, translate: Translate) -> None:
         self.last = lane
         if all(known is not lane for known, _ in self.known):
             self.known.append((lane, translate))
-            self._stats.count_jobs_of(lane.counts)
+            counts = lane.counts
+            self._counts.append(counts)
+            self._stats.count_jobs_of(counts)
+
+    def close(self) -> None:
+        """Let go of the lanes (their jobs taken and ended: the runner is closed), their counts kept in the stats:
+        nothing of the engines stays reachable from the scheduler."""
+        for counts in self._counts:
+            self._stats.settle_jobs_of(counts)
+        self._counts = []
+        self.known = []
+        self.last = None
 
     def running(self, but: JobLane | None = None) -> int:
         """Jobs running on the lanes (but one's)."""

@@ -24,8 +24,8 @@ def _value(counter: itertools.count[int]) -> int:
 class RunnerStats:
     """Thread-safe totals; ``snapshot()`` gives them as a dict (``Runner.stats``)."""
 
-    __slots__ = ("_lock", "_counts", "_events", "_jobs_elsewhere", "execute_ended", "execute_failed", "job_submitted",
-                 "job_completed", "job_failed")
+    __slots__ = ("_lock", "_counts", "_events", "_jobs_elsewhere", "_settled", "execute_ended", "execute_failed",
+                 "job_submitted", "job_completed", "job_failed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -33,6 +33,7 @@ class RunnerStats:
         self._events = {name: itertools.count() for name in _EVENTS}
         # jobs counted where they run (an engine's job lane): (submitted, completed, failed), added to the totals
         self._jobs_elsewhere: list[Callable[[], tuple[int, int, int]]] = []
+        self._settled = (0, 0, 0)  # what such counters counted before they were let go of
         events = self._events
         # one execute or job submitted / completed / failed: C calls (a partial of next), no Python frame each
         self.execute_ended: Callable[[], int] = functools.partial(next, events["executes"])
@@ -61,12 +62,21 @@ class RunnerStats:
         with self._lock:
             self._jobs_elsewhere.append(counts)
 
+    def settle_jobs_of(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        """Keep what ``counts`` (given to ``count_jobs_of``) has counted, and let go of it."""
+        with self._lock:
+            if counts in self._jobs_elsewhere:
+                self._jobs_elsewhere.remove(counts)
+                (a, b, c), (x, y, z) = self._settled, counts()
+                self._settled = (a + x, b + y, c + z)
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             counts = dict(self._counts)
-            elsewhere = list(self._jobs_elsewhere)
+            elsewhere = [source() for source in self._jobs_elsewhere]
+            elsewhere.append(self._settled)
         counts.update((name, _value(c)) for name, c in self._events.items())
-        for source in elsewhere:
-            for name, n in zip(("jobs_submitted", "jobs_completed", "jobs_failed"), source()):
+        for numbers in elsewhere:
+            for name, n in zip(("jobs_submitted", "jobs_completed", "jobs_failed"), numbers):
                 counts[name] += n
         return {name: counts[name] for name in COUNTERS}
