@@ -91,7 +91,8 @@ class Job:
             if self.state == _DONE:  # (ended by this thread, most often)
                 return True
             # else ended, and it has its status in a moment from the thread that saw its end
-        done, scheduler = self.done, self.scheduler
+        done = self.done
+        scheduler = self.scheduler
         if done is None:
             if scheduler is None:  # (ended: the scheduler lets go of a job as it ends it)
                 return True
