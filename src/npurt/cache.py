@@ -291,11 +291,23 @@ class CompiledModelCache:
 
     # -- the identity index -----------------------------------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
+        """The index (a new dict: callers add to it), parsed again only where the file changed since this process
+        last read it: a warm load asks twice (a backend's facts of the model, then the key's content hash)."""
+        path = self.root / INDEX
         try:
-            index = json.loads((self.root / INDEX).read_text())
-            return index if isinstance(index, dict) else {}
+            st = os.stat(path)
+            kept = _read_indexes.get(path)
+            if kept is not None and kept[0] == _index_stamp(st):
+                return dict(kept[1])
+            with open(path, "rb") as f:
+                stamp = _index_stamp(os.fstat(f.fileno()))  # of the very file read (a writer replaces it)
+                index = json.loads(f.read())
         except (OSError, ValueError):
             return {}
+        if not isinstance(index, dict):
+            return {}
+        _read_indexes[path] = (stamp, index)
+        return dict(index)
 
     def _write_index(self, index: dict[str, Any]) -> None:
         try:
@@ -304,8 +316,18 @@ class CompiledModelCache:
             with os.fdopen(fd, "w") as f:
                 json.dump(index, f)
             os.replace(tmp, self.root / INDEX)  # atomic: readers see the old index or the new one
+            _read_indexes.pop(self.root / INDEX, None)
         except OSError as e:
             self.unwritable(e)
+
+
+# Each index this process read, by path: the file's stamp then and what it held (values are never changed in place:
+# an update makes a new dict). A writer replaces the file (a new inode); one rewritten in place changes size or time.
+_read_indexes: dict[Path, tuple[tuple[int, ...], dict[str, Any]]] = {}
+
+
+def _index_stamp(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _data_files(model: Path, names_a_location: bool) -> list[str]:
