@@ -103,6 +103,8 @@ class OrtBackend(Backend):
         """The backend's EP and the device attached: the EP's device where it can run (AUTO never takes an
         emulator), else ONNX Runtime's CPU provider as option ``fallback`` allows."""
         ep = self.make_provider(provider_options)
+        if self.options.device == "CPU":  # always present: the EP's checks (providers, driver files) tell nothing
+            return ep, devices.select_device("CPU", {}, {"CPU"}, self.options.fallback, ep.label)
         present, unavailable = {"CPU"}, {}
         if ep.device != "CPU":
             why_not = ep.unavailable_reason() or (ep.auto_skip_reason() if self.options.device == "AUTO" else "")
@@ -318,7 +320,6 @@ class OrtBackend(Backend):
         """On the CPU provider the cache keeps ONNX Runtime's optimized model; on an EP that compiles (QNN) its
         EPContext model (the context binary embedded), keyed by what the EP says its compilation depends on; an EP
         that keeps its own compiled models (Vitis AI) keeps nothing here."""
-        so = self._session_options_object()
         if self.provider is not None:
             ep_parts = self.provider.cache_parts()
             if ep_parts is None:
@@ -328,7 +329,7 @@ class OrtBackend(Backend):
             device = {"device": "CPU", "cpu": _cpu_fingerprint()}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
-            "optimization": str(so.graph_optimization_level),
+            "optimization": str(self._optimization_level()),
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
         # views built into an edited graph depend on the input ports
@@ -358,17 +359,14 @@ class OrtBackend(Backend):
             so.intra_op_num_threads = threads
         if self._spinning_off():
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        level = "all"
+        level = self._optimization_level()
         for key, value in self._session_options.items():
             if key == "intra_op_num_threads":
                 so.intra_op_num_threads = int(value)
             elif key == "inter_op_num_threads":
                 so.inter_op_num_threads = int(value)
             elif key == "graph_optimization_level":
-                level = str(value).lower()
-                if level not in OPTIMIZATION_LEVELS:
-                    raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
-                                     f"{', '.join(OPTIMIZATION_LEVELS)}")
+                pass
             elif key == "execution_mode":
                 so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if str(value).lower() == "parallel"
                                      else ort.ExecutionMode.ORT_SEQUENTIAL)
@@ -376,10 +374,19 @@ class OrtBackend(Backend):
                 setattr(so, key, bool(value))
             else:
                 so.add_session_config_entry(key, str(value))
-        so.graph_optimization_level = OPTIMIZATION_LEVELS[level]
+        so.graph_optimization_level = level
         if strict and self.on_ep and self.options.fallback == "error":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
+
+    def _optimization_level(self) -> ort.GraphOptimizationLevel:
+        """engine_options' graph_optimization_level (ValueError for a bad one), else ONNX Runtime's default: all."""
+        value = self._session_options.get("graph_optimization_level", "all")
+        level = OPTIMIZATION_LEVELS.get(str(value).lower())
+        if level is None:
+            raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
+                             f"{', '.join(OPTIMIZATION_LEVELS)}")
+        return level
 
     def intra_op_threads(self) -> int | None:
         """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
@@ -422,9 +429,10 @@ class OrtBackend(Backend):
         if optimized:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
             # an optimized model keeps the model's external data where it was (its locations are relative to the
-            # model, not to the cache's blob; the cache key holds those files' content)
+            # model, not to the cache's blob; the cache key holds those files' content): the folder as the path
+            # names it, as ONNX Runtime takes a model's own (resolving links would stat each part of the path)
             so.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                        str(self.model_path.resolve().parent))
+                                        str(self.model_path.absolute().parent))
         elif optimized_to is not None and ep is not None:
             # the EP's compiled model: an EPContext model with the context binary embedded, one file to keep
             # (ONNX Runtime takes a path without the .onnx suffix for a folder)
