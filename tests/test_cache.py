@@ -380,6 +380,21 @@ def test_a_damaged_index_is_hashed_again(tmp_path, backend):
         assert r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0] == 24.0
 
 
+def test_the_index_names_a_file_as_json_with_sorted_keys(tmp_path):
+    """An index entry's name is the file's identity as ``json.dumps(..., sort_keys=True)`` writes it (the form every
+    index was written in: an index of an earlier npurt still serves), a path that JSON escapes included."""
+    model = tmp_path / 'd\u00efgits "1".onnx'
+    shutil.copy(DEFAULT_MODEL, model)
+    cache = tmp_path / "cache"
+    with load("VAIML", cache, model):
+        pass
+    (name,) = json.loads((cache / "files.json").read_text())
+    st = model.stat()
+    want = {"path": os.path.abspath(model), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+            "device": st.st_dev}
+    assert name == json.dumps(want, sort_keys=True)
+
+
 @pytest.mark.parametrize("kept", ["sound", "damaged", "foreign shape", "stale"])
 def test_onnx_ports_kept_in_the_index_are_used_only_while_sound(tmp_path, kept):
     """ONNX Runtime's warm load takes the model's ports from the cache's index (per file identity) instead of walking

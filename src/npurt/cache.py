@@ -71,6 +71,7 @@ class Entry:
     path: Path
     manifest: Mapping[str, Any] | None  # None where it does not parse
     problem: str = ""  # why it would not be used, "" for a sound entry
+    blob_stat: os.stat_result | None = field(default=None, compare=False)  # the blob's, when it was found
 
     @property
     def blob(self) -> Path:
@@ -91,12 +92,14 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-def model_identity(path: Path) -> dict[str, Any]:
-    # the device and inode name the file; the path (absolute, not resolved: resolving stats each of its
-    # components, a tenth of npurt's share of a warm load) is for whoever reads the index
-    st = path.stat()
-    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
-            "device": st.st_dev}
+def identity_name(path: Path) -> str:
+    """A file's key in the index: its identity as JSON with sorted keys (``json.dumps(..., sort_keys=True)``'s
+    text, formatted here: the JSON encoder's first use in a process costs ~25 us of a warm load). The device and
+    inode name the file, size and mtime its version; the path (absolute, not resolved: resolving stats each of its
+    components) is for whoever reads the index."""
+    st = os.stat(path)
+    return (f'{{"device": {st.st_dev}, "inode": {st.st_ino}, "mtime_ns": {st.st_mtime_ns}, '
+            f'"path": {json.dumps(os.path.abspath(path))}, "size": {st.st_size}}}')
 
 
 class CompiledModelCache:
@@ -105,6 +108,9 @@ class CompiledModelCache:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.entries_dir = self.root / ROOT_NAME
+        # (as strings too: a warm load joins a few names to them, where pathlib would parse each path again)
+        self._entries = os.path.join(root, ROOT_NAME)
+        self._index = os.path.join(root, INDEX)
         self._lock = threading.Lock()
         self._writable: bool | None = None
         self._warned = False
@@ -129,7 +135,7 @@ class CompiledModelCache:
     def _file_hash(self, path: Path, index: dict[str, Any], with_data: bool = False) -> dict[str, Any]:
         """A file's index entry (hashed and stored where the index does not know the file as it is now):
         ``sha256``, and for a model (``with_data``) ``data``, the files beside it that hold its weights."""
-        name = json.dumps(model_identity(path), sort_keys=True)
+        name = identity_name(path)
         known = index.get(name)
         if isinstance(known, dict) and isinstance(known.get("sha256"), str) and \
                 (not with_data or isinstance(known.get("data"), list)):
@@ -148,7 +154,7 @@ class CompiledModelCache:
         ``compute()`` (JSON-able) where the index holds none that ``decode`` takes (it raises on anything else)
         for the file as it is now."""
         index = self._read_index()
-        name_of_file = json.dumps(model_identity(path), sort_keys=True)
+        name_of_file = identity_name(path)
         known = index.get(name_of_file)
         if isinstance(known, dict) and name in known:
             with contextlib.suppress(Exception):  # a damaged or foreign index is read again from the file
@@ -164,14 +170,20 @@ class CompiledModelCache:
     # -- entries ------------------------------------------------------------------------------------------
     def find(self, key: CacheKey) -> Entry | None:
         """The entry for a key, if there is one (check ``problem`` before using it)."""
-        path = self.entries_dir / key.id
-        if not path.is_dir():
-            return None
-        return self._inspect(path, key)
+        path = os.path.join(self._entries, key.id)
+        try:  # (the manifest read at once: a missing entry is its missing directory)
+            with open(os.path.join(path, MANIFEST), "rb") as f:
+                text = f.read()
+        except OSError as e:
+            if not os.path.isdir(path):
+                return None
+            return Entry(Path(path), None, f"its manifest cannot be read ({type(e).__name__}: {e})")
+        return self._inspect(Path(path), key, text)
 
-    def _inspect(self, path: Path, key: CacheKey | None = None) -> Entry:
+    def _inspect(self, path: Path, key: CacheKey | None = None, text: bytes | None = None) -> Entry:
+        """``text``: the manifest's bytes where read already."""
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
+            manifest = json.loads(text if text is not None else (path / MANIFEST).read_bytes())
         except (OSError, ValueError) as e:
             return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -186,13 +198,13 @@ class CompiledModelCache:
             return Entry(path, manifest, f"its manifest was written for other {', '.join(differ) or 'parts'} "
                                          "(a foreign or forged entry)")
         try:
-            size = (path / BLOB).stat().st_size
+            st = os.stat(os.path.join(path, BLOB))
         except OSError:
             return Entry(path, manifest, "its blob is missing")
         want = manifest.get("blob", {}).get("size")
-        if size != want:
-            return Entry(path, manifest, f"its blob has {size} bytes, the manifest says {want} (truncated)")
-        return Entry(path, manifest)
+        if st.st_size != want:
+            return Entry(path, manifest, f"its blob has {st.st_size} bytes, the manifest says {want} (truncated)")
+        return Entry(path, manifest, blob_stat=st)
 
     def store(self, key: CacheKey, blob: Path, metadata: Mapping[str, Any], model: Path, replace: bool = False
               ) -> str:
@@ -248,7 +260,7 @@ class CompiledModelCache:
         """An entry's blob, checked against its manifest (ValueError naming what is wrong): the engine then reads
         the file itself, as it reads its own cache (no copy of it held in Python's heap on the way)."""
         want = (entry.manifest or {}).get("blob", {})
-        st = entry.blob.stat()
+        st = entry.blob_stat or entry.blob.stat()  # (as stat'ed when found, a moment ago: before the engine reads it)
         if st.st_size != want.get("size"):
             raise ValueError(f"its blob has {st.st_size} bytes, the manifest says {want.get('size')} (truncated)")
         if _stamp(st) == want.get("stamp"):  # the file whose CRC was taken, unwritten since
@@ -293,7 +305,7 @@ class CompiledModelCache:
     def _read_index(self) -> dict[str, Any]:
         """The index (a new dict: callers add to it), parsed again only where the file changed since this process
         last read it: a warm load asks twice (a backend's facts of the model, then the key's content hash)."""
-        path = self.root / INDEX
+        path = self._index
         try:
             st = os.stat(path)
             kept = _read_indexes.get(path)
@@ -315,15 +327,15 @@ class CompiledModelCache:
             fd, tmp = tempfile.mkstemp(prefix=".files-", dir=self.root)
             with os.fdopen(fd, "w") as f:
                 json.dump(index, f)
-            os.replace(tmp, self.root / INDEX)  # atomic: readers see the old index or the new one
-            _read_indexes.pop(self.root / INDEX, None)
+            os.replace(tmp, self._index)  # atomic: readers see the old index or the new one
+            _read_indexes.pop(self._index, None)
         except OSError as e:
             self.unwritable(e)
 
 
 # Each index this process read, by path: the file's stamp then and what it held (values are never changed in place:
 # an update makes a new dict). A writer replaces the file (a new inode); one rewritten in place changes size or time.
-_read_indexes: dict[Path, tuple[tuple[int, ...], dict[str, Any]]] = {}
+_read_indexes: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
 
 
 def _index_stamp(st: os.stat_result) -> tuple[int, ...]:
