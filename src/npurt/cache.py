@@ -26,6 +26,7 @@ full disk) degrades to compiling, with one warning.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import mmap
@@ -106,14 +107,21 @@ class CompiledModelCache:
     """One cache directory. Thread-safe; safe for several processes sharing the directory."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        self.entries_dir = self.root / ROOT_NAME
-        # (as strings too: a warm load joins a few names to them, where pathlib would parse each path again)
-        self._entries = os.path.join(root, ROOT_NAME)
-        self._index = os.path.join(root, INDEX)
+        # (as strings: a warm load joins a few names to them, where pathlib would parse each path again)
+        self._root = os.fspath(root)
+        self._entries = os.path.join(self._root, ROOT_NAME)
+        self._index = os.path.join(self._root, INDEX)
         self._lock = threading.Lock()
         self._writable: bool | None = None
         self._warned = False
+
+    @functools.cached_property
+    def root(self) -> Path:
+        return Path(self._root)
+
+    @functools.cached_property
+    def entries_dir(self) -> Path:
+        return Path(self._entries)
 
     # -- keys -----------------------------------------------------------------------------------------------
     def content_hash(self, model: Path) -> str:

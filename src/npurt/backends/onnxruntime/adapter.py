@@ -430,9 +430,11 @@ class OrtBackend(Backend):
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
             # an optimized model keeps the model's external data where it was (its locations are relative to the
             # model, not to the cache's blob; the cache key holds those files' content): the folder as the path
-            # names it, as ONNX Runtime takes a model's own (resolving links would stat each part of the path)
-            so.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                        str(self.model_path.absolute().parent))
+            # names it, as ONNX Runtime takes a model's own (resolving links would stat each part of the path; and
+            # a string, not pathlib's, which parses each path it makes)
+            path = os.fspath(self.model_path)
+            folder = os.path.dirname(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         elif optimized_to is not None and ep is not None:
             # the EP's compiled model: an EPContext model with the context binary embedded, one file to keep
             # (ONNX Runtime takes a path without the .onnx suffix for a folder)
