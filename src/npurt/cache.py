@@ -165,8 +165,10 @@ class CompiledModelCache:
         name_of_file = identity_name(path)
         known = index.get(name_of_file)
         if isinstance(known, dict) and name in known:
-            with contextlib.suppress(Exception):  # a damaged or foreign index is read again from the file
+            try:
                 return decode(known[name])
+            except Exception:  # noqa: BLE001, S110 - a damaged or foreign index is read again from the file
+                pass
         value = compute()
         index[name_of_file] = {**(known if isinstance(known, dict) else {}), name: value}
         self._write_index(index)
@@ -191,7 +193,8 @@ class CompiledModelCache:
     def _inspect(self, path: Path, key: CacheKey | None = None, text: bytes | None = None) -> Entry:
         """``text``: the manifest's bytes where read already."""
         try:
-            manifest = json.loads(text if text is not None else (path / MANIFEST).read_bytes())
+            # (decoded here: json.loads would first guess the bytes' encoding; json.dump writes ASCII)
+            manifest = json.loads((text if text is not None else (path / MANIFEST).read_bytes()).decode())
         except (OSError, ValueError) as e:
             return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -321,7 +324,7 @@ class CompiledModelCache:
                 return dict(kept[1])
             with open(path, "rb") as f:
                 stamp = _index_stamp(os.fstat(f.fileno()))  # of the very file read (a writer replaces it)
-                index = json.loads(f.read())
+                index = json.loads(f.read().decode())
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict):

@@ -350,7 +350,7 @@ class NpuTensorInfo:
         info: NpuTensorInfo = object.__new__(NpuTensorInfo)
         info.__dict__.update(self.__dict__)
         setattr_ = object.__setattr__
-        setattr_(info, "tensor_type", TensorType(tensor_type))
+        setattr_(info, "tensor_type", tensor_type)
         setattr_(info, "_reshaped", {})
         setattr_(info, "_hash", info._fields_hash())
         return info
@@ -389,11 +389,12 @@ class NpuTensorInfo:
 
     def describe(self) -> str:
         """One line: view, shape (? for a dynamic dim), dtype and layout, e.g. ``CPU [?, 1, 8, 8] FLOAT32 NCHW``."""
-        layout = self.memory_layout.name
+        # (the members' _name_: an enum's name property costs two Python calls a read; cache keys describe each port)
+        layout = self.memory_layout._name_
         if self.memory_layout is MemoryLayout.GENERIC and self.memory_layout_order:
             layout += str(list(self.memory_layout_order))
         shape = "[" + ", ".join("?" if d == DYNAMIC_DIM else str(d) for d in self.shape) + "]"
-        return f"{self.tensor_type.name} {shape} {self.data_type.name} {layout}"
+        return f"{self.tensor_type._name_} {shape} {self.data_type._name_} {layout}"
 
 
 @dataclass(frozen=True)

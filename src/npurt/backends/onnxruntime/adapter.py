@@ -49,6 +49,7 @@ OPTIMIZATION_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
+_CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
 
 def _decided(spec: PortSpec, shape: Sequence[Any] | None) -> tuple[int | None, ...]:
@@ -333,7 +334,7 @@ class OrtBackend(Backend):
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
         # views built into an edited graph depend on the input ports
-        parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
+        parts["inputs"] = [[p.name, list(p.cpu.shape), p.view._name_, p.engine.describe()] for p in inputs]
         return parts
 
     def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
@@ -352,7 +353,7 @@ class OrtBackend(Backend):
     # -- sessions ---------------------------------------------------------------------------------------
     def _session_options_object(self, strict: bool = True) -> ort.SessionOptions:
         so = ort.SessionOptions()
-        so.log_severity_level = (self.provider or ExecutionProvider()).log_severity(self.options.log_level)
+        so.log_severity_level = (self.provider or _CPU_PROVIDER).log_severity(self.options.log_level)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         threads = self.intra_op_threads()
         if threads is not None:
