@@ -49,6 +49,7 @@ ROOT_NAME = f"npurt-v{FORMAT}"
 MANIFEST = "manifest.json"
 BLOB = "blob"
 INDEX = "files.json"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # a new one each boot (Linux)
 T = TypeVar("T")
 
 
@@ -173,6 +174,29 @@ class CompiledModelCache:
         index[name_of_file] = {**(known if isinstance(known, dict) else {}), name: value}
         self._write_index(index)
         return decode(value)
+
+    def this_boot(self, name: str, compute: Callable[[], str]) -> str:
+        """A fact of this machine that holds until it boots again (the CPU's model and flags, which the kernel reads
+        once, at boot), kept in the index under the boot's id: ``compute()`` once per boot, not on every load
+        (reading /proc/cpuinfo is 0.06 to 0.2 ms of a warm load here; the boot's id, 0.03 ms). Computed each time
+        where the boot has no id."""
+        try:
+            with open(BOOT_ID, "rb") as f:
+                boot = f.read().decode().strip()
+        except (OSError, ValueError):
+            boot = ""
+        if not boot:
+            return compute()
+        index = self._read_index()
+        here = f"boot:{boot}"
+        known = index.get(here)
+        if isinstance(known, dict) and isinstance(known.get(name), str):
+            return str(known[name])
+        value = compute()
+        index = {k: v for k, v in index.items() if not k.startswith("boot:")}  # (earlier boots' facts go)
+        index[here] = {**(known if isinstance(known, dict) else {}), name: value}
+        self._write_index(index)
+        return value
 
     def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
         return CacheKey.of({"format": FORMAT, "model": self.content_hash(model), **parts})
