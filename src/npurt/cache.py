@@ -9,7 +9,8 @@ versions where the engine reports them), the input shapes and views, and every s
 The model's content hash (with that of each file holding its weights: an ONNX model's external data, an IR's .bin)
 is computed once per file identity (path, size, mtime, inode) and kept in ``files.json``, so that a warm load
 hashes nothing; backends keep other facts of a model file there too (``remembered``: an ONNX model's ports, so that
-a warm load does not walk its graph).
+a warm load does not walk its graph), and facts of the machine that hold until it boots again (``this_boot``: the
+CPU's flags in ONNX Runtime's key).
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
 another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32. The CRC is
@@ -96,9 +97,9 @@ class Outcome:
 
 def identity_name(path: Path) -> str:
     """A file's key in the index: its identity as JSON with sorted keys (``json.dumps(..., sort_keys=True)``'s
-    text, formatted here: the JSON encoder's first use in a process costs ~25 us of a warm load). The device and
-    inode name the file, size and mtime its version; the path (absolute, not resolved: resolving stats each of its
-    components) is for whoever reads the index."""
+    text, formatted here rather than by the JSON encoder, twice a warm load). The device and inode name the file,
+    size and mtime its version; the path (absolute, not resolved: resolving stats each of its components) is for
+    whoever reads the index."""
     st = os.stat(path)
     return (f'{{"device": {st.st_dev}, "inode": {st.st_ino}, "mtime_ns": {st.st_mtime_ns}, '
             f'"path": {json.dumps(os.path.abspath(path))}, "size": {st.st_size}}}')
