@@ -196,7 +196,7 @@ class CompiledModelCache:
         value = compute()
         index = {k: v for k, v in index.items() if not k.startswith("boot:")}  # (earlier boots' facts go)
         index[here] = {**(known if isinstance(known, dict) else {}), name: value}
-        self._write_index(index)
+        self._write_index(index, quiet=True)  # (a read-only cache computes it again: no warning on every load)
         return value
 
     def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
@@ -357,7 +357,8 @@ class CompiledModelCache:
         _read_indexes[path] = (stamp, index)
         return dict(index)
 
-    def _write_index(self, index: dict[str, Any]) -> None:
+    def _write_index(self, index: dict[str, Any], quiet: bool = False) -> None:
+        """``quiet``: a cache that cannot be written is not warned of here."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".files-", dir=self.root)
@@ -366,7 +367,8 @@ class CompiledModelCache:
             os.replace(tmp, self._index)  # atomic: readers see the old index or the new one
             _read_indexes.pop(self._index, None)
         except OSError as e:
-            self.unwritable(e)
+            if not quiet:
+                self.unwritable(e)
 
 
 # Each index this process read, by path: the file's stamp then and what it held (values are never changed in place:

@@ -389,12 +389,11 @@ class NpuTensorInfo:
 
     def describe(self) -> str:
         """One line: view, shape (? for a dynamic dim), dtype and layout, e.g. ``CPU [?, 1, 8, 8] FLOAT32 NCHW``."""
-        # (the members' _name_: an enum's name property costs two Python calls a read; cache keys describe each port)
-        layout = self.memory_layout._name_
+        layout = self.memory_layout.name
         if self.memory_layout is MemoryLayout.GENERIC and self.memory_layout_order:
             layout += str(list(self.memory_layout_order))
         shape = "[" + ", ".join("?" if d == DYNAMIC_DIM else str(d) for d in self.shape) + "]"
-        return f"{self.tensor_type._name_} {shape} {self.data_type._name_} {layout}"
+        return f"{self.tensor_type.name} {shape} {self.data_type.name} {layout}"
 
 
 @dataclass(frozen=True)

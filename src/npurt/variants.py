@@ -96,8 +96,8 @@ class ShapeVariants:
         self._cache = CompiledModelCache(options.cache_dir) if options.cache_dir is not None else None
         # the options that change what a compile makes, besides the backend's settings (part of the cache key)
         self._views = {"hw_view": options.hw_view, "npu_views": ports.npu_views,
-                       "input_tensor_type": options.input_tensor_type._name_,  # (an enum's name property costs
-                       "output_tensor_type": options.output_tensor_type._name_,  # two Python calls a read)
+                       "input_tensor_type": options.input_tensor_type.name,
+                       "output_tensor_type": options.output_tensor_type.name,
                        "tensor_types": sorted(f"{d.name}.{n}={t.name}" for (d, n), t in options.tensor_types.items()),
                        "hw_format": sorted((n, str(f)) for n, f in options.hw_format.items()),
                        "frames": sorted((n, str(f)) for n, f in options.frames.items())}

@@ -337,7 +337,7 @@ class OrtBackend(Backend):
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
         # views built into an edited graph depend on the input ports
-        parts["inputs"] = [[p.name, list(p.cpu.shape), p.view._name_, p.engine.describe()] for p in inputs]
+        parts["inputs"] = [[p.name, list(p.cpu.shape), p.view.name, p.engine.describe()] for p in inputs]
         return parts
 
     def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
