@@ -371,7 +371,7 @@ class OrtBackend(Backend):
             elif key == "inter_op_num_threads":
                 so.inter_op_num_threads = int(value)
             elif key == "graph_optimization_level":
-                pass
+                continue  # (the level above)
             elif key == "execution_mode":
                 so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if str(value).lower() == "parallel"
                                      else ort.ExecutionMode.ORT_SEQUENTIAL)
