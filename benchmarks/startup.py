@@ -19,11 +19,13 @@ runs the op18 one). Rounds alternate npurt and raw; figures are medians over the
 
 Targets (start-up issue): load <= 1.10x the engine's, memory added <= 1.15x, cold and cached, both backends.
 
-    python -m benchmarks.startup [--quick] [--json] [--rounds N]
+    python -m benchmarks.startup [--quick] [--json] [--rounds N] [--models cls,det] [--backends VAIML]
+                                 [--cases cached]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -68,20 +70,36 @@ def subjects(backend: str, path: str, inputs: dict[str, list[Any]], cache: Path,
     return [npurt, raw]
 
 
+def _choices(p: argparse.ArgumentParser, flag: str, value: str, valid: list[str]) -> list[str]:
+    """A comma-separated flag's items, in ``valid``'s order (the parser's error for an unknown one)."""
+    given = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in given if v not in valid]
+    if unknown or not given:
+        p.error(f"{flag}: {', '.join(unknown) or 'nothing'} is not one of {', '.join(valid)}")
+    return [v for v in valid if v in given]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__ or "")
     p.add_argument("--rounds", type=int, default=None, help="fresh-process rounds per figure (default 5; 2 quick)")
+    p.add_argument("--models", default=None, help=f"comma-separated, of {', '.join(MODELS)} (default: all; cls "
+                                                  "with --quick)")
+    p.add_argument("--backends", default="OPENVINO,VAIML", help="comma-separated, of OPENVINO, VAIML")
+    p.add_argument("--cases", default="cold,cached", help="comma-separated, of cold, cached")
     args = p.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
-    models = ["cls"] if args.quick else list(MODELS)
+    models = _choices(p, "--models", args.models, list(MODELS)) if args.models else \
+        ["cls"] if args.quick else list(MODELS)
+    backends = _choices(p, "--backends", args.backends.upper(), ["OPENVINO", "VAIML"])
+    cases = [case == "cached" for case in _choices(p, "--cases", args.cases.lower(), ["cold", "cached"])]
     table = Table(["model", "backend", "load", "npurt ms", "raw ms", "npurt/raw", "1st inference npurt/raw ms",
                    "npurt MiB", "raw MiB", "memory npurt/raw"])
     targets = []
     for model in models:
         names, inputs = MODELS[model]
-        for backend in ("OPENVINO", "VAIML"):
+        for backend in backends:
             path = str(zoo.path(names[backend]))
-            for cached in (False, True):
+            for cached in cases:
                 with tempfile.TemporaryDirectory(prefix="npurt-startup-") as tmp:
                     pair = subjects(backend, path, inputs, Path(tmp), cached)
                     npurt, raw = fresh_loads(pair, runs=rounds, fill_first=cached,

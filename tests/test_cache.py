@@ -380,6 +380,49 @@ def test_a_damaged_index_is_hashed_again(tmp_path, backend):
         assert r.run({"x": np.ones((1, 8), np.float32)})["y"][0, 0] == 24.0
 
 
+def test_the_index_names_a_file_as_json_with_sorted_keys(tmp_path):
+    """An index entry's name is the file's identity as ``json.dumps(..., sort_keys=True)`` writes it (the form every
+    index was written in: an index of an earlier npurt still serves), a path that JSON escapes included."""
+    model = tmp_path / 'd\u00efgits "1".onnx'
+    shutil.copy(DEFAULT_MODEL, model)
+    cache = tmp_path / "cache"
+    with load("VAIML", cache, model):
+        pass
+    (name,) = [k for k in json.loads((cache / "files.json").read_text()) if not k.startswith("boot:")]
+    st = model.stat()
+    want = {"path": os.path.abspath(model), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+            "device": st.st_dev}
+    assert name == json.dumps(want, sort_keys=True)
+
+
+@pytest.mark.parametrize("kept", ["sound", "another CPU", "damaged", "another boot"])
+def test_the_cpu_in_the_key_is_read_once_per_boot(tmp_path, kept):
+    """ONNX Runtime's optimized model is CPU-specific: the key holds the CPU's model and flags, which the index keeps
+    under the boot's id (the kernel reads them once, at boot). A load uses what the index keeps for this boot: a
+    damaged value, or one kept for another boot, is read again from /proc/cpuinfo."""
+    from npurt.backends.onnxruntime.adapter import _cpu_fingerprint
+
+    cache = tmp_path / "cache"
+    with load("VAIML", cache) as r:
+        assert step(r) == "compiled and stored in the cache"
+    index_path = cache / "files.json"
+    index = json.loads(index_path.read_text())
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert index[f"boot:{boot}"] == {"cpu": _cpu_fingerprint()}
+    if kept == "another CPU":  # (what a key for another CPU does: another entry)
+        index[f"boot:{boot}"]["cpu"] = "another CPU"
+    elif kept == "damaged":
+        index[f"boot:{boot}"]["cpu"] = 42
+    elif kept == "another boot":
+        index["boot:0000"] = index.pop(f"boot:{boot}") | {"cpu": "another CPU"}
+    index_path.write_text(json.dumps(index))
+    with load("VAIML", cache) as r:
+        assert step(r) == ("compiled and stored in the cache" if kept == "another CPU" else "loaded from the cache")
+    if kept in ("damaged", "another boot"):
+        assert json.loads(index_path.read_text())[f"boot:{boot}"] == {"cpu": _cpu_fingerprint()}
+        assert "boot:0000" not in json.loads(index_path.read_text())
+
+
 @pytest.mark.parametrize("kept", ["sound", "damaged", "foreign shape", "stale"])
 def test_onnx_ports_kept_in_the_index_are_used_only_while_sound(tmp_path, kept):
     """ONNX Runtime's warm load takes the model's ports from the cache's index (per file identity) instead of walking

@@ -78,6 +78,23 @@ def test_info_rejects_bad_fields(kwargs, match):
         NpuTensorInfo(**kwargs)
 
 
+@pytest.mark.parametrize("shape", [(1, 3, 48, 192), (-1, 3, -1, -1), ()])
+def test_info_in_the_other_view_is_the_info_made_in_that_view(shape):
+    """in_view (a copy with the tensor type changed, not validated again) equals, hashes and derives like an info made
+    in that view; the copy's shape cache is its own."""
+    made = dict(name="x", data_type=DataType.FLOAT32, shape=shape, direction=TensorDirection.OUTPUT,
+                memory_layout=MemoryLayout.NCHW if len(shape) == 4 else MemoryLayout.UNKNOWN)
+    cpu = NpuTensorInfo(tensor_type=TensorType.CPU, **made)
+    hw = cpu.in_view(TensorType.HW)
+    want = NpuTensorInfo(tensor_type=TensorType.HW, **made)
+    assert hw == want and hash(hw) == hash(want) and hw != cpu and cpu.tensor_type is TensorType.CPU
+    assert (hw.strides, hw.size, hw.size_in_bytes) == (want.strides, want.size, want.size_in_bytes)
+    assert cpu.in_view(TensorType.CPU) is cpu
+    if -1 in shape:
+        assert hw.replace(shape=(1, 3, 4, 4)).tensor_type is TensorType.HW
+        assert cpu.replace(shape=(1, 3, 4, 4)).tensor_type is TensorType.CPU
+
+
 def test_bf16_shows_as_uint16():
     assert DataType.BF16.numpy == np.uint16
     assert DataType.from_numpy(np.uint16) is DataType.UINT16

@@ -9,7 +9,8 @@ versions where the engine reports them), the input shapes and views, and every s
 The model's content hash (with that of each file holding its weights: an ONNX model's external data, an IR's .bin)
 is computed once per file identity (path, size, mtime, inode) and kept in ``files.json``, so that a warm load
 hashes nothing; backends keep other facts of a model file there too (``remembered``: an ONNX model's ports, so that
-a warm load does not walk its graph).
+a warm load does not walk its graph), and facts of the machine that hold until it boots again (``this_boot``: the
+CPU's flags in ONNX Runtime's key).
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
 another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32. The CRC is
@@ -26,6 +27,7 @@ full disk) degrades to compiling, with one warning.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import mmap
@@ -48,6 +50,7 @@ ROOT_NAME = f"npurt-v{FORMAT}"
 MANIFEST = "manifest.json"
 BLOB = "blob"
 INDEX = "files.json"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # a new one each boot (Linux)
 T = TypeVar("T")
 
 
@@ -71,6 +74,7 @@ class Entry:
     path: Path
     manifest: Mapping[str, Any] | None  # None where it does not parse
     problem: str = ""  # why it would not be used, "" for a sound entry
+    blob_stat: os.stat_result | None = field(default=None, compare=False)  # the blob's, when it was found
 
     @property
     def blob(self) -> Path:
@@ -91,23 +95,35 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-def model_identity(path: Path) -> dict[str, Any]:
-    # the device and inode name the file; the path (absolute, not resolved: resolving stats each of its
-    # components, a tenth of npurt's share of a warm load) is for whoever reads the index
-    st = path.stat()
-    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
-            "device": st.st_dev}
+def identity_name(path: Path) -> str:
+    """A file's key in the index: its identity as JSON with sorted keys (``json.dumps(..., sort_keys=True)``'s
+    text, formatted here rather than by the JSON encoder, twice a warm load). The device and inode name the file,
+    size and mtime its version; the path (absolute, not resolved: resolving stats each of its components) is for
+    whoever reads the index."""
+    st = os.stat(path)
+    return (f'{{"device": {st.st_dev}, "inode": {st.st_ino}, "mtime_ns": {st.st_mtime_ns}, '
+            f'"path": {json.dumps(os.path.abspath(path))}, "size": {st.st_size}}}')
 
 
 class CompiledModelCache:
     """One cache directory. Thread-safe; safe for several processes sharing the directory."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        self.entries_dir = self.root / ROOT_NAME
+        # (as strings: a warm load joins a few names to them, where pathlib would parse each path again)
+        self._root = os.fspath(root)
+        self._entries = os.path.join(self._root, ROOT_NAME)
+        self._index = os.path.join(self._root, INDEX)
         self._lock = threading.Lock()
         self._writable: bool | None = None
         self._warned = False
+
+    @functools.cached_property
+    def root(self) -> Path:
+        return Path(self._root)
+
+    @functools.cached_property
+    def entries_dir(self) -> Path:
+        return Path(self._entries)
 
     # -- keys -----------------------------------------------------------------------------------------------
     def content_hash(self, model: Path) -> str:
@@ -129,7 +145,7 @@ class CompiledModelCache:
     def _file_hash(self, path: Path, index: dict[str, Any], with_data: bool = False) -> dict[str, Any]:
         """A file's index entry (hashed and stored where the index does not know the file as it is now):
         ``sha256``, and for a model (``with_data``) ``data``, the files beside it that hold its weights."""
-        name = json.dumps(model_identity(path), sort_keys=True)
+        name = identity_name(path)
         known = index.get(name)
         if isinstance(known, dict) and isinstance(known.get("sha256"), str) and \
                 (not with_data or isinstance(known.get("data"), list)):
@@ -148,15 +164,40 @@ class CompiledModelCache:
         ``compute()`` (JSON-able) where the index holds none that ``decode`` takes (it raises on anything else)
         for the file as it is now."""
         index = self._read_index()
-        name_of_file = json.dumps(model_identity(path), sort_keys=True)
+        name_of_file = identity_name(path)
         known = index.get(name_of_file)
         if isinstance(known, dict) and name in known:
-            with contextlib.suppress(Exception):  # a damaged or foreign index is read again from the file
+            try:
                 return decode(known[name])
+            except Exception:  # noqa: BLE001, S110 - a damaged or foreign index is read again from the file
+                pass
         value = compute()
         index[name_of_file] = {**(known if isinstance(known, dict) else {}), name: value}
         self._write_index(index)
         return decode(value)
+
+    def this_boot(self, name: str, compute: Callable[[], str]) -> str:
+        """A fact of this machine that holds until it boots again (the CPU's model and flags, which the kernel reads
+        once, at boot), kept in the index under the boot's id: ``compute()`` once per boot, not on every load
+        (reading /proc/cpuinfo is 0.06 to 0.2 ms of a warm load here; the boot's id, 0.03 ms). Computed each time
+        where the boot has no id."""
+        try:
+            with open(BOOT_ID, "rb") as f:
+                boot = f.read().decode().strip()
+        except (OSError, ValueError):
+            boot = ""
+        if not boot:
+            return compute()
+        index = self._read_index()
+        here = f"boot:{boot}"
+        known = index.get(here)
+        if isinstance(known, dict) and isinstance(known.get(name), str):
+            return str(known[name])
+        value = compute()
+        index = {k: v for k, v in index.items() if not k.startswith("boot:")}  # (earlier boots' facts go)
+        index[here] = {**(known if isinstance(known, dict) else {}), name: value}
+        self._write_index(index, quiet=True)  # (a read-only cache computes it again: no warning on every load)
+        return value
 
     def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
         return CacheKey.of({"format": FORMAT, "model": self.content_hash(model), **parts})
@@ -164,14 +205,21 @@ class CompiledModelCache:
     # -- entries ------------------------------------------------------------------------------------------
     def find(self, key: CacheKey) -> Entry | None:
         """The entry for a key, if there is one (check ``problem`` before using it)."""
-        path = self.entries_dir / key.id
-        if not path.is_dir():
-            return None
-        return self._inspect(path, key)
+        path = os.path.join(self._entries, key.id)
+        try:  # (the manifest read at once: a missing entry is its missing directory)
+            with open(os.path.join(path, MANIFEST), "rb") as f:
+                text = f.read()
+        except OSError as e:
+            if not os.path.isdir(path):
+                return None
+            return Entry(Path(path), None, f"its manifest cannot be read ({type(e).__name__}: {e})")
+        return self._inspect(Path(path), key, text)
 
-    def _inspect(self, path: Path, key: CacheKey | None = None) -> Entry:
+    def _inspect(self, path: Path, key: CacheKey | None = None, text: bytes | None = None) -> Entry:
+        """``text``: the manifest's bytes where read already."""
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
+            # (decoded here: json.loads would first guess the bytes' encoding; json.dump writes ASCII)
+            manifest = json.loads((text if text is not None else (path / MANIFEST).read_bytes()).decode())
         except (OSError, ValueError) as e:
             return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -186,13 +234,13 @@ class CompiledModelCache:
             return Entry(path, manifest, f"its manifest was written for other {', '.join(differ) or 'parts'} "
                                          "(a foreign or forged entry)")
         try:
-            size = (path / BLOB).stat().st_size
+            st = os.stat(os.path.join(path, BLOB))
         except OSError:
             return Entry(path, manifest, "its blob is missing")
         want = manifest.get("blob", {}).get("size")
-        if size != want:
-            return Entry(path, manifest, f"its blob has {size} bytes, the manifest says {want} (truncated)")
-        return Entry(path, manifest)
+        if st.st_size != want:
+            return Entry(path, manifest, f"its blob has {st.st_size} bytes, the manifest says {want} (truncated)")
+        return Entry(path, manifest, blob_stat=st)
 
     def store(self, key: CacheKey, blob: Path, metadata: Mapping[str, Any], model: Path, replace: bool = False
               ) -> str:
@@ -248,7 +296,7 @@ class CompiledModelCache:
         """An entry's blob, checked against its manifest (ValueError naming what is wrong): the engine then reads
         the file itself, as it reads its own cache (no copy of it held in Python's heap on the way)."""
         want = (entry.manifest or {}).get("blob", {})
-        st = entry.blob.stat()
+        st = entry.blob_stat or entry.blob.stat()  # (as stat'ed when found, a moment ago: before the engine reads it)
         if st.st_size != want.get("size"):
             raise ValueError(f"its blob has {st.st_size} bytes, the manifest says {want.get('size')} (truncated)")
         if _stamp(st) == want.get("stamp"):  # the file whose CRC was taken, unwritten since
@@ -291,21 +339,45 @@ class CompiledModelCache:
 
     # -- the identity index -----------------------------------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
+        """The index (a new dict: callers add to it), parsed again only where the file changed since this process
+        last read it: a warm load asks twice (a backend's facts of the model, then the key's content hash)."""
+        path = self._index
         try:
-            index = json.loads((self.root / INDEX).read_text())
-            return index if isinstance(index, dict) else {}
+            st = os.stat(path)
+            kept = _read_indexes.get(path)
+            if kept is not None and kept[0] == _index_stamp(st):
+                return dict(kept[1])
+            with open(path, "rb") as f:
+                stamp = _index_stamp(os.fstat(f.fileno()))  # of the very file read (a writer replaces it)
+                index = json.loads(f.read().decode())
         except (OSError, ValueError):
             return {}
+        if not isinstance(index, dict):
+            return {}
+        _read_indexes[path] = (stamp, index)
+        return dict(index)
 
-    def _write_index(self, index: dict[str, Any]) -> None:
+    def _write_index(self, index: dict[str, Any], quiet: bool = False) -> None:
+        """``quiet``: a cache that cannot be written is not warned of here."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".files-", dir=self.root)
             with os.fdopen(fd, "w") as f:
                 json.dump(index, f)
-            os.replace(tmp, self.root / INDEX)  # atomic: readers see the old index or the new one
+            os.replace(tmp, self._index)  # atomic: readers see the old index or the new one
+            _read_indexes.pop(self._index, None)
         except OSError as e:
-            self.unwritable(e)
+            if not quiet:
+                self.unwritable(e)
+
+
+# Each index this process read, by path: the file's stamp then and what it held (values are never changed in place:
+# an update makes a new dict). A writer replaces the file (a new inode); one rewritten in place changes size or time.
+_read_indexes: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+
+
+def _index_stamp(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _data_files(model: Path, names_a_location: bool) -> list[str]:

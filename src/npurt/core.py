@@ -139,6 +139,10 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         open_ms = (time.perf_counter() - t0) * 1e3
         pairs = check_port_options(options, opened.inputs, opened.outputs)
         ports = PortFactory(options, backend.target, opened.device_info.attached)
+        # the parts that need no engine, made before the engines load (what runs right after a load finds the CPU's
+        # caches cold)
+        streams = StreamTable(pairs, allocate_state, in_place=in_place)
+        staging = Staging(options.memory_provider, stats)
         variants = ShapeVariants(backend, opened, ports, options, stats)
         default = variants.default
         max_concurrent = options.max_concurrent_runs or backend.default_max_concurrent_runs(
@@ -151,8 +155,7 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         backend.close()
         raise
     core = RunnerCore(list(opened.inputs), list(opened.outputs), variants, Planner(variants, options.batch_size),
-                      Staging(options.memory_provider, stats), jobs,
-                      StreamTable(pairs, allocate_state, in_place=in_place), stats, log, model_name)
+                      staging, jobs, streams, stats, log, model_name)
     jobs.before_callback = core.set_last_error
     load_steps = (("open the model", open_ms), *variants.load_steps)
 

@@ -19,6 +19,7 @@ from .types import NpuError, RunnerType
 ENTRY_POINT_GROUP = "npurt.backends"
 # AUTO: the first whose NPU is present, else the first that loads the model
 AUTO_ORDER = ("OPENVINO", "VAIML", "QNN", "ONNXRUNTIME")
+_AUTO = RunnerType.AUTO.name
 
 
 class _Registry:
@@ -199,7 +200,7 @@ class RunnerFactory:
         failed to import, when the device is absent and fallback="error", or when the engine cannot load or
         compile the model; AutoLoadError (an NpuError) when no backend loads it under AUTO."""
         name = _type_name(runner_type)
-        if name == RunnerType.AUTO.name:
+        if name == _AUTO:
             return RunnerFactory._create_auto(_registry.classes(), model_path, options)
         cls = _registry.get(name)
         if cls is None:

@@ -23,7 +23,7 @@ import numpy as np
 from . import _native
 from .options import HwFormat
 from .tensor import NpuTensor
-from .types import DataType, MemoryLayout, NpuTensorInfo, QuantParameters, RoundingMode, TensorType
+from .types import DataType, MemoryLayout, NpuTensorInfo, QuantParameters, RoundingMode, TensorType, contiguous_strides
 
 FLOAT_TYPES = (DataType.FLOAT32, DataType.FP16, DataType.BF16)
 # The quantized views: (de)quantized with QuantParameters to and from the float types (a QDQ boundary's HW view).
@@ -157,6 +157,9 @@ def hw_view(cpu: NpuTensorInfo, target: str, *, quant_data_type: DataType | None
         layout = override.memory_layout if override.memory_layout is not None else layout
         dtype = override.data_type if override.data_type is not None else dtype
     if layout == cpu.memory_layout or layout is MemoryLayout.UNKNOWN:  # (a frame port's CPU view is NHWC already)
+        if dtype is cpu.data_type and layout is cpu.memory_layout and not cpu.memory_layout_order and \
+                (not cpu.strides or cpu.strides == contiguous_strides(cpu.shape)):  # the model's own view
+            return cpu.in_view(TensorType.HW)
         shape = cpu.shape
     elif layout in CHANNEL_GROUP or (layout in _PERMUTATION and len(cpu.shape) == 4):
         shape = layout_shape(cpu.shape, layout)

@@ -138,7 +138,7 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
     """Validate a user's option dict. Unknown keys and bad values raise ValueError naming the valid ones."""
     if options is None:
         options = {}
-    if not isinstance(options, Mapping):
+    if not isinstance(options, (dict, Mapping)):  # (dict first: an ABC's first check in a process costs ~15 us)
         raise ValueError(f"options must be a dict, got {type(options).__name__}")
     kw: dict[str, Any] = {}
     tensor_types: dict[tuple[TensorDirection, str], TensorType] = {}
@@ -337,7 +337,7 @@ def _parse_execution_providers(value: Any) -> tuple[tuple[str, dict[str, str]], 
 
 def _parse_shape_sets(value: Any) -> tuple[dict[str, tuple[int, ...]], ...]:
     """``shapes``: {input: shape}, or a list of such signatures (compiled ahead, the first is the default)."""
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+    if not isinstance(value, dict) and isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         if not value:
             raise ValueError("option 'shapes': an empty list; give {input name: shape} or a list of them")
         return tuple(_parse_shapes(v) for v in value)
@@ -345,7 +345,7 @@ def _parse_shape_sets(value: Any) -> tuple[dict[str, tuple[int, ...]], ...]:
 
 
 def _parse_shapes(value: Any) -> dict[str, tuple[int, ...]]:
-    if not isinstance(value, Mapping):
+    if not isinstance(value, (dict, Mapping)):
         raise ValueError(f"option 'shapes' must map input names to shapes, got {value!r}")
     shapes = {}
     for name, shape in value.items():

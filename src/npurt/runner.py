@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import shutil
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -72,7 +73,7 @@ class Runner:
         if self.options.decoder is not None and decoder is None:
             raise ValueError("option 'decoder' is prepared by RunnerFactory.create_runner (it derives the model the "
                              "engine opens and checks it against the export): make the runner there")
-        if backend.model_is_a_file and not self.model_path.exists():
+        if backend.model_is_a_file and not os.path.exists(self.model_path):
             raise ValueError(f"model file not found: {self.model_path}")
         self.decoder = decoder  # option decoder: the derived form's facts (npurt.Generator)
         # a derived model's temporary folder goes with the runner: at close, or when it is collected unclosed

@@ -295,8 +295,11 @@ class NpuTensorInfo:
             setattr_(self, "strides", ())
         else:
             self._derive_sizes(shape)
-        setattr_(self, "_hash", hash((self.name, self.data_type, shape, self.direction, self.tensor_type,
-                                      self.memory_layout, order, self.strides, self.size, self.size_in_bytes)))
+        setattr_(self, "_hash", self._fields_hash())
+
+    def _fields_hash(self) -> int:
+        return hash((self.name, self.data_type, self.shape, self.direction, self.tensor_type, self.memory_layout,
+                     self.memory_layout_order, self.strides, self.size, self.size_in_bytes))
 
     def _derive_sizes(self, shape: tuple[int, ...]) -> None:
         setattr_ = object.__setattr__
@@ -337,6 +340,20 @@ class NpuTensorInfo:
     def numpy_dtype(self) -> np.dtype:
         """``data_type.numpy``: the numpy dtype that holds the elements (BF16 as uint16)."""
         return self.data_type.numpy
+
+    def in_view(self, tensor_type: TensorType) -> NpuTensorInfo:
+        """This tensor in the other view where nothing else differs (layout, type and shape alike: a device whose
+        views are the model's own). A copy of this validated info with its tensor type changed, which no derived
+        field depends on: not validated again (a runner makes one per port at load)."""
+        if tensor_type is self.tensor_type:
+            return self
+        info: NpuTensorInfo = object.__new__(NpuTensorInfo)
+        info.__dict__.update(self.__dict__)
+        setattr_ = object.__setattr__
+        setattr_(info, "tensor_type", tensor_type)
+        setattr_(info, "_reshaped", {})
+        setattr_(info, "_hash", info._fields_hash())
+        return info
 
     def replace(self, **changes: Any) -> NpuTensorInfo:
         """A copy with some fields changed; derived fields are derived again unless given."""

@@ -79,7 +79,8 @@ class ShapeVariants:
                  stats: RunnerStats) -> None:
         self._backend = backend
         self._specs = opened.inputs
-        self._planes = nv12_planes(self._specs, options.frames)  # NV12 frames: their planes' sizes go together
+        # NV12 frames: their planes' sizes go together
+        self._planes = nv12_planes(self._specs, options.frames) if options.frames else []
         self._out_specs = opened.outputs
         self._ports = ports
         self._stats = stats
@@ -101,8 +102,10 @@ class ShapeVariants:
                        "hw_format": sorted((n, str(f)) for n, f in options.hw_format.items()),
                        "frames": sorted((n, str(f)) for n, f in options.frames.items())}
         self.load_steps: list[tuple[str, float]] = []  # (what happened, ms) per compile or cache load
-        self._model_ports = {TensorDirection.INPUT: ports.make_all(self._specs, TensorDirection.INPUT),
-                             TensorDirection.OUTPUT: ports.make_all(self._out_specs, TensorDirection.OUTPUT)}
+        self._model_ports: dict[TensorDirection, list[Port]] = {}  # made where asked: no default variant
+        if options.hw_format:  # a view asked for that does not apply to a port fails the load before any compile
+            for direction, specs in ((TensorDirection.INPUT, self._specs), (TensorDirection.OUTPUT, self._out_specs)):
+                self._model_ports[direction] = ports.make_all(specs, direction)
         self._pinned = [self._signature_of(s, "option 'shapes'") for s in options.shape_sets]
         self.default: Variant | None = None
         for sig in self._pinned:
@@ -280,7 +283,11 @@ class ShapeVariants:
         """The ports the runner's queries report: the default variant's, else the model's (dims open)."""
         if self.default is not None:
             return self.default.inputs if direction is TensorDirection.INPUT else self.default.outputs
-        return self._model_ports[direction]
+        ports = self._model_ports.get(direction)
+        if ports is None:
+            specs = self._specs if direction is TensorDirection.INPUT else self._out_specs
+            ports = self._model_ports[direction] = self._ports.make_all(specs, direction)
+        return ports
 
     def compiled(self) -> list[Variant]:
         """Every variant compiled and kept (the dynamic one included)."""

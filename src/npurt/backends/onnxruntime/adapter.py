@@ -49,6 +49,7 @@ OPTIMIZATION_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
+_CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
 
 def _decided(spec: PortSpec, shape: Sequence[Any] | None) -> tuple[int | None, ...]:
@@ -88,6 +89,7 @@ class OrtBackend(Backend):
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
         self.npu_took_nothing: str | None = None  # why the EP ran nothing, where it did not
         self.ep: ExecutionProvider | None = None  # the backend's EP, with its provider options
+        self._cache: CompiledModelCache | None = None  # npurt's compiled-model cache (option cache_dir)
         self.provider: ExecutionProvider | None = None  # the EP the sessions get (None: the CPU provider alone)
 
     # -- the EP: what a backend of this adapter says --------------------------------------------------------
@@ -103,6 +105,8 @@ class OrtBackend(Backend):
         """The backend's EP and the device attached: the EP's device where it can run (AUTO never takes an
         emulator), else ONNX Runtime's CPU provider as option ``fallback`` allows."""
         ep = self.make_provider(provider_options)
+        if self.options.device == "CPU":  # always present: the EP's checks (providers, driver files) tell nothing
+            return ep, devices.select_device("CPU", {}, {"CPU"}, self.options.fallback, ep.label)
         present, unavailable = {"CPU"}, {}
         if ep.device != "CPU":
             why_not = ep.unavailable_reason() or (ep.auto_skip_reason() if self.options.device == "AUTO" else "")
@@ -138,8 +142,8 @@ class OrtBackend(Backend):
         # The model's own ports, read from the file without loading it (a session or the cache loads it later).
         remember: Remember | None = None
         if self.options.cache_dir is not None:  # kept in the cache's index: a warm load does not walk the graph
-            remember = functools.partial(CompiledModelCache(self.options.cache_dir).remembered, self.model_path,
-                                         "onnx_ports")
+            self._cache = CompiledModelCache(self.options.cache_dir)
+            remember = functools.partial(self._cache.remembered, self.model_path, "onnx_ports")
         try:
             ins, outs = onnx_port_specs(self.model_path, remember)
         except ValueError as e:
@@ -318,17 +322,18 @@ class OrtBackend(Backend):
         """On the CPU provider the cache keeps ONNX Runtime's optimized model; on an EP that compiles (QNN) its
         EPContext model (the context binary embedded), keyed by what the EP says its compilation depends on; an EP
         that keeps its own compiled models (Vitis AI) keeps nothing here."""
-        so = self._session_options_object()
         if self.provider is not None:
             ep_parts = self.provider.cache_parts()
             if ep_parts is None:
                 return None
             device: dict[str, Any] = {"device": self.provider.device, "ep": ep_parts}
         else:
-            device = {"device": "CPU", "cpu": _cpu_fingerprint()}
+            # (kept in the cache's index for the boot: the kernel reads the CPU's flags once, at boot)
+            cpu = self._cache.this_boot("cpu", _cpu_fingerprint) if self._cache is not None else _cpu_fingerprint()
+            device = {"device": "CPU", "cpu": cpu}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
-            "optimization": str(so.graph_optimization_level),
+            "optimization": str(self._optimization_level()),
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
         # views built into an edited graph depend on the input ports
@@ -337,38 +342,36 @@ class OrtBackend(Backend):
 
     def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
+        # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again (made
+        # before the session: what runs right after ONNX Runtime's load finds the CPU's caches cold, ~2x slower)
+        outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
+                   for spec, shape in zip(self._out_specs, metadata["outputs"], strict=True)]
         # by path, as ONNX Runtime loads a model of the user's: bytes handed over would be a copy of the model that
         # glibc keeps (1.37x the engine's memory on the recognizer)
         key = str(self.model_path) if self._model is None else f"cache:{stored}"
         session = self._session(str(stored), key, optimized=True)
         if metadata.get("placement") and len(self._placement.assigned) <= 1:  # an EPContext model's one node
             self._placement = Placement(tuple(tuple(n) for n in metadata["placement"]), self._placement.asked)
-        # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again
-        outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
-                   for spec, shape in zip(self._out_specs, metadata["outputs"], strict=True)]
         return self._engine(session, inputs, ports, None, outputs)
 
     # -- sessions ---------------------------------------------------------------------------------------
     def _session_options_object(self, strict: bool = True) -> ort.SessionOptions:
         so = ort.SessionOptions()
-        so.log_severity_level = (self.provider or ExecutionProvider()).log_severity(self.options.log_level)
+        so.log_severity_level = (self.provider or _CPU_PROVIDER).log_severity(self.options.log_level)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         threads = self.intra_op_threads()
         if threads is not None:
             so.intra_op_num_threads = threads
         if self._spinning_off():
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        level = "all"
+        level = self._optimization_level()
         for key, value in self._session_options.items():
             if key == "intra_op_num_threads":
                 so.intra_op_num_threads = int(value)
             elif key == "inter_op_num_threads":
                 so.inter_op_num_threads = int(value)
             elif key == "graph_optimization_level":
-                level = str(value).lower()
-                if level not in OPTIMIZATION_LEVELS:
-                    raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
-                                     f"{', '.join(OPTIMIZATION_LEVELS)}")
+                continue  # (the level above)
             elif key == "execution_mode":
                 so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if str(value).lower() == "parallel"
                                      else ort.ExecutionMode.ORT_SEQUENTIAL)
@@ -376,10 +379,19 @@ class OrtBackend(Backend):
                 setattr(so, key, bool(value))
             else:
                 so.add_session_config_entry(key, str(value))
-        so.graph_optimization_level = OPTIMIZATION_LEVELS[level]
+        so.graph_optimization_level = level
         if strict and self.on_ep and self.options.fallback == "error":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
+
+    def _optimization_level(self) -> ort.GraphOptimizationLevel:
+        """engine_options' graph_optimization_level (ValueError for a bad one), else ONNX Runtime's default: all."""
+        value = self._session_options.get("graph_optimization_level", "all")
+        level = OPTIMIZATION_LEVELS.get(str(value).lower())
+        if level is None:
+            raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
+                             f"{', '.join(OPTIMIZATION_LEVELS)}")
+        return level
 
     def intra_op_threads(self) -> int | None:
         """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
@@ -422,9 +434,12 @@ class OrtBackend(Backend):
         if optimized:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
             # an optimized model keeps the model's external data where it was (its locations are relative to the
-            # model, not to the cache's blob; the cache key holds those files' content)
-            so.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                        str(self.model_path.resolve().parent))
+            # model, not to the cache's blob; the cache key holds those files' content): the folder as the path
+            # names it, as ONNX Runtime takes a model's own (resolving links would stat each part of the path; and
+            # a string, not pathlib's, which parses each path it makes)
+            path = os.fspath(self.model_path)
+            folder = os.path.dirname(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         elif optimized_to is not None and ep is not None:
             # the EP's compiled model: an EPContext model with the context binary embedded, one file to keep
             # (ONNX Runtime takes a path without the .onnx suffix for a folder)

@@ -12,6 +12,7 @@ are ONNX Runtime's private names: tests/test_engine_privates.py fails, naming th
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -78,17 +79,25 @@ class OrtEngine(Engine):
         self._pinned_outputs = pinned_outputs
         self._pinned_lock = threading.Lock()
         self.count_copy = count_copy
-        self.cpu = ort.OrtDevice.make("cpu", 0)
         self.in_types = [(p.name, DATA_TYPES_ONNX[p.engine.data_type]) for p in inputs]
         self.out_types = [(p.name, DATA_TYPES_ONNX[p.engine.data_type]) for p in outputs]
         self.out_names = [p.name for p in outputs]
         self.bfloat16 = any(t == BFLOAT16 for _, t in (*self.in_types, *self.out_types))  # see _run_bfloat16
         self.in_place = [True] * len(outputs)  # whether an open-shaped output is still bound in place
-        self.quiet = ort.RunOptions()
-        self.quiet.log_severity_level = 4  # a refused guess is no error worth a log line: it is run again
         self.bindings_made = 0  # for tests and diagnostics
         self._by_address: dict[tuple[Placed, ...], _Binding] = {}
         self._by_address_lock = threading.Lock()
+
+    # made on first use (a binding; a run with a guessed output shape), not at load (~20 us of a warm load)
+    @functools.cached_property
+    def cpu(self) -> ort.OrtDevice:
+        return ort.OrtDevice.make("cpu", 0)
+
+    @functools.cached_property
+    def quiet(self) -> ort.RunOptions:
+        options = ort.RunOptions()
+        options.log_severity_level = 4  # a refused guess is no error worth a log line: it is run again
+        return options
 
     @property
     def outputs(self) -> list[Port]:
