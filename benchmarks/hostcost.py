@@ -41,8 +41,8 @@ diagnostic, with no target.
 
 ``--paths``: instead, OpenVINO's asynchronous rows (``execute_async + wait``, ``wait_any``) with npurt's two job
 paths side by side: jobs on npurt's ``_ovjobs`` extension (its job lane: the jobs' table and completion in C++)
-and on Python InferRequests (a runner whose engine has ``native_jobs`` turned off before its first job), against the raw pattern,
-the three in turn in each block (the order rotates), in one process; besides the process's CPU, the main thread's
+and on Python InferRequests (a runner whose engine has ``native_jobs`` turned off before its first job), against the
+raw pattern, the three in turn in each block (the order rotates), in one process; besides the process's CPU, the main thread's
 (``time.thread_time``: npurt's Python, the raw pattern's calls), whose difference is npurt's share of the CPU added
 (the rest is OpenVINO's threads). A diagnostic, with no target.
 
