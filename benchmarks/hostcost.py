@@ -40,11 +40,11 @@ lookup, the scheduler and the status, plus the stand-in lane's trivial calls; no
 diagnostic, with no target.
 
 ``--paths``: instead, OpenVINO's asynchronous rows (``execute_async + wait``, ``wait_any``) with npurt's two job
-paths side by side: jobs on npurt's ``_ovjobs`` extension (its job lane: the jobs' table and completion in C++)
-and on Python InferRequests (a runner whose engine has ``native_jobs`` turned off before its first job), against the
-raw pattern, the three in turn in each block (the order rotates), in one process; besides the process's CPU, the main thread's
-(``time.thread_time``: npurt's Python, the raw pattern's calls), whose difference is npurt's share of the CPU added
-(the rest is OpenVINO's threads). A diagnostic, with no target.
+paths side by side: jobs on npurt's ``_ovjobs`` extension (its job lane: the jobs' table and completion in C++) and
+on Python InferRequests (a runner whose engine has ``native_jobs`` turned off before its first job), against the raw
+pattern, the three in turn in each block (the order rotates), in one process; besides the process's CPU, the main
+thread's (``time.thread_time``: npurt's Python, the raw pattern's calls), whose difference is npurt's share of the
+CPU added (the rest is OpenVINO's threads). A diagnostic, with no target.
 
     python -m benchmarks.hostcost [--quick] [--json] [--backends OPENVINO,VAIML] [--models digits,cls] [--n N]
                                   [--blocks K] [--own | --paths]
