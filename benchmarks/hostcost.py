@@ -426,6 +426,9 @@ class _EndedLane:
     def take(self, job_id: int) -> bool | None:
         return None
 
+    def forget(self, job_id: int) -> None:
+        pass
+
     def jobs(self) -> list[int]:
         return []
 

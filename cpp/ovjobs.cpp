@@ -21,6 +21,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/conduit/pybind11_conduit_v1.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -152,7 +153,8 @@ public:
 
     // Wait up to timeout_ms (0: poll) for lane job `job_id` and collect it: None while it runs, False for a job this
     // lane does not hold (never submitted here, collected already, or taken: `taken` says which kind is asked for),
-    // else its error message ("" if it succeeded).
+    // else its error message ("" if it succeeded). A taken job's outcome stays until `forget`: its scheduler ends
+    // its job from it first, so that an interruption between the two (Ctrl-C as this returns) loses nothing.
     py::object collect(int64_t job_id, int64_t timeout_ms, bool taken) {
         std::unique_lock<std::mutex> lock(mutex_);  // (with the GIL held: see the class's comment)
         if (lane_running_locked(job_id) && timeout_ms > 0) {
@@ -160,42 +162,64 @@ public:
             {
                 py::gil_scoped_release nogil;
                 std::unique_lock<std::mutex> waiting(mutex_);
-                cv_.wait_for(waiting, std::chrono::milliseconds(timeout_ms),
-                             [&] { return !lane_running_locked(job_id); });
+                cv_.wait_for(waiting, clamped(timeout_ms), [&] { return !lane_running_locked(job_id); });
             }
             lock.lock();
         }
         std::string error;
-        switch (collect_locked(job_id, taken, error)) {
+        const State found = collect_locked(job_id, taken, error);
+        lock.unlock();  // (Python objects made without the mutex: making one may run Python code)
+        switch (found) {
             case RUNNING: return py::none();
             case IDLE: return py::bool_(false);
             default: return message(error);
         }
     }
 
-    // Wait up to timeout_ms for whichever of lane jobs `job_ids` ends first and collect it: (job id, its message);
-    // None if none has; (job id, False) for the first id this lane does not hold (nothing collected then).
+    // Wait up to timeout_ms for whichever of lane jobs `job_ids` ends first and collect it (as `collect` does):
+    // (job id, its message); None if none has; (job id, False) for the first id this lane does not hold (nothing
+    // collected then).
     py::object collect_any(const std::vector<int64_t> &job_ids, int64_t timeout_ms, bool taken) {
         std::unique_lock<std::mutex> lock(mutex_);
         for (int64_t id : job_ids)
-            if (!holds_locked(id, taken)) return py::make_tuple(id, false);
+            if (!holds_locked(id, taken)) {
+                lock.unlock();
+                return py::make_tuple(id, false);
+            }
         int64_t first = first_ended_locked(job_ids);
         if (first < 0 && timeout_ms > 0) {
             lock.unlock();
             {
                 py::gil_scoped_release nogil;
                 std::unique_lock<std::mutex> waiting(mutex_);
-                cv_.wait_for(waiting, std::chrono::milliseconds(timeout_ms),
-                             [&] { return first_ended_locked(job_ids) >= 0; });
+                cv_.wait_for(waiting, clamped(timeout_ms), [&] { return first_ended_locked(job_ids) >= 0; });
             }
             lock.lock();
             first = first_ended_locked(job_ids);
         }
-        if (first < 0) return py::none();
         std::string error;
-        if (collect_locked(first, taken, error) != ENDED)  // (taken meanwhile by another thread)
-            return py::make_tuple(first, false);
+        const State found = first < 0 ? RUNNING : collect_locked(first, taken, error);
+        lock.unlock();
+        if (first < 0) return py::none();
+        if (found != ENDED) return py::make_tuple(first, false);  // (taken meanwhile by another thread)
         return py::make_tuple(first, message(error));
+    }
+
+    // Forget a taken job's outcome (its scheduler has ended its job from it); nothing for a job not held.
+    void forget(int64_t job_id) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = lane_ended_.find(job_id);
+        if (it != lane_ended_.end()) {
+            if (it->second.taken) lane_ended_.erase(it);
+            return;
+        }
+        const int64_t slot = slot_of_locked(job_id);
+        if (slot >= 0 && taken_[slot] && state_[slot] == ENDED) {
+            errors_[slot].clear();
+            job_[slot] = -1;
+            taken_[slot] = false;
+            state_[slot] = IDLE;
+        }
     }
 
     // Hand lane job `job_id` to the runner's scheduler: None if this lane does not hold it; else whether it has
@@ -245,8 +269,12 @@ public:
 
     // (jobs submitted, ended, failed) on the lane, ends counted as they happen (taken jobs' ends excluded)
     py::tuple counts() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return py::make_tuple(submitted_, completed_, failed_);
+        uint64_t submitted, completed, failed;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            submitted = submitted_, completed = completed_, failed = failed_;
+        }
+        return py::make_tuple(submitted, completed, failed);
     }
 
 private:
@@ -427,25 +455,31 @@ private:
     }
 
     // (under mutex_) collect lane job `job_id` (taken or not as `taken` says): RUNNING (not yet ended), IDLE (not a
-    // job of the lane of that kind), else ENDED with its error moved into `error` and the job forgotten (its slot
-    // idle again)
+    // job of the lane of that kind), else ENDED with its error copied into `error`; a job not taken is forgotten
+    // (its slot idle again), a taken one stays until `forget`
     State collect_locked(int64_t job_id, bool taken, std::string &error) {
         if (!holds_locked(job_id, taken)) return IDLE;
         auto it = lane_ended_.find(job_id);
         if (it != lane_ended_.end()) {
-            error = std::move(it->second.error);
-            lane_ended_.erase(it);
+            error = it->second.error;
+            if (!taken) lane_ended_.erase(it);
             return ENDED;
         }
         const int64_t slot = slot_of_locked(job_id);
-        if (slot < 0) return IDLE;
         if (state_[slot] != ENDED) return RUNNING;
-        error.swap(errors_[slot]);
-        errors_[slot].clear();
-        job_[slot] = -1;
-        taken_[slot] = false;
-        state_[slot] = IDLE;
+        error = errors_[slot];
+        if (!taken) {
+            errors_[slot].clear();
+            job_[slot] = -1;
+            taken_[slot] = false;
+            state_[slot] = IDLE;
+        }
         return ENDED;
+    }
+
+    // A wait's timeout for the condition variable: at most a day (longer waits loop), so that no clock overflows
+    static std::chrono::milliseconds clamped(int64_t timeout_ms) {
+        return std::chrono::milliseconds(std::min<int64_t>(timeout_ms, 86400000));
     }
 
     // (under mutex_) of lane jobs `job_ids`, the one that ended first (-1: none has)
@@ -536,6 +570,7 @@ PYBIND11_MODULE(_ovjobs, m) {
         .def("collect", &Requests::collect, py::arg("job_id"), py::arg("timeout_ms"), py::arg("taken"))
         .def("collect_any", &Requests::collect_any, py::arg("job_ids"), py::arg("timeout_ms"), py::arg("taken"))
         .def("take", &Requests::take, py::arg("job_id"))
+        .def("forget", &Requests::forget, py::arg("job_id"))
         .def("jobs", &Requests::jobs)
         .def("running", &Requests::running_count)
         .def("uncollected", &Requests::uncollected)

@@ -268,7 +268,7 @@ def test_the_lane_directly_reserves_within_the_limit_and_keeps_each_outcome_once
     """The extension's lane API: reserve refuses past the limit (-1) and where every request runs (0); a failure to
     start is the job's outcome (collected as its message, counted failed); collect answers None while running,
     the message once, False after; collect_any collects the first to end; take hands a job over (collected then
-    only with taken=True, its end no longer counted by the lane)."""
+    only with taken=True, and kept until forgotten, its end no longer counted by the lane)."""
     with make(2) as r:
         engine = r.engine_for()
         ins, outs = tensors(r, 2)
@@ -288,7 +288,11 @@ def test_the_lane_directly_reserves_within_the_limit_and_keeps_each_outcome_once
         assert lane.take(4) in (True, False) and lane.take(5) is None
         assert lane.jobs() == [] and lane.running() == 0
         assert lane.collect(4, 30_000, False) is False  # taken: the scheduler's to collect
-        assert lane.collect(4, 30_000, True) == ""
+        assert lane.collect(4, 30_000, True) == "" and lane.collect(4, 0, True) == ""  # kept until forgotten
+        assert lane.collect_any([4], 0, True) == (4, "")
+        lane.forget(4)
+        lane.forget(4)  # (once is enough; again, nothing)
+        assert lane.collect(4, 0, True) is False and lane.collect_any([4], 0, True) == (4, False)
         del lane
 
 
@@ -313,3 +317,34 @@ def test_a_closed_runner_with_lane_jobs_is_freed_without_the_garbage_collector(c
         assert engine() is None
     finally:
         gc.enable()
+
+
+def test_jobs_taken_from_the_lane_that_ended_unseen_free_their_place():
+    """Lane jobs taken into the scheduler's table (a wait_any that names a job no one has), then ended with nobody
+    waiting: a submission at the runner's limit ends them first instead of refusing; each is collected once."""
+    with make(2) as r:
+        ins, outs = tensors(r, 3)
+        jobs = [r.execute_async([ins[k]], [outs[k]]) for k in range(2)]
+        assert all(j.status is StatusCode.SUCCESS for j in jobs), r.last_error
+        unknown = r.wait_any([*jobs, 10_000], 1000)
+        assert unknown.status is StatusCode.INVALID_JOB_ID and unknown.job_id == 10_000
+        time.sleep(1.0)  # (both runs end meanwhile; a 1x3x48x192 classifier takes ~1 ms)
+        third = r.execute_async([ins[2]], [outs[2]])
+        assert third.status is StatusCode.SUCCESS, r.last_error
+        assert [r.wait(j, 30_000) for j in (*jobs, third)] == [StatusCode.SUCCESS] * 3
+        assert r.wait(jobs[0], 0) is StatusCode.INVALID_JOB_ID
+        assert r.stats["jobs_completed"] == 3 and r.stats["jobs_failed"] == 0
+        for y, want in zip(outs, expected(r, ins)):
+            np.testing.assert_allclose(y[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_huge_job_ids_and_timeouts_get_status_codes():
+    """Ids beyond the lane's int64 are unknown jobs; a timeout too large for any clock waits as long as it takes."""
+    with make(2) as r:
+        ins, outs = tensors(r, 1)
+        job = r.execute_async([ins[0]], [outs[0]])
+        assert job.status is StatusCode.SUCCESS, r.last_error
+        assert r.wait(2**70, 10) is StatusCode.INVALID_JOB_ID
+        assert r.wait_any([2**70], 10).status is StatusCode.INVALID_JOB_ID
+        handle = r.wait_any([job], 10**13)
+        assert handle.status is StatusCode.SUCCESS and handle.job_id == job.job_id, r.last_error

@@ -34,7 +34,10 @@ class Requests:
         """Collect whichever ended first, waiting up to ``timeout_ms``: (job id, message); None if none has;
         (job id, False) for the first id the lane does not hold."""
     def take(self, job_id: int) -> bool | None:
-        """Hand the job to the scheduler (its end no longer counted here): None if not held; whether it had ended."""
+        """Hand the job to the scheduler (its end no longer counted here): None if not held; whether it had ended.
+        A taken job's outcome stays (``collect`` with ``taken=True`` answers it again) until ``forget``."""
+    def forget(self, job_id: int) -> None:
+        """Forget a taken job's outcome (its scheduler has ended the job from it)."""
     def jobs(self) -> list[int]:
         """Lane jobs not yet collected nor taken."""
     def running(self) -> int:

@@ -78,7 +78,11 @@ class JobLane(Protocol):
         """(job id, message) of whichever ended first (collected); None if none has; (id, False): id not held."""
 
     def take(self, job_id: int, /) -> bool | None:
-        """Hand the job to the scheduler: None if not held; whether it had ended (its end counted by the lane)."""
+        """Hand the job to the scheduler: None if not held; whether it had ended (its end counted by the lane). A
+        taken job's outcome stays in the lane (``collect`` with ``taken=True`` answers it again) until ``forget``."""
+
+    def forget(self, job_id: int, /) -> None:
+        """Forget a taken job's outcome (its scheduler has ended the job from it)."""
 
     def jobs(self) -> list[int]:
         """Jobs not yet collected nor taken."""

@@ -182,7 +182,7 @@ class JobScheduler:
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
         its job's place in line there, so that places follow the queue's order). StatusError
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
-        if self._running >= self.max_concurrent:
+        if self._running + (self._lanes.running() if self._lanes.known else 0) >= self.max_concurrent:
             self._reap()  # jobs that ended on the engine with no waiter yet
         lock = self._lock
         lock.acquire()  # (not `with`: this is every job's path, and acquire/release cost half as much)
@@ -234,25 +234,31 @@ class JobScheduler:
         StatusError RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
         lanes = self._lanes
         lock = self._lock
-        lock.acquire()
-        try:
-            if self._closed:
-                raise StatusError(StatusCode.FAILURE, "the runner is closed")
-            if lane is not lanes.last:
-                lanes.add(lane, translate)
-            others = self._running if len(lanes.known) == 1 else self._running + lanes.running(but=lane)
-            job_id = self._next_id
-            reserved = lane.reserve(job_id, others, self.max_concurrent)
-            if reserved <= 0:
-                if reserved < 0:
-                    raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs "
-                                                                       "are busy; wait for one and retry")
+        for attempt in (0, 1):
+            reserved = 0
+            lock.acquire()
+            try:
+                if self._closed:
+                    raise StatusError(StatusCode.FAILURE, "the runner is closed")
+                if lane is not lanes.last:
+                    lanes.add(lane, translate)
+                others = self._running if len(lanes.known) == 1 else self._running + lanes.running(but=lane)
+                job_id = self._next_id
+                reserved = lane.reserve(job_id, others, self.max_concurrent)
+                if reserved > 0:
+                    self._next_id = job_id + 1
+            finally:
+                lock.release()
+                if reserved > 0:  # (here, so that nothing between the reservation and the start can leave a
+                    lane.launch(job_id, arg)  # reserved run unstarted; a failure to start is the job's outcome)
+            if reserved > 0:
+                return job_id
+            if reserved == 0:
                 return 0
-            self._next_id = job_id + 1
-        finally:
-            lock.release()
-        lane.launch(job_id, arg)  # (a failure to start is the job's outcome)
-        return job_id
+            if attempt == 0:
+                self._reap()  # jobs the scheduler holds that ended with no waiter yet free their place
+        raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs are busy; "
+                                                           "wait for one and retry")
 
     def _take(self, job_id: int) -> Job | None:
         """(under _lock) A lane's job as the scheduler's own (None: no lane holds it): in the table, its waiters

@@ -40,14 +40,17 @@ class LaneRun(Launched):
         if timeout_s is None:
             while (message := collect(job_id, WAIT_MS, True)) is None:
                 pass
-        elif (message := collect(job_id, math.ceil(timeout_s * 1000), True)) is None:
+        elif (message := collect(job_id, _ms(timeout_s), True)) is None:
             return False
-        if message is not False:  # (False: collected by another thread, which ends the job)
+        if message is not False:  # (False: forgotten: the thread that ended the job did)
             self.ended(message)
         return True
 
     def ended(self, message: str) -> None:
+        """End the scheduler's job from its outcome, then let the lane forget the outcome (a taken job's stays in
+        the lane until then: an interruption between the two leaves it for the next wait)."""
         self.end(None if message == "" else self.translate(RuntimeError(message)), None, self.counted)
+        self.lane.forget(self.job_id)
 
     def wait_any(self, others: Sequence[Launched], timeout_s: float) -> bool | None:
         """This run or any of ``others`` (runs of the same lane) waited for in the lane."""
@@ -56,7 +59,7 @@ class LaneRun(Launched):
             if type(r) is not LaneRun or r.lane is not self.lane:
                 return None
             runs.append(r)
-        got = self.lane.collect_any([r.job_id for r in runs], math.ceil(timeout_s * 1000), True)
+        got = self.lane.collect_any([r.job_id for r in runs], _ms(timeout_s), True)
         if got is None:
             return False
         job_id, message = got
@@ -65,6 +68,14 @@ class LaneRun(Launched):
                 if r.job_id == job_id:
                     r.ended(message)
         return True
+
+
+def _ms(timeout_s: float) -> int:
+    """A timeout in whole ms for a lane's wait (at most a day: the lane waits no longer in one call)."""
+    return math.ceil(min(timeout_s, 86400.0) * 1000)
+
+
+_ID_MAX = 2**63  # job ids a lane takes (int64); a larger one is no lane's
 
 
 class Lanes:
@@ -104,6 +115,8 @@ class Lanes:
     def take(self, job_id: int) -> tuple[JobLane, Translate, bool] | None:
         """Hand a lane's job to the scheduler: its lane, translation and whether the lane counted its end (None:
         no lane holds it)."""
+        if not -_ID_MAX <= job_id < _ID_MAX:
+            return None
         for lane, translate in self.known:
             counted = lane.take(job_id)
             if counted is not None:
@@ -112,11 +125,13 @@ class Lanes:
 
     def wait(self, job_id: int, timeout_s: float | None) -> tuple[StatusCode, str] | None:
         """Wait for a lane's job and collect it: its status and message; None where no lane holds it."""
+        if not -_ID_MAX <= job_id < _ID_MAX:
+            return None
         for lane, translate in self.known:
             if timeout_s is None:
                 while (message := lane.collect(job_id, WAIT_MS, False)) is None:
                     pass
-            elif (message := lane.collect(job_id, math.ceil(timeout_s * 1000), False)) is None:
+            elif (message := lane.collect(job_id, _ms(timeout_s), False)) is None:
                 return StatusCode.JOB_PENDING, f"job {job_id} is still running"
             if message is not False:
                 return _outcome(message, translate)
@@ -125,13 +140,14 @@ class Lanes:
     def wait_any(self, job_ids: Sequence[int], timeout_s: float | None) -> tuple[StatusCode, int, str] | None:
         """Wait for whichever of jobs of the one lane ends first and collect it; None where the runner has several
         lanes or the lane holds not every one of them (nothing collected then)."""
-        if len(self.known) != 1 or not job_ids:
+        known = self.known  # (one reading: close() replaces the list)
+        if len(known) != 1 or not job_ids or not all(-_ID_MAX <= job_id < _ID_MAX for job_id in job_ids):
             return None
-        lane, translate = self.known[0]
+        lane, translate = known[0]
         if timeout_s is None:
             while (got := lane.collect_any(job_ids, WAIT_MS, False)) is None:
                 pass
-        elif (got := lane.collect_any(job_ids, math.ceil(timeout_s * 1000), False)) is None:
+        elif (got := lane.collect_any(job_ids, _ms(timeout_s), False)) is None:
             return JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
         job_id, message = got
         if message is False:
