@@ -228,35 +228,34 @@ class JobScheduler:
                     self._enqueue(job, work, args)
         return job
 
-    def submit_lane(self, lane: JobLane, arg: Any, translate: Translate) -> int:
+    def submit_lane(self, lane: JobLane, arg: Any, translate: Translate, reap: bool = True) -> int:
         """A job on an engine's job lane (``Engine.lane``; no callback): its id, 0 where the lane has no free run
         (submit it the other way). Its table is the lane's until the scheduler must hold it (``_take``).
-        StatusError RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
+        StatusError RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight (``reap``: after ending those
+        that ended unseen, first), FAILURE once closed."""
         lanes = self._lanes
         lock = self._lock
-        for attempt in (0, 1):
-            reserved = 0
-            lock.acquire()
-            try:
-                if self._closed:
-                    raise StatusError(StatusCode.FAILURE, "the runner is closed")
-                if lane is not lanes.last:
-                    lanes.add(lane, translate)
-                others = self._running if len(lanes.known) == 1 else self._running + lanes.running(but=lane)
-                job_id = self._next_id
-                reserved = lane.reserve(job_id, others, self.max_concurrent)
-                if reserved > 0:
-                    self._next_id = job_id + 1
-            finally:
-                lock.release()
-                if reserved > 0:  # (here, so that nothing between the reservation and the start can leave a
-                    lane.launch(job_id, arg)  # reserved run unstarted; a failure to start is the job's outcome)
+        reserved = 0
+        lock.acquire()
+        try:
+            if self._closed:
+                raise StatusError(StatusCode.FAILURE, "the runner is closed")
+            if lane is not lanes.last:
+                lanes.add(lane, translate)
+            others = self._running if len(lanes.known) == 1 else self._running + lanes.running(but=lane)
+            job_id = self._next_id
+            reserved = lane.reserve(job_id, others, self.max_concurrent)
             if reserved > 0:
-                return job_id
-            if reserved == 0:
-                return 0
-            if attempt == 0:
-                self._reap()  # jobs the scheduler holds that ended with no waiter yet free their place
+                self._next_id = job_id + 1
+        finally:
+            lock.release()
+            if reserved > 0:  # (here, so that nothing between the reservation and the start can leave a reserved
+                lane.launch(job_id, arg)  # run unstarted; a failure to start is the job's outcome)
+        if reserved >= 0:
+            return job_id if reserved else 0
+        if reap:
+            self._reap()  # jobs the scheduler holds that ended with no waiter yet free their place
+            return self.submit_lane(lane, arg, translate, False)
         raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs are busy; "
                                                            "wait for one and retry")
 

@@ -125,30 +125,34 @@ class Lanes:
 
     def wait(self, job_id: int, timeout_s: float | None) -> tuple[StatusCode, str] | None:
         """Wait for a lane's job and collect it: its status and message; None where no lane holds it."""
-        if not -_ID_MAX <= job_id < _ID_MAX:
-            return None
-        for lane, translate in self.known:
-            if timeout_s is None:
-                while (message := lane.collect(job_id, WAIT_MS, False)) is None:
-                    pass
-            elif (message := lane.collect(job_id, _ms(timeout_s), False)) is None:
-                return StatusCode.JOB_PENDING, f"job {job_id} is still running"
-            if message is not False:
-                return _outcome(message, translate)
+        try:
+            for lane, translate in self.known:
+                if timeout_s is None:
+                    while (message := lane.collect(job_id, WAIT_MS, False)) is None:
+                        pass
+                elif (message := lane.collect(job_id, _ms(timeout_s), False)) is None:
+                    return StatusCode.JOB_PENDING, f"job {job_id} is still running"
+                if message is not False:
+                    return _outcome(message, translate)
+        except TypeError:  # an id beyond the lanes' int64: no lane's
+            pass
         return None
 
     def wait_any(self, job_ids: Sequence[int], timeout_s: float | None) -> tuple[StatusCode, int, str] | None:
         """Wait for whichever of jobs of the one lane ends first and collect it; None where the runner has several
         lanes or the lane holds not every one of them (nothing collected then)."""
         known = self.known  # (one reading: close() replaces the list)
-        if len(known) != 1 or not job_ids or not all(-_ID_MAX <= job_id < _ID_MAX for job_id in job_ids):
+        if len(known) != 1 or not job_ids:
             return None
         lane, translate = known[0]
-        if timeout_s is None:
-            while (got := lane.collect_any(job_ids, WAIT_MS, False)) is None:
-                pass
-        elif (got := lane.collect_any(job_ids, _ms(timeout_s), False)) is None:
-            return JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
+        try:
+            if timeout_s is None:
+                while (got := lane.collect_any(job_ids, WAIT_MS, False)) is None:
+                    pass
+            elif (got := lane.collect_any(job_ids, _ms(timeout_s), False)) is None:
+                return JOB_PENDING, 0, f"none of jobs {list(job_ids)} has ended"
+        except TypeError:  # an id beyond the lanes' int64: no lane's
+            return None
         job_id, message = got
         if message is False:
             return None
