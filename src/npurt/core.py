@@ -58,7 +58,6 @@ class RunnerCore:
     def last_error(self) -> str:
         return getattr(self._tls, "error", "")
 
-
     def fail(self, status: StatusCode, message: str) -> StatusCode:
         """Return ``status`` to the caller with ``message`` as its ``last_error`` (logged where it is a failure)."""
         self._tls.error = message

@@ -121,6 +121,10 @@ class Job:
             lock.release()
 
 
+def _unknown(job_id: int) -> str:
+    return f"job {job_id} is unknown to this runner or was already collected"
+
+
 def _first_ended(jobs: list[Job]) -> Job | None:
     """Of these jobs, the first to have ended (None: none has)."""
     first = None
@@ -182,14 +186,14 @@ class JobScheduler:
         ``on_accept`` runs under the scheduler's lock once the job is accepted, before it is queued (a stream takes
         its job's place in line there, so that places follow the queue's order). StatusError
         RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight, FAILURE once closed."""
-        if self._running + (self._lanes.running() if self._lanes.known else 0) >= self.max_concurrent:
+        if self._running + self._lanes.running() >= self.max_concurrent:
             self._reap()  # jobs that ended on the engine with no waiter yet
         lock = self._lock
         lock.acquire()  # (not `with`: this is every job's path, and acquire/release cost half as much)
         try:
             if self._closed:
                 raise StatusError(StatusCode.FAILURE, "the runner is closed")
-            if self._running + (self._lanes.running() if self._lanes.known else 0) >= self.max_concurrent:
+            if self._running + self._lanes.running() >= self.max_concurrent:
                 raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs are "
                                                                    "busy; wait for one and retry")
             job_id = self._next_id
@@ -434,21 +438,20 @@ class JobScheduler:
     def wait(self, job_id: int, timeout_s: float | None) -> tuple[StatusCode, str]:
         """The job's status once it has ended (collecting it), JOB_PENDING on timeout, INVALID_JOB_ID if unknown."""
         job = self._jobs.get(job_id)  # a single dict operation: atomic
-        if job is None:
-            lanes = self._lanes
-            if lanes.known:  # a job in a lane, collected there
-                if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:
-                    hand_over_continuation()
+        lanes = self._lanes
+        if job is None and not lanes.known:
+            return StatusCode.INVALID_JOB_ID, _unknown(job_id)
+        if job is None or job.state != _DONE:  # a wait that may block
+            if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:  # (the call only where due)
+                hand_over_continuation()
+            if job is None:  # a job in a lane, collected there
                 ended = lanes.wait(job_id, timeout_s)
                 if ended is not None:
                     return ended
                 job = self._jobs.get(job_id)  # (taken from its lane meanwhile: the scheduler's now)
-            if job is None:
-                return StatusCode.INVALID_JOB_ID, f"job {job_id} is unknown to this runner or was already collected"
-        if job.state != _DONE:
-            if timeout_s != 0 and _callback_thread.__dict__.get("next") is not None:  # (the call only where due)
-                hand_over_continuation()
-            if not job.block(timeout_s):
+                if job is None:
+                    return StatusCode.INVALID_JOB_ID, _unknown(job_id)
+            if job.state != _DONE and not job.block(timeout_s):
                 return StatusCode.JOB_PENDING, f"job {job_id} is still running"
         if job.callback is None:  # collected (a job with a callback goes once its callback has returned)
             self._jobs.pop(job_id, None)
@@ -470,8 +473,7 @@ class JobScheduler:
                 found = [table.get(job_id) or self._take(job_id) for job_id in job_ids]
         if None in found:  # (Job has no __eq__: identity)
             job_id = job_ids[found.index(None)]
-            return (StatusCode.INVALID_JOB_ID, job_id,
-                    f"job {job_id} is unknown to this runner or was already collected")
+            return StatusCode.INVALID_JOB_ID, job_id, _unknown(job_id)
         if not found:
             return StatusCode.INVALID_JOB_ID, 0, "wait_any needs at least one job"
         jobs: list[Job] = found  # type: ignore[assignment]  # (no None in it)

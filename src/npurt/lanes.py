@@ -107,6 +107,8 @@ class Lanes:
 
     def running(self, but: JobLane | None = None) -> int:
         """Jobs running on the lanes (but one's)."""
+        if not self.known:  # (no lane: every job's path on engines without one)
+            return 0
         return sum(lane.running() for lane, _ in self.known if lane is not but)
 
     def uncollected(self) -> int:
@@ -124,7 +126,8 @@ class Lanes:
         return None
 
     def wait(self, job_id: int, timeout_s: float | None) -> tuple[StatusCode, str] | None:
-        """Wait for a lane's job and collect it: its status and message; None where no lane holds it."""
+        """Wait for a lane's job and collect it: its status and message; None where no lane holds it. (The wait in
+        slices is written out here and in ``wait_any`` and ``LaneRun``, not shared: a call more costs 0.1 us a job.)"""
         try:
             for lane, translate in self.known:
                 if timeout_s is None:
