@@ -39,6 +39,61 @@ def test_requests_point_at_the_tensors_memory():
         assert r.stats["copies"] == 0
 
 
+def test_tensors_run_again_get_a_request_of_their_own():
+    """A binding run a second time gets a request of its own (its home, pointed at its tensors once), while the
+    engine has places for homes; the places come back as its tensors go. Results as on the pool; the same tensors
+    run from two threads at once (the second on a pooled request) stay exact."""
+    import gc
+
+    with make(input_tensor_type="CPU", output_tensor_type="CPU", max_concurrent_runs=1) as r:
+        engine = r.engine_for()
+        places = len(engine.home_places)
+        assert places == 1 + 4  # max_concurrent_runs + max(it, 4): an InferQueue's default slots
+        x_info = r.get_tensor_info_by_name("x", TensorType.CPU)
+        y_info = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        sets = [(NpuTensor(x_info, frame(SHAPES["ocr_cls"], seed=s)), NpuTensor(y_info, np.zeros((1, 2), np.float32)))
+                for s in range(places + 2)]
+        expected = []
+        for x, _ in sets:  # on fresh output tensors each time: bindings used once stay on the pool
+            y = np.zeros((1, 2), np.float32)
+            assert r.execute([[x]], [[NpuTensor(y_info, y)]]) is StatusCode.SUCCESS
+            expected.append(y)
+        assert len(engine.home_places) == places
+        for _ in range(3):
+            for (x, y), want in zip(sets, expected):
+                y.numpy()[...] = 0
+                assert r.execute([[x]], [[y]]) is StatusCode.SUCCESS
+                np.testing.assert_array_equal(y.numpy(), want)
+        assert engine.home_places == []  # the first `places` sets have homes; the last two run on the pool
+        homed = [s for s in sets if r._core.planner.plan([[s[0]]], [[s[1]]])[0].binding.home is not None]
+        assert len(homed) == places
+        for x, y in homed:
+            home = r._core.planner.plan([[x]], [[y]])[0].binding.home.request
+            assert home.get_tensor(engine.compiled_model.output(0)).data.ctypes.data == y.numpy().ctypes.data
+        assert len(engine.requests) == 1  # the pool: max_concurrent_runs requests
+
+        shared_x = sets[0][0]
+        outs = [NpuTensor(y_info, np.zeros((1, 2), np.float32)) for _ in range(2)]
+        failures: list[str] = []
+
+        def hammer(x: NpuTensor, out: NpuTensor) -> None:  # the same input from two threads; each its own output
+            for _ in range(20):
+                if r.execute([[x]], [[out]]) is not StatusCode.SUCCESS or \
+                        not np.array_equal(out.numpy(), expected[0]):
+                    failures.append(r.last_error or "wrong result")
+
+        threads = [threading.Thread(target=hammer, args=(shared_x, o)) for o in outs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        del sets, homed, x, y, outs, shared_x, threads
+        gc.collect()
+        assert len(engine.home_places) == places  # the tensors gone: their homes' places free again
+        assert r.stats["copies"] == 0
+
+
 def test_async_jobs_start_on_openvino_and_their_waiters_end_them():
     """A job without a callback starts on a pooled request's start_async and its waiter ends it (no thread of
     npurt's is woken per job); a job with a callback runs on the runner's workers; at most max_concurrent_runs
