@@ -214,12 +214,7 @@ public:
             return;
         }
         const int64_t slot = slot_of_locked(job_id);
-        if (slot >= 0 && taken_[slot] && state_[slot] == ENDED) {
-            errors_[slot].clear();
-            job_[slot] = -1;
-            taken_[slot] = false;
-            state_[slot] = IDLE;
-        }
+        if (slot >= 0 && taken_[slot] && state_[slot] == ENDED) free_slot_locked(static_cast<size_t>(slot));
     }
 
     // Hand lane job `job_id` to the runner's scheduler: None if this lane does not hold it; else whether it has
@@ -468,13 +463,16 @@ private:
         const int64_t slot = slot_of_locked(job_id);
         if (state_[slot] != ENDED) return RUNNING;
         error = errors_[slot];
-        if (!taken) {
-            errors_[slot].clear();
-            job_[slot] = -1;
-            taken_[slot] = false;
-            state_[slot] = IDLE;
-        }
+        if (!taken) free_slot_locked(static_cast<size_t>(slot));
         return ENDED;
+    }
+
+    // (under mutex_) a slot whose lane job has been collected or forgotten: idle, no job, no error
+    void free_slot_locked(size_t slot) {
+        errors_[slot].clear();
+        job_[slot] = -1;
+        taken_[slot] = false;
+        state_[slot] = IDLE;
     }
 
     // A wait's timeout for the condition variable: at most a day (longer waits loop), so that no clock overflows
