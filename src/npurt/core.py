@@ -155,7 +155,7 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         raise
     core = RunnerCore(list(opened.inputs), list(opened.outputs), variants, Planner(variants, options.batch_size),
                       staging, jobs, streams, stats, log, model_name)
-    jobs.before_callback = core.set_last_error
+    jobs.callbacks.before_callback = core.set_last_error
     load_steps = (("open the model", open_ms), *variants.load_steps)
 
     def device_info() -> DeviceInfo:

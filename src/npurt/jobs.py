@@ -26,25 +26,23 @@ deadlocks. ``callback_order``:
   workers start, so that queued jobs never wait for a callback to return;
 - "submission": in submission order, one after the other, on one callback thread.
 A job with a callback is released from the job table after its callback returns; during the callback the runner's
-``last_error`` on that thread is the job's message.
+``last_error`` on that thread is the job's message. Callback threads and their queue: ``callbacks.py``.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
+from .callbacks import CallbackDelivery
 from .engine import Done, JobLane, Launched
 from .lanes import LaneRun, Lanes, Translate
 from .stats import RunnerStats
 from .status import JOB_PENDING, SUCCESS, StatusError, status_of
 from .types import JobHandle, StatusCode
-
-log = logging.getLogger("npurt")
 
 Work = Callable[..., tuple[StatusCode, str]]  # a job run on a worker (called with its args): never raises
 # start on the engine, given the job's end (called with the run's error, and what the engine tells besides, which
@@ -152,7 +150,6 @@ class JobScheduler:
                  name: str = "npurt") -> None:
         self.max_concurrent = max_concurrent
         self._worker_count = workers
-        self._ordered = callback_order == "submission"
         self._stats = stats
         self._name = name
         self._lock = threading.Lock()
@@ -164,14 +161,8 @@ class JobScheduler:
         self._closed = False
         self._queue: SimpleQueue[tuple[Job, Work, tuple[Any, ...]] | None] = SimpleQueue()
         self._workers: list[threading.Thread] = []
-        # callbacks
-        self._due = 0  # next sequence number to deliver (submission order)
-        self._ready: dict[int, Job] = {}
-        self._callbacks: SimpleQueue[Job | None] = SimpleQueue()
-        self._callback_threads: list[threading.Thread] = []
-        self.before_callback: Callable[[str], None] | None = None  # given the job's message (last_error) first
-        self._idle_callback_threads = 0
-        self._queued_callbacks = 0
+        self.callbacks = CallbackDelivery(self._lock, callback_order == "submission", max_concurrent, name,
+                                          self._collected)
         self._workers_in_callbacks = 0  # workers running the callback of the job they ran
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
         self._lanes = Lanes(stats)  # engines' job lanes that jobs went to (Engine.lane)
@@ -356,22 +347,16 @@ class JobScheduler:
         here = _callback_thread.__dict__
         here["scheduler"] = self
         try:
-            self._call(job)
+            self.callbacks.call(job)
         finally:
             here["scheduler"] = None
             self._jobs.pop(job.job_id, None)
             with self._lock:
                 self._workers_in_callbacks -= 1
 
-    def _call(self, job: Job) -> None:
-        """A job's callback, after ``before_callback``; an exception is logged (the thread lives on)."""
-        try:
-            if self.before_callback is not None:
-                self.before_callback(job.error)
-            if job.callback is not None:
-                job.callback(JobHandle(job.status, job.job_id))
-        except Exception:  # noqa: BLE001 - a raising callback must not kill the thread
-            log.exception("callback of job %d raised", job.job_id)
+    def _collected(self, job_id: int) -> None:
+        """A job whose callback has returned on a callback thread: out of the table."""
+        self._jobs.pop(job_id, None)
 
     def _finish_locked(self, job: Job, status: StatusCode, message: str, inline: bool = False,
                        counted: bool = False) -> bool:
@@ -397,42 +382,11 @@ class JobScheduler:
                 waiter.release()
         if job.callback is None:
             return False
-        if inline and not self._ordered:
+        callbacks = self.callbacks
+        if inline and not callbacks.ordered:
             return True
-        if self._ordered:
-            self._ready[job.seq] = job
-            while self._due in self._ready:
-                self._callbacks.put(self._ready.pop(self._due))
-                self._queued_callbacks += 1
-                self._due += 1
-            wanted = 1  # one lane keeps the order
-        else:
-            self._callbacks.put(job)
-            self._queued_callbacks += 1
-            wanted = self.max_concurrent  # as many as there can be jobs in flight
-        if self._queued_callbacks > self._idle_callback_threads and len(self._callback_threads) < wanted:
-            thread = threading.Thread(target=self._deliver, name=f"{self._name}-callback-{len(self._callback_threads)}",
-                                      daemon=True)
-            self._callback_threads.append(thread)
-            self._idle_callback_threads += 1
-            thread.start()
+        callbacks.queue_locked(job)
         return False
-
-    def _deliver(self) -> None:
-        get = self._callbacks.get
-        while True:
-            job = get()
-            if job is None:
-                return
-            with self._lock:
-                self._idle_callback_threads -= 1
-                self._queued_callbacks -= 1
-            try:
-                self._call(job)
-            finally:
-                self._jobs.pop(job.job_id, None)
-                with self._lock:
-                    self._idle_callback_threads += 1
 
     # -- waiting --------------------------------------------------------------------------------------------
     def wait(self, job_id: int, timeout_s: float | None) -> tuple[StatusCode, str]:
@@ -564,7 +518,7 @@ class JobScheduler:
         return self._running + self._lanes.running()
 
     def threads(self) -> list[threading.Thread]:
-        return [*self._workers, *self._callback_threads]
+        return [*self._workers, *self.callbacks.threads]
 
     def close(self) -> None:
         """Refuse new jobs, end queued ones with FAILURE, let running ones end, deliver pending callbacks."""
@@ -594,13 +548,7 @@ class JobScheduler:
         for worker in workers:
             if worker is not me:
                 worker.join()
-        with self._lock:
-            threads = list(self._callback_threads)
-        for _ in threads:
-            self._callbacks.put(None)  # behind every queued callback
-        for thread in threads:
-            if thread is not me:
-                thread.join()
+        self.callbacks.close()
         # callbacks run inline by workers have returned with them (all but this thread's own, where close() is
         # called from one)
 
