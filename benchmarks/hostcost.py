@@ -410,7 +410,7 @@ class _EndedLane:
     def __init__(self) -> None:
         self.ended: dict[int, str] = {}
 
-    def reserve(self, job_id: int, others: int, limit: int) -> int:
+    def reserve(self, job_id: int, others: int, limit: int, arg: Any) -> int:
         return 1
 
     def launch(self, job_id: int, arg: Any) -> None:

@@ -107,7 +107,7 @@ public:
         uint64_t count = 0;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            slot = take_slot_locked(-1);
+            slot = take_slot_locked(-1, nullptr);
             if (slot >= 0) count = starts_[slot];
         }
         if (slot < 0) return -1;
@@ -116,16 +116,17 @@ public:
     }
 
     // -- the job lane (see the file's comment) --------------------------------------------------------------
-    // Reserve a request for job `job_id`, where the lane's running jobs and `others` (the runner's other runs) are
-    // fewer than `limit`: 1 reserved (`launch` starts it), 0 every request runs, -1 the limit is reached. Only for
-    // models whose outputs' shapes are fixed (no shape_positions).
-    int reserve(int64_t job_id, size_t others, size_t limit) {
+    // Reserve a request for job `job_id` on `tensors` (what `launch` will be given), where the lane's running jobs
+    // and `others` (the runner's other runs) are fewer than `limit`: 1 reserved (`launch` starts it), 0 every request
+    // runs, -1 the limit is reached. The request already pointed at these tensors is taken where it is idle (see
+    // take_slot_locked). Only for models whose outputs' shapes are fixed (no shape_positions).
+    int reserve(int64_t job_id, size_t others, size_t limit, const py::list &tensors) {
         if (!shape_positions_.empty()) throw py::value_error("reserve: a lane runs only models with fixed output shapes");
-        std::lock_guard<std::mutex> lock(mutex_);
+        std::lock_guard<std::mutex> lock(mutex_);  // (with the GIL held: `held_` is compared under both)
         size_t running = 0;
         for (size_t i = 0; i < job_.size(); ++i) running += job_[i] >= 0 && !taken_[i] && state_[i] == RUNNING;
         if (others + running >= limit) return -1;
-        if (take_slot_locked(job_id) < 0) return 0;
+        if (take_slot_locked(job_id, &tensors) < 0) return 0;
         ++submitted_;
         return 1;
     }
@@ -273,10 +274,17 @@ public:
     }
 
 private:
-    // (under mutex_) an idle slot, marked running for a lane job (job_id >= 0) or a ticket run (-1); where none is
-    // idle, one whose lane job ended uncollected (its outcome kept in ended_); -1 if every slot runs
-    int64_t take_slot_locked(int64_t job_id) {
+    // (under mutex_, with the GIL) an idle slot, marked running for a lane job (job_id >= 0) or a ticket run (-1):
+    // the one pointed at `tensors` where there is one (OpenVINO's CPU plugin spends ~10 us a port on the next run of
+    // a request pointed at other tensors), else one never pointed at any, else the first; where none is idle, one
+    // whose lane job ended uncollected (its outcome kept in ended_); -1 if every slot runs
+    int64_t take_slot_locked(int64_t job_id, const py::list *tensors) {
         int64_t slot = -1;
+        if (tensors != nullptr && tensors->size() == ports_.size())
+            for (size_t i = 0; i < state_.size() && slot < 0; ++i)
+                if (state_[i] == IDLE && points_at(i, *tensors)) slot = static_cast<int64_t>(i);
+        for (size_t i = 0; i < state_.size() && slot < 0; ++i)
+            if (state_[i] == IDLE && !ports_.empty() && !held_[i][0]) slot = static_cast<int64_t>(i);
         for (size_t i = 0; i < state_.size() && slot < 0; ++i)
             if (state_[i] == IDLE) slot = static_cast<int64_t>(i);
         for (size_t i = 0; i < state_.size() && slot < 0; ++i)
@@ -292,6 +300,14 @@ private:
             taken_[slot] = false;
         }
         return slot;
+    }
+
+    // (with the GIL) whether slot i's request is pointed at exactly these tensors
+    bool points_at(size_t i, const py::list &tensors) const {
+        const auto &held = held_[i];
+        for (size_t k = 0; k < held.size(); ++k)
+            if (!held[k].is(tensors[k])) return false;
+        return true;
     }
 
     // Point a slot taken for a run at `tensors` and start it (the GIL released while it starts); on failure the
@@ -563,7 +579,7 @@ PYBIND11_MODULE(_ovjobs, m) {
         .def("wait", &Requests::wait, py::arg("ticket"), py::arg("timeout_ms"))
         .def("wait_any", &Requests::wait_any, py::arg("tickets"), py::arg("timeout_ms"))
         .def("finish", &Requests::finish, py::arg("ticket"), py::arg("timeout_ms"))
-        .def("reserve", &Requests::reserve, py::arg("job_id"), py::arg("others"), py::arg("limit"))
+        .def("reserve", &Requests::reserve, py::arg("job_id"), py::arg("others"), py::arg("limit"), py::arg("tensors"))
         .def("launch", &Requests::launch, py::arg("job_id"), py::arg("tensors"))
         .def("collect", &Requests::collect, py::arg("job_id"), py::arg("timeout_ms"), py::arg("taken"))
         .def("collect_any", &Requests::collect_any, py::arg("job_ids"), py::arg("timeout_ms"), py::arg("taken"))

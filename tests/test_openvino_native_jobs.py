@@ -264,6 +264,36 @@ def test_lane_jobs_are_counted_as_they_end_and_free_their_request_uncollected():
             np.testing.assert_allclose(y[0].numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_ring_of_tensor_sets_keeps_a_lane_request_each():
+    """Six tensor sets cycled through with two jobs in flight: each lane job takes the request already pointed at
+    its set (the lane keeps max_concurrent_runs + max(it, 4) requests), so every set ends held by exactly one request
+    (OpenVINO re-pointed at other tensors costs ~10 us a port); results as execute's, the limit kept."""
+    import sys
+
+    with make(2) as r:
+        ins, outs = tensors(r, 6)
+        want = expected(r, ins)
+        engine = r.engine_for()
+        wrapped = [r._core.planner.plan([ins[k]], [outs[k]])[0].binding.wrapped for k in range(6)]
+        base = [sys.getrefcount(w[0]) for w in wrapped]
+        running: list[tuple[int, int]] = []
+        for k in [*range(6)] * 4:
+            if len(running) == 2:
+                job_id, done = running.pop(0)
+                assert r.wait(job_id, 30_000) is StatusCode.SUCCESS, r.last_error
+                np.testing.assert_allclose(outs[done][0].numpy(), want[done], rtol=1e-5, atol=1e-6)
+            outs[k][0].numpy()[...] = np.nan
+            job = r.execute_async([ins[k]], [outs[k]])
+            assert job.status is StatusCode.SUCCESS, r.last_error
+            running.append((job.job_id, k))
+        for job_id, _ in running:
+            assert r.wait(job_id, 30_000) is StatusCode.SUCCESS
+        assert len(engine._native) == engine.own_requests == 6
+        held = [sys.getrefcount(w[0]) - b for w, b in zip(wrapped, base)]
+        assert held == [1] * 6  # each set's input tensor held by one request of the lane
+        assert r.stats["jobs_completed"] == 24 and r.stats["copies"] == 0
+
+
 def test_the_lane_directly_reserves_within_the_limit_and_keeps_each_outcome_once():
     """The extension's lane API: reserve refuses past the limit (-1) and where every request runs (0); a failure to
     start is the job's outcome (collected as its message, counted failed); collect answers None while running,
@@ -274,15 +304,16 @@ def test_the_lane_directly_reserves_within_the_limit_and_keeps_each_outcome_once
         ins, outs = tensors(r, 2)
         wrapped = [engine.bind(ins[k], outs[k]).wrapped for k in range(2)]
         lane = _ovjobs.Requests(engine.compiled_model, 2, engine._native_ports, [])
-        assert lane.reserve(1, 2, 2) == -1  # the runner's other runs fill the limit
-        assert lane.reserve(1, 0, 2) == 1 and lane.reserve(2, 0, 2) == 1 and lane.reserve(3, 0, 3) == 0
+        assert lane.reserve(1, 2, 2, wrapped[0]) == -1  # the runner's other runs fill the limit
+        assert lane.reserve(1, 0, 2, wrapped[0]) == 1 and lane.reserve(2, 0, 2, []) == 1
+        assert lane.reserve(3, 0, 3, wrapped[1]) == 0
         lane.launch(1, wrapped[0])
         lane.launch(2, [])  # wrong tensors: the job's outcome, not an exception here
         assert lane.collect(2, 30_000, False) == "launch: one tensor per port"
         assert lane.collect(2, 0, False) is False and lane.collect(99, 0, False) is False
         assert lane.collect_any([1], 30_000, False) == (1, "")
         assert lane.counts() == (2, 2, 1) and lane.uncollected() == 0 and lane.jobs() == []
-        assert lane.reserve(4, 0, 2) == 1
+        assert lane.reserve(4, 0, 2, wrapped[1]) == 1
         lane.launch(4, wrapped[1])
         assert lane.collect_any([4, 5], 0, False) == (5, False)  # an id the lane does not hold: nothing collected
         assert lane.take(4) in (True, False) and lane.take(5) is None

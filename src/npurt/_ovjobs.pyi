@@ -21,9 +21,10 @@ class Requests:
         """Wait up to ``timeout_ms`` for the run to end and free its slot: None while it runs, False where another
         call finished it, else its error message ('' if none), as (message, shapes) where shapes are reported."""
     # the job lane: runs named by the runner's job ids (engine.JobLane)
-    def reserve(self, job_id: int, others: int, limit: int) -> int:
-        """Reserve a request for the job where the lane's running jobs + ``others`` < ``limit``: 1, 0 (every request
-        runs), -1 (the limit is reached)."""
+    def reserve(self, job_id: int, others: int, limit: int, tensors: list[Any]) -> int:
+        """Reserve a request for the job on ``tensors`` (those ``launch`` will get; the request already pointed at
+        them where it is idle) where the lane's running jobs + ``others`` < ``limit``: 1, 0 (every request runs), -1
+        (the limit is reached)."""
     def launch(self, job_id: int, tensors: list[Any]) -> None:
         """Start a reserved job on ``tensors`` (ov.Tensor, ports' order); a failure to start is its outcome."""
     def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | Literal[False] | str:

@@ -62,9 +62,9 @@ class JobLane(Protocol):
     ``take`` n from the lane and collected with ``taken=True``. Timeouts in ms (0: poll); waits release the GIL. A
     job's outcome is its engine's error message, "" where it succeeded."""
 
-    def reserve(self, job_id: int, others: int, limit: int, /) -> int:
-        """Reserve a run for the job where the lane's running jobs + ``others`` < ``limit``: 1; 0 where the lane is
-        full; -1 where the limit is reached."""
+    def reserve(self, job_id: int, others: int, limit: int, arg: Any, /) -> int:
+        """Reserve a run for the job (``arg``: what ``launch`` will be given) where the lane's running jobs +
+        ``others`` < ``limit``: 1; 0 where the lane is full; -1 where the limit is reached."""
 
     def launch(self, job_id: int, arg: Any, /) -> None:
         """Start a reserved job (``arg``: what ``Engine.lane`` gave for the binding); a failure is its outcome."""

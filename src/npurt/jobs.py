@@ -239,7 +239,7 @@ class JobScheduler:
                 lanes.add(lane, translate)
             others = self._running if len(lanes.known) == 1 else self._running + lanes.running(but=lane)
             job_id = self._next_id
-            reserved = lane.reserve(job_id, others, self.max_concurrent)
+            reserved = lane.reserve(job_id, others, self.max_concurrent, arg)
             if reserved > 0:
                 self._next_id = job_id + 1
         finally:

@@ -288,9 +288,11 @@ class OpenVINOEngine(Engine):
             self.optimal_requests = 1
         self.limit = max(1, limit)  # requests made at most
         self.made: list[_Request] = []
-        # places for bindings' own requests (``run``): as many as an InferQueue's default slots (list.pop / append
-        # take and give one back without a lock, from a binding's finalizer too)
-        self.home_places: list[None] = [None] * (self.limit + max(self.limit, 4))
+        # requests that tensors run again may have to themselves (``_request_for``; the extension's lane keeps as
+        # many, see ``_open_native``): as many as an InferQueue's default slots. home_places: those not yet given
+        # (list.pop / append take and give one back without a lock, from a binding's finalizer too)
+        self.own_requests = self.limit + max(self.limit, 4)
+        self.home_places: list[None] = [None] * self.own_requests
         self.contexts: list[_Request] = []  # streams' own requests
         self._free: SimpleQueue[_Request] = SimpleQueue()
         self._lock = threading.Lock()
@@ -465,11 +467,13 @@ class OpenVINOEngine(Engine):
         return native, binding.wrapped, self.translate
 
     def _open_native(self) -> Any:
-        """The extension's requests, ``limit`` of them (None where it refuses this OpenVINO's objects)."""
+        """The extension's requests (None where it refuses this OpenVINO's objects): ``own_requests`` of them, of
+        which the scheduler runs ``limit`` at once; a lane job takes the request already pointed at its tensors
+        where that one is idle, so that tensors cycled through (a ring of buffers) are not re-pointed each job."""
         with self._lock:
             if self._native is None and self.native_jobs:
                 try:
-                    self._native = _NativeRequests(self.compiled_model, self.limit, self._native_ports,
+                    self._native = _NativeRequests(self.compiled_model, self.own_requests, self._native_ports,
                                                    [k for _, k in self.dynamic_positions])
                 except TypeError:  # the conduit refused: an OpenVINO other than the one it was built with
                     self.native_jobs = False
