@@ -106,8 +106,8 @@ public:
         int64_t slot = -1;
         uint64_t count = 0;
         {
-            std::lock_guard<std::mutex> lock(mutex_);
-            slot = take_slot_locked(-1, nullptr);
+            std::lock_guard<std::mutex> lock(mutex_);  // (with the GIL held: `held_` is compared under both)
+            slot = take_slot_locked(-1, &tensors);
             if (slot >= 0) count = starts_[slot];
         }
         if (slot < 0) return -1;
@@ -276,15 +276,20 @@ public:
 private:
     // (under mutex_, with the GIL) an idle slot, marked running for a lane job (job_id >= 0) or a ticket run (-1):
     // the one pointed at `tensors` where there is one (OpenVINO's CPU plugin spends ~10 us a port on the next run of
-    // a request pointed at other tensors), else one never pointed at any, else the first; where none is idle, one
-    // whose lane job ended uncollected (its outcome kept in ended_); -1 if every slot runs
+    // a request pointed at other tensors), else one pointed at tensors nothing else holds any more (their binding is
+    // gone: re-pointing it lets their memory go), else one never pointed at any, else the first; where none is idle,
+    // one whose lane job ended uncollected (its outcome kept in ended_); -1 if every slot runs
     int64_t take_slot_locked(int64_t job_id, const py::list *tensors) {
         int64_t slot = -1;
         if (tensors != nullptr && tensors->size() == ports_.size())
             for (size_t i = 0; i < state_.size() && slot < 0; ++i)
                 if (state_[i] == IDLE && points_at(i, *tensors)) slot = static_cast<int64_t>(i);
-        for (size_t i = 0; i < state_.size() && slot < 0; ++i)
-            if (state_[i] == IDLE && !ports_.empty() && !held_[i][0]) slot = static_cast<int64_t>(i);
+        if (!ports_.empty()) {
+            for (size_t i = 0; i < state_.size() && slot < 0; ++i)
+                if (state_[i] == IDLE && held_[i][0] && Py_REFCNT(held_[i][0].ptr()) == 1) slot = static_cast<int64_t>(i);
+            for (size_t i = 0; i < state_.size() && slot < 0; ++i)
+                if (state_[i] == IDLE && !held_[i][0]) slot = static_cast<int64_t>(i);
+        }
         for (size_t i = 0; i < state_.size() && slot < 0; ++i)
             if (state_[i] == IDLE) slot = static_cast<int64_t>(i);
         for (size_t i = 0; i < state_.size() && slot < 0; ++i)

@@ -94,6 +94,64 @@ def test_tensors_run_again_get_a_request_of_their_own():
         assert r.stats["copies"] == 0
 
 
+def test_runs_on_requests_of_their_own_stay_within_max_concurrent_runs():
+    """Tensors with requests of their own still run at most max_concurrent_runs at once (a run holds a pooled
+    request as well); a job's tensors dropped after it ran on a worker free their request's place without a close
+    (an idle worker keeps nothing of its last job)."""
+    import gc
+
+    with make(input_tensor_type="CPU", output_tensor_type="CPU", max_concurrent_runs=1) as r:
+        engine = r.engine_for()
+        places = len(engine.home_places)
+        x_info = r.get_tensor_info_by_name("x", TensorType.CPU)
+        y_info = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        inside, most, lock = [0], [0], threading.Lock()
+        infer = engine._infer
+
+        def counted(request):  # the engine's own call, counted: how many runs are inside OpenVINO at once
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            try:
+                infer(request)
+            finally:
+                with lock:
+                    inside[0] -= 1
+
+        engine._infer = counted
+        failures: list[str] = []
+
+        sets = [(NpuTensor(x_info, frame(SHAPES["ocr_cls"], seed=s)), NpuTensor(y_info, np.zeros((1, 2), np.float32)))
+                for s in range(4)]
+
+        def run(x: NpuTensor, y: NpuTensor) -> None:
+            for _ in range(15):
+                if r.execute([[x]], [[y]]) is not StatusCode.SUCCESS:
+                    failures.append(r.last_error)
+
+        threads = [threading.Thread(target=run, args=xy) for xy in sets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == [] and most[0] == 1
+        assert len(engine.home_places) == places - 4  # each thread's tensors had a request of their own
+        del threads, sets
+        gc.collect()
+        assert len(engine.home_places) == places
+
+        x = NpuTensor(x_info, frame(SHAPES["ocr_cls"], seed=9))
+        y = NpuTensor(y_info, np.zeros((1, 2), np.float32))
+        for _ in range(3):  # jobs with a callback: on the runner's worker
+            job = r.execute_async([[x]], [[y]], callback=lambda h: None)
+            assert r.wait(job, 30_000) is StatusCode.SUCCESS
+        assert len(engine.home_places) == places - 1
+        del x, y, job
+        time.sleep(0.1)  # (the worker back in its queue's wait)
+        gc.collect()
+        assert len(engine.home_places) == places
+
+
 def test_async_jobs_start_on_openvino_and_their_waiters_end_them():
     """A job without a callback starts on a pooled request's start_async and its waiter ends it (no thread of
     npurt's is woken per job); a job with a callback runs on the runner's workers; at most max_concurrent_runs

@@ -294,6 +294,25 @@ def test_a_ring_of_tensor_sets_keeps_a_lane_request_each():
         assert r.stats["jobs_completed"] == 24 and r.stats["copies"] == 0
 
 
+def test_the_lane_keeps_no_dropped_tensors_alive_beyond_its_running_jobs():
+    """Fresh tensors for each job (dropped once collected): a lane job takes a request whose tensors nothing else
+    holds any more before one never pointed at any, so the lane keeps one dropped set alive, not one per request."""
+    with make(2) as r:
+        x_info = r.get_tensor_info_by_name("x", TensorType.CPU)
+        y_info = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        frames = []
+        for seed in range(12):
+            xa = frame(SHAPES["ocr_cls"], seed=seed)
+            frames.append(weakref.ref(xa))
+            job = r.execute_async([[NpuTensor(x_info, xa)]], [[NpuTensor(y_info, np.zeros((1, 2), np.float32))]])
+            assert job.status is StatusCode.SUCCESS, r.last_error
+            assert r.wait(job, 30_000) is StatusCode.SUCCESS
+            del xa, job
+        gc.collect()
+        assert len(r.engine_for()._native) == 6
+        assert sum(ref() is not None for ref in frames) <= 1  # (the last job's, still pointed at)
+
+
 def test_the_lane_directly_reserves_within_the_limit_and_keeps_each_outcome_once():
     """The extension's lane API: reserve refuses past the limit (-1) and where every request runs (0); a failure to
     start is the job's outcome (collected as its message, counted failed); collect answers None while running,

@@ -88,6 +88,7 @@ class CallbackDelivery:
                 self._collected(job.job_id)
                 with self._lock:
                     self._idle += 1
+            job = None  # an idle thread must not keep its last job (and the callback's references) alive
 
     def close(self) -> None:
         """Deliver every queued callback, then end the threads (a callback thread closing its runner: not itself)."""

@@ -308,6 +308,8 @@ class JobScheduler:
         while True:
             item = here.get("next")
             if item is None:
+                # an idle worker must not keep its last job (the app's tensors, the plan, the engine) alive
+                job = work = args = None
                 item = get()
                 if item is None:
                     return

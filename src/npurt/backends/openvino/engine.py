@@ -19,8 +19,9 @@ of the extension's own (``_NativeStarted``), whose completion callback is C++: i
 and wakes the waiters without the GIL, and a ``wait_any`` over such jobs waits in C++ for whichever ends first (with
 a timeout), where the Python API can only wait on one request at a time.
 
-Synchronous runs (``execute``, jobs on workers) of a binding run before take a request of its own (its home,
-see ``OpenVINOEngine._request_for``): re-pointing a request at other tensors costs OpenVINO ~10 us a port.
+On the CPU plugin, synchronous runs (``execute``, jobs on workers) of a binding run before take a request of its
+own (its home, see ``OpenVINOEngine._home_for``) and lane jobs the request already pointed at their tensors:
+re-pointing a request at other tensors costs OpenVINO ~10 us a port.
 
 A compiled model serves one kind of execution (see ``_infer``): once it has started a job on ``start_async``, its
 synchronous runs also go through ``start_async`` + ``wait``.
@@ -288,11 +289,14 @@ class OpenVINOEngine(Engine):
             self.optimal_requests = 1
         self.limit = max(1, limit)  # requests made at most
         self.made: list[_Request] = []
-        # requests that tensors run again may have to themselves (``_request_for``; the extension's lane keeps as
-        # many, see ``_open_native``): as many as an InferQueue's default slots. home_places: those not yet given
-        # (list.pop / append take and give one back without a lock, from a binding's finalizer too)
-        self.own_requests = self.limit + max(self.limit, 4)
-        self.home_places: list[None] = [None] * self.own_requests
+        # requests that tensors run again may have to themselves (``_home_for``; the extension's lane keeps as many,
+        # see ``_open_native``): as many as an InferQueue's default slots, on the CPU plugin, where re-pointing a
+        # request costs ~10 us a port and a request next to no memory (measured there only: other devices keep
+        # ``limit`` requests). home_places: those not yet given (list.pop / append take and give one back without a
+        # lock, from a binding's finalizer too)
+        cpu = device == "CPU"
+        self.own_requests = self.limit + max(self.limit, 4) if cpu else self.limit
+        self.home_places: list[None] = [None] * self.own_requests if cpu else []
         self.contexts: list[_Request] = []  # streams' own requests
         self._free: SimpleQueue[_Request] = SimpleQueue()
         self._lock = threading.Lock()
@@ -382,12 +386,20 @@ class OpenVINOEngine(Engine):
 
     def run(self, binding: _Binding, context: _Request | None = None) -> ResultShapes:
         """Run a binding: on the context given (a stream's), else on the binding's own request (its home) where it
-        has one that is free, else on a pooled one."""
-        request = context
-        if request is None:
-            request = binding.home
-            if request is None or not request.busy.acquire(False):
-                request = self._request_for(binding)
+        has one that is free, else on a pooled one. A run on its home holds a pooled request too, unused: the pool's
+        ``limit`` bounds every run at once, as ``max_concurrent_runs`` says."""
+        token: _Request | None = None
+        if context is None:
+            token = self.acquire()
+            assert token is not None
+            request = token
+            home = binding.home
+            if home is not None and home.busy.acquire(False):
+                request = home
+            elif home is None:
+                request = self._home_for(binding) or token
+        else:
+            request = context
         try:
             request.point(binding.wrapped)
             self._infer(request)
@@ -399,32 +411,30 @@ class OpenVINOEngine(Engine):
         except Exception as e:
             raise self.translate(e) from None
         finally:
-            if request.pooled:
-                self.release(request)
-            elif request is binding.home:
-                request.busy.release()
+            if token is not None:
+                if request is not token:
+                    request.busy.release()
+                self.release(token)
 
-    def _request_for(self, binding: _Binding) -> _Request:
-        """A request for a binding whose home is busy or that has none yet: on its second run it gets one (held),
-        while the engine has places for homes; else a pooled one.
+    def _home_for(self, binding: _Binding) -> _Request | None:
+        """A request of its own (held) for a binding on its second run, while the engine has places for homes;
+        else None (its run takes a pooled one).
 
         Why homes: OpenVINO's CPU plugin takes ~10 us a port on the next run of a request pointed at other tensors
         (2-core VM, digits model: npurt's jobs rotating over 6 sets of tensors on 2 pooled requests ran at 66 us a
         job against 37 us with a request per set), and a request costs next to no memory of its own (the model's
         working memory is its streams'). An app that cycles through a few sets of tensors (an InferQueue's slots,
         double buffers) then never re-points one; a binding used once (fresh arrays every call) stays on the pool."""
-        if binding.home is None and binding.runs >= 1 and self.home_places and not self._closed:
+        if binding.runs >= 1 and self.home_places and not self._closed:
             with self._lock:
-                if binding.home is None and self.home_places:
-                    self.home_places.pop()
-                    home = _Request(self, pooled=False)
+                if binding.home is None and self.home_places and not self._closed:
+                    home = _Request(self, pooled=False)  # (before its place is taken: a failure here loses none)
                     home.busy.acquire()
+                    self.home_places.pop()
                     binding.home = home
                     return home
         binding.runs += 1
-        request = self.acquire()
-        assert request is not None
-        return request
+        return None
 
     def start(self, binding: _Binding, done: Done, context: _Request | None = None) -> bool | Launched:
         """A job on a free pooled request's ``start_async``, ended by its waiters (``_Started``). False (the
