@@ -100,7 +100,7 @@ class _Binding:
 class _Request:
     """One InferRequest and the ov.Tensors it holds per port."""
 
-    __slots__ = ("request", "held", "engine", "pooled", "started", "busy")
+    __slots__ = ("request", "held", "engine", "pooled", "started", "busy", "last")
 
     def __init__(self, engine: OpenVINOEngine, pooled: bool = True) -> None:
         self.engine = engine
@@ -109,6 +109,7 @@ class _Request:
         self.request = engine.compiled_model.create_infer_request()
         self.held: list[Any] = [None] * len(engine.ov_ports)  # the ov.Tensor each port points at
         self.started: _Started | None = None  # the job started on it, until a waiter ends it
+        self.last = 0  # id() of the binding it last ran (a hint: ``point`` decides what to re-point)
 
     def point(self, wrapped: Sequence[Any]) -> None:
         """Point the request's ports at a binding's tensors, where it holds others."""
@@ -385,22 +386,25 @@ class OpenVINOEngine(Engine):
             _infer(request.request, {}, True, True)
 
     def run(self, binding: _Binding, context: _Request | None = None) -> ResultShapes:
-        """Run a binding: on the context given (a stream's), else on the binding's own request (its home) where it
-        has one that is free, else on a pooled one. A run on its home holds a pooled request too, unused: the pool's
-        ``limit`` bounds every run at once, as ``max_concurrent_runs`` says."""
+        """Run a binding: on the context given (a stream's), else on a pooled request where it last ran this
+        binding, else on the binding's own request (its home) where it has one that is free, else on the pooled one.
+        A run on its home holds the pooled request too, unused: the pool's ``limit`` bounds every run at once, as
+        ``max_concurrent_runs`` says."""
         token: _Request | None = None
         if context is None:
             token = self.acquire()
             assert token is not None
             request = token
-            home = binding.home
-            if home is not None and home.busy.acquire(False):
-                request = home
-            elif home is None:
-                request = self._home_for(binding) or token
+            if token.last != id(binding):  # pointed at other tensors: the binding's own request, where it has one
+                home = binding.home
+                if home is None:
+                    request = self._home_for(binding) or token
+                elif home.busy.acquire(False):
+                    request = home
         else:
             request = context
         try:
+            request.last = id(binding)
             request.point(binding.wrapped)
             self._infer(request)
             if binding.fills or self.dynamic_outputs:
