@@ -108,6 +108,11 @@ class ShapeVariants:
                 self._model_ports[direction] = ports.make_all(specs, direction)
         self._pinned = [self._signature_of(s, "option 'shapes'") for s in options.shape_sets]
         self.default: Variant | None = None
+
+    def load(self) -> None:
+        """Compile (or load from the cache) the engines of the pinned signatures, and the default: once, at the
+        runner's load (its other parts made first: what runs right after an engine's load finds the CPU's caches
+        cold)."""
         for sig in self._pinned:
             variant = self.get(sig)
             self.default = self.default or variant
