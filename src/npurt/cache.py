@@ -190,8 +190,7 @@ class CompiledModelCache:
         (reading /proc/cpuinfo is 0.06 to 0.2 ms of a warm load here; the boot's id, 0.03 ms). Computed each time
         where the boot has no id."""
         try:
-            with open(BOOT_ID, "rb") as f:
-                boot = f.read().decode().strip()
+            boot = _read(BOOT_ID)[0].decode().strip()
         except (OSError, ValueError):
             boot = ""
         if not boot:
@@ -215,8 +214,7 @@ class CompiledModelCache:
         """The entry for a key, if there is one (check ``problem`` before using it)."""
         path = os.path.join(self._entries, key.id)
         try:  # (the manifest read at once: a missing entry is its missing directory)
-            with open(os.path.join(path, MANIFEST), "rb") as f:
-                text = f.read()
+            text = _read(os.path.join(path, MANIFEST))[0]
         except OSError as e:
             if not os.path.isdir(path):
                 return None
@@ -359,9 +357,9 @@ class CompiledModelCache:
             kept = _read_indexes.get(path)
             if kept is not None and kept[0] == _index_stamp(st):
                 return dict(kept[1])
-            with open(path, "rb") as f:
-                stamp = _index_stamp(os.fstat(f.fileno()))  # of the very file read (a writer replaces it)
-                index = json.loads(f.read().decode())
+            data, st = _read(path)
+            stamp = _index_stamp(st)  # of the very file read (a writer replaces it)
+            index = json.loads(data.decode())
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict):
@@ -390,6 +388,20 @@ _read_indexes: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
 
 def _index_stamp(st: os.stat_result) -> tuple[int, ...]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _read(path: str) -> tuple[bytes, os.stat_result]:
+    """A small file's bytes and its stat, read at once (~20 us less than ``open()`` on a warm load, whose first
+    use in a process builds Python's io stack)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        chunks = [os.read(fd, max(st.st_size, 4096) + 1)]  # (a /proc file says size 0)
+        while chunks[-1]:
+            chunks.append(os.read(fd, 1 << 16))
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
 
 
 def _data_files(model: Path, names_a_location: bool) -> list[str]:

@@ -93,7 +93,8 @@ class ShapeVariants:
         self._lru: dict[Signature, Variant] = {}
         self._dynamic: Variant | None = None
         self._live: weakref.WeakSet[Variant] = weakref.WeakSet()  # every variant not yet collected, for close()
-        self._cache = CompiledModelCache(options.cache_dir) if options.cache_dir is not None else None
+        self._cache = backend.compiled_cache or (CompiledModelCache(options.cache_dir) if options.cache_dir is not None
+                                                 else None)
         # the options that change what a compile makes, besides the backend's settings (part of the cache key)
         self._views = {"hw_view": options.hw_view, "npu_views": ports.npu_views,
                        "input_tensor_type": options.input_tensor_type.name,
