@@ -52,6 +52,11 @@ BLOB = "blob"
 INDEX = "files.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"  # a new one each boot (Linux)
 T = TypeVar("T")
+# json.dumps(..., sort_keys=True, default=str) and json.loads, without making an encoder per call (a warm load
+# calls them a few times: each json.dumps with options builds a JSONEncoder in Python first)
+_KEY_TEXT = json.JSONEncoder(sort_keys=True, default=str).encode
+_PLAIN_TEXT = json.JSONEncoder().encode
+_PARSE = json.JSONDecoder().decode
 
 
 @dataclass(frozen=True)
@@ -63,15 +68,15 @@ class CacheKey:
 
     @classmethod
     def of(cls, parts: Mapping[str, Any]) -> CacheKey:
-        text = json.dumps(parts, sort_keys=True, default=str)
+        text = _KEY_TEXT(parts)
         # BLAKE2b is Python's own: hashlib's SHA-256 is OpenSSL's, whose first use in a process costs ~40 us of a
         # warm load (BLAKE2b's ~14 us). Entries keyed by SHA-256 (npurt before 2026-11-27) are never found again.
-        return cls(json.loads(text), hashlib.blake2b(text.encode(), digest_size=16).hexdigest())
+        return cls(_PARSE(text), hashlib.blake2b(text.encode(), digest_size=16).hexdigest())
 
     @staticmethod
     def sha256_id(parts: Mapping[str, Any]) -> str:
         """The id an entry had before ids were BLAKE2b's (``npurt cache`` names such entries superseded)."""
-        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        return hashlib.sha256(_KEY_TEXT(parts).encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ def identity_name(path: Path) -> str:
     whoever reads the index."""
     st = os.stat(path)
     return (f'{{"device": {st.st_dev}, "inode": {st.st_ino}, "mtime_ns": {st.st_mtime_ns}, '
-            f'"path": {json.dumps(os.path.abspath(path))}, "size": {st.st_size}}}')
+            f'"path": {_PLAIN_TEXT(os.path.abspath(path))}, "size": {st.st_size}}}')
 
 
 class CompiledModelCache:
@@ -225,7 +230,7 @@ class CompiledModelCache:
         """``text``: the manifest's bytes where read already."""
         try:
             # (decoded here: json.loads would first guess the bytes' encoding; json.dump writes ASCII)
-            manifest = json.loads((text if text is not None else (path / MANIFEST).read_bytes()).decode())
+            manifest = _PARSE((text if text is not None else (path / MANIFEST).read_bytes()).decode())
         except (OSError, ValueError) as e:
             return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -359,7 +364,7 @@ class CompiledModelCache:
                 return dict(kept[1])
             data, st = _read(path)
             stamp = _index_stamp(st)  # of the very file read (a writer replaces it)
-            index = json.loads(data.decode())
+            index = _PARSE(data.decode())
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict):
