@@ -44,6 +44,40 @@ def test_onnxruntime_c_session_binding_and_device():
     np.testing.assert_array_equal(out, np.maximum(x, 0), err_msg=f"{ORT}: _sess.run(names, feeds, None) changed")
 
 
+def test_onnxruntime_c_session_made_and_wrapped(tmp_path):
+    """A session on the CPU provider alone is made as InferenceSession makes it, without its Python: the C++ session
+    (_pybind_state.InferenceSession(options, model, is_path, read_config), initialize_session(providers, options,
+    disabled)) wrapped by InferenceSession._from_initialized_c_session (onnxruntime/adapter.py's _cpu_session), from
+    a path and from bytes; it runs as the constructor's does."""
+    from onnxruntime.capi import _pybind_state
+
+    from npurt.backends.onnxruntime.adapter import _cpu_session
+
+    assert hasattr(ort.InferenceSession, "_from_initialized_c_session"), \
+        f"{ORT}: InferenceSession._from_initialized_c_session is gone (_cpu_session falls back to the constructor)"
+    assert hasattr(_pybind_state.InferenceSession, "initialize_session"), \
+        f"{ORT}: _pybind_state.InferenceSession.initialize_session is gone"
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(relu_model())
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    plain = (str, bytes, bool, int, float, list, tuple, dict, type(None))
+    for source in (str(path), relu_model()):
+        options = ort.SessionOptions()
+        session = _cpu_session(source, options)
+        made = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        assert vars(session).keys() == vars(made).keys(), f"{ORT}: the wrapper's fields changed"
+        differ = [k for k, v in vars(made).items() if type(v) in plain and repr(v) != repr(vars(session)[k])
+                  and not k.endswith(("_meta", "_meminfos", "_epdevices"))]
+        assert not differ, f"{ORT}: the constructor's wrapper differs from _cpu_session's in {differ}"
+        assert session._sess_options_initial is options
+        assert session.get_providers() == ["CPUExecutionProvider"], f"{ORT}: {session.get_providers()}"
+        assert [i.name for i in session.get_inputs()] == ["x"] and [o.name for o in session.get_outputs()] == ["y"]
+        (out,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(out, np.maximum(x, 0), err_msg=f"{ORT}: the wrapped C++ session ran wrong")
+        (out,) = session._sess.run(["y"], {"x": x}, None)
+        np.testing.assert_array_equal(out, np.maximum(x, 0))
+
+
 def test_openvino_infer_request_infer_and_start_async():
     """OpenVINOEngine calls _pyopenvino.InferRequest.infer / start_async directly, with the argument lists of
     openvino/engine.py (no OVDict per call)."""
