@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
-from onnxruntime.capi import _pybind_state as _ort_c  # the C++ session (_cpu_session)
 
 from ... import devices
 from ...cache import CompiledModelCache
@@ -40,6 +39,7 @@ from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, T
 from .engine import OrtEngine
 from .placement import ModelNodes, Placement
 from .providers import CPU_EP, ExecutionProvider
+from .sessions import cpu_session
 
 log = logging.getLogger("npurt")
 
@@ -486,7 +486,7 @@ class OrtBackend(Backend):
     def _create(self, source: bytes | str, so: ort.SessionOptions, options: dict[str, str]) -> ort.InferenceSession:
         ep = self.provider
         if ep is None:
-            return _cpu_session(source, so)
+            return cpu_session(source, so)
         providers = [*ep.add_to(so, options), CPU_EP]  # a plugin EP is added to ``so`` instead
         with ep.creating_session():
             if ep.plugin:  # a providers list would replace the devices added to ``so``
@@ -554,29 +554,6 @@ class OrtBackend(Backend):
             _ = self._placement.assigned  # read while its session lives: device_info may be asked for later
         self._model = None
         self._release_model_file()
-
-
-def _cpu_session(source: bytes | str, so: ort.SessionOptions) -> ort.InferenceSession:
-    """What ``InferenceSession(source, so, providers=[CPU_EP])`` makes, made as that constructor makes it (its C++
-    session, initialized with the CPU provider alone, wrapped, and the wrapper's fields as the constructor sets them:
-    tests/test_engine_privates.py compares them) without the Python it runs on the way: the provider list's checks
-    (an ABC's first isinstance), EP custom ops (~0.1 ms of a warm load of PP-OCR's classifier). By the constructor
-    where ONNX Runtime has no ``_from_initialized_c_session`` (before 1.32)."""
-    wrap = getattr(ort.InferenceSession, "_from_initialized_c_session", None)
-    if wrap is None:
-        return ort.InferenceSession(source, so, providers=[CPU_EP])
-    from_config = os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1"
-    c_session = _ort_c.InferenceSession(so, source, isinstance(source, str), from_config)
-    c_session.initialize_session([CPU_EP], [{}], set())
-    session: ort.InferenceSession = wrap(c_session)
-    # as the constructor leaves them (the wrapper of a model package's session may not be made again)
-    session._from_model_package = False
-    session._enable_fallback = True
-    session._fallback_providers = [CPU_EP]
-    session._model_path, session._model_bytes = (source, None) if isinstance(source, str) else (None, source)
-    session._sess_options_initial = so
-    session._read_config_from_model = from_config
-    return session
 
 
 def _nodes(model: Any) -> ModelNodes:
