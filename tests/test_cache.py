@@ -61,6 +61,34 @@ def test_a_second_load_comes_from_the_cache_with_the_same_results(backend, tmp_p
     assert manifest["key"]["backend"] == backend and manifest["blob"]["size"] == (entry / "blob").stat().st_size
 
 
+def test_an_entry_under_an_earlier_sha256_id_is_compiled_again_and_listed_stale(tmp_path):
+    """Entry ids were SHA-256 before BLAKE2b (a cheaper first hash in a process): such an entry is never found (the
+    model is compiled once more, beside it), and ``npurt cache`` lists it as stale, not unsound."""
+    from npurt.cache import CacheKey
+
+    with load("VAIML", tmp_path):
+        pass
+    (entry,) = entry_dirs(tmp_path)
+    parts = json.loads((entry / "manifest.json").read_text())["key"]
+    assert entry.name == CacheKey.of(parts).id != CacheKey.sha256_id(parts)
+    entry.rename(entry.with_name(CacheKey.sha256_id(parts)))
+    with load("VAIML", tmp_path) as r:
+        assert step(r) == "compiled and stored in the cache"
+        np.testing.assert_array_equal(r.run({"image": X})["scores"], reference("VAIML"))
+    assert sorted(p.name for p in entry_dirs(tmp_path)) == sorted([CacheKey.of(parts).id, CacheKey.sha256_id(parts)])
+
+    def npurt(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "npurt", "cache", *args, "--cache-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+
+    states = {e["entry"]: e["state"] for e in json.loads(npurt("verify", "--json").stdout)["entries"]}
+    assert states[CacheKey.of(parts).id] == "ok"
+    assert states[CacheKey.sha256_id(parts)].startswith("stale: it was stored under the SHA-256 id")
+    assert npurt("verify").returncode == 0
+    assert "removed 1 of 2 entries" in npurt("clear", "--stale").stdout
+    assert [p.name for p in entry_dirs(tmp_path)] == [CacheKey.of(parts).id]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "corrupted", "corrupted weights", "corrupted, times set back",
                                     "foreign", "garbage manifest"])
 def test_a_damaged_entry_is_refused_compiled_again_and_replaced(backend, tmp_path, caplog, damage):

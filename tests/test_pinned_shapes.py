@@ -102,6 +102,15 @@ def test_pinned_shapes_cost_one_session_over_the_model(name, monkeypatch):
     path = model_or_skip(name)
     CountingSession.made = []
     monkeypatch.setattr(ort, "InferenceSession", CountingSession)
+    from npurt.backends.onnxruntime import adapter, sessions
+
+    cpu_session = sessions.cpu_session  # (the runner's sessions on the CPU provider: made without the constructor)
+
+    def counted(source, so):
+        if hasattr(ort.InferenceSession, "_from_initialized_c_session"):  # (else the constructor counts it)
+            CountingSession.made.append(source)
+        return cpu_session(source, so)
+    monkeypatch.setattr(adapter, "cpu_session", counted)
     with RunnerFactory.create_runner("VAIML", path, {"device": "CPU", "shapes": CASES[name]}) as r:
         x = np.random.default_rng(0).random(CASES[name]["x"], np.float32)
         (y,) = r.run({"x": x}).values()

@@ -95,6 +95,26 @@ def test_info_in_the_other_view_is_the_info_made_in_that_view(shape):
         assert cpu.replace(shape=(1, 3, 4, 4)).tensor_type is TensorType.CPU
 
 
+@pytest.mark.parametrize("shape,dtype", [((1, 3, 48, 192), DataType.FLOAT32), ((-1, 3, -1, -1), DataType.INT8),
+                                         ((), DataType.INT64), ((2, 0, 5), DataType.FP16), ((7,), DataType.BOOLEAN)])
+def test_a_ports_info_made_unchecked_is_the_info_the_constructor_makes(shape, dtype):
+    """of_port (a port's CPU view, from parts checked where the port's spec was made) equals, hashes and derives like
+    the constructor's info; where a malformed model gives what the constructor refuses, it refuses it too."""
+    layout = MemoryLayout.NCHW if len(shape) == 4 else MemoryLayout.UNKNOWN
+    made = NpuTensorInfo.of_port("x", dtype, shape, TensorDirection.OUTPUT, layout)
+    want = NpuTensorInfo(name="x", data_type=dtype, shape=shape, direction=TensorDirection.OUTPUT,
+                         tensor_type=TensorType.CPU, memory_layout=layout)
+    assert made == want and hash(made) == hash(want) and repr(made) == repr(want)
+    assert (made.strides, made.size, made.size_in_bytes, made.is_static) == \
+        (want.strides, want.size, want.size_in_bytes, want.is_static)
+    assert made.replace(shape=(1, 3, 4, 4) if len(shape) == 4 else shape) == \
+        want.replace(shape=(1, 3, 4, 4) if len(shape) == 4 else shape)
+    with pytest.raises(ValueError, match="non-empty string"):
+        NpuTensorInfo.of_port("", dtype, shape, TensorDirection.INPUT, layout)
+    with pytest.raises(ValueError, match="UNKNOWN"):
+        NpuTensorInfo.of_port("x", DataType.UNKNOWN, shape, TensorDirection.INPUT, layout)
+
+
 def test_bf16_shows_as_uint16():
     assert DataType.BF16.numpy == np.uint16
     assert DataType.from_numpy(np.uint16) is DataType.UINT16

@@ -123,12 +123,18 @@ class RunnerCore:
 
 
 def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_name: str,
-             allocate_state: Callable[[NpuTensorInfo], NpuTensor], in_place: bool
+             allocate_state: Callable[[NpuTensorInfo], NpuTensor], in_place: bool,
+             before_load: Callable[[RunnerCore], object] = lambda core: None
              ) -> tuple[RunnerCore, Callable[[], DeviceInfo]]:
     """Open the model through ``backend`` and build one runner's core around it (the engines compiled per shape,
     the planner, staging, the job scheduler, the streams' table: ``in_place`` binds each carried past and its
     present to one buffer), with where it runs: a call, made when first asked (what the engine says of where the
-    nodes went is read then, not during the load). The backend is closed where any of it fails."""
+    nodes went is read then, not during the load). The backend is closed where any of it fails.
+
+    The engines load last, after ``before_load(core)`` (the facade's own parts): code that runs right after an
+    engine's load finds the CPU's caches cold (~2x slower), so as little as possible runs then. Where the backend's
+    default ``max_concurrent_runs`` is the engine's (OpenVINO's optimal number of requests) and no option gives
+    it, the job scheduler waits for the engine."""
     stats = RunnerStats()
     backend.count_copy = stats.copy
     variants: ShapeVariants | None = None
@@ -138,24 +144,30 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         open_ms = (time.perf_counter() - t0) * 1e3
         pairs = check_port_options(options, opened.inputs, opened.outputs)
         ports = PortFactory(options, backend.target, opened.device_info.attached)
-        # the parts that need no engine, made before the engines load (what runs right after a load finds the CPU's
-        # caches cold)
         streams = StreamTable(pairs, allocate_state, in_place=in_place)
         staging = Staging(options.memory_provider, stats)
         variants = ShapeVariants(backend, opened, ports, options, stats)
-        default = variants.default
-        max_concurrent = options.max_concurrent_runs or backend.default_max_concurrent_runs(
-            default.engine if default is not None else None)
+        max_concurrent = options.max_concurrent_runs
+        engine_first = not max_concurrent and _concurrency_of_engine(backend)
+        if engine_first:
+            variants.load()
+            default = variants.default
+            max_concurrent = backend.default_max_concurrent_runs(default.engine if default is not None else None)
+        elif not max_concurrent:
+            max_concurrent = backend.default_max_concurrent_runs(None)
         jobs = JobScheduler(max_concurrent, options.async_threadpool_depth or max_concurrent,
                             options.callback_order, stats)
+        core = RunnerCore(list(opened.inputs), list(opened.outputs), variants,
+                          Planner(variants, options.batch_size), staging, jobs, streams, stats, log, model_name)
+        jobs.callbacks.before_callback = core.set_last_error
+        before_load(core)
+        if not engine_first:
+            variants.load()
     except BaseException:
         if variants is not None:
             variants.close()
         backend.close()
         raise
-    core = RunnerCore(list(opened.inputs), list(opened.outputs), variants, Planner(variants, options.batch_size),
-                      staging, jobs, streams, stats, log, model_name)
-    jobs.callbacks.before_callback = core.set_last_error
     load_steps = (("open the model", open_ms), *variants.load_steps)
 
     def device_info() -> DeviceInfo:
@@ -164,3 +176,9 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
             hw_view="npu" if ports.npu_views else "device", shape_mode=variants.mode,
             engine_settings=tuple(sorted(backend.engine_settings().items())), load_steps=load_steps)
     return core, device_info
+
+
+def _concurrency_of_engine(backend: Backend) -> bool:
+    """Whether the backend's default max_concurrent_runs depends on its engine (it overrides the base class's
+    constant: OpenVINO asks the compiled model)."""
+    return type(backend).default_max_concurrent_runs is not Backend.default_max_concurrent_runs

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
+from .cache import CompiledModelCache
 from .options import RunnerOptions
 from .ports import Port, PortFactory, PortSpec
 from .tensor import NpuTensor
@@ -224,6 +225,9 @@ class Backend(ABC):
         self.options = options
         # Engines call this for every host-side copy of tensor data they cannot avoid (the runner counts them).
         self.count_copy: Callable[[int], None] = lambda nbytes: None
+        # npurt's compiled-model cache (option cache_dir), where the backend opened it to read facts of the model:
+        # the runner's variants use the same one
+        self.compiled_cache: CompiledModelCache | None = None
 
     @classmethod
     def npu_present(cls) -> bool:

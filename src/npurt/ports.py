@@ -170,9 +170,9 @@ class PortFactory:
     def make(self, spec: PortSpec, direction: TensorDirection) -> Port:
         """Both views of a port (dynamic dims as DYNAMIC_DIM), in the view the options chose for it."""
         shape = tuple(DYNAMIC_DIM if d is None else int(d) for d in spec.shape)
-        cpu = NpuTensorInfo(name=spec.name, data_type=spec.data_type, shape=shape, direction=direction,
-                            tensor_type=TensorType.CPU,
-                            memory_layout=spec.layout or formats.default_layout(len(shape)))
+        # (a spec's parts are checked where it is made: its dims are None or ints >= 0, its type a member)
+        cpu = NpuTensorInfo.of_port(spec.name, spec.data_type, shape, direction,
+                                    spec.layout or formats.default_layout(len(shape)))
         override = self.options.hw_format.get(spec.name)
         # a QDQ boundary's HW view is the quantized tensor, unless hw_format asks for another data type (then the
         # boundary stays in the model and the view is converted like any other)

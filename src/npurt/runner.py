@@ -29,7 +29,7 @@ import numpy as np
 from . import bound
 from .arrays import ArrayRuns
 from .bound import BoundRun
-from .core import assemble
+from .core import RunnerCore, assemble
 from .engine import Backend, Engine
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
@@ -81,13 +81,17 @@ class Runner:
         engine_model = engine_model or self.model_path
         self.log = RunnerLog(self.options.log_level)
         self._backend = backend(engine_model, self.options)
-        core, self._device_info_of = assemble(self._backend, self.options, self.log, self.model_path.name,
-                                              self._allocate_state, in_place=decoder is not None)
+        _, self._device_info_of = assemble(self._backend, self.options, self.log, self.model_path.name,
+                                              self._allocate_state, in_place=decoder is not None,
+                                              before_load=self._set_core)
+        _open_runners.add(self)
+
+    def _set_core(self, core: RunnerCore) -> None:
+        """The facade's parts over the core, made before the engines load (``core.assemble``)."""
         self._arrays = ArrayRuns(core)
         self._streams = StreamRuns(core, self._arrays)
         self._core = core
         core.variants.on_evict = self._forget_variant
-        _open_runners.add(self)
 
     def _forget_variant(self, variant: Variant) -> None:
         """The LRU dropped an engine: the plans and run() shortcuts that use it go with it."""

@@ -341,6 +341,25 @@ class NpuTensorInfo:
         """``data_type.numpy``: the numpy dtype that holds the elements (BF16 as uint16)."""
         return self.data_type.numpy
 
+    @classmethod
+    def of_port(cls, name: str, data_type: DataType, shape: tuple[int, ...], direction: TensorDirection,
+                memory_layout: MemoryLayout) -> NpuTensorInfo:
+        """A port's CPU view from parts a runner has checked already (a non-empty name, members of the enums, a
+        shape of ints >= DYNAMIC_DIM, a known data type): the info the constructor makes, contiguous, without
+        checking it again (a load makes one per port; ``PortFactory.make``)."""
+        if not name or data_type is DataType.UNKNOWN:  # (what a malformed model may still say)
+            return cls(name=name, data_type=data_type, shape=shape, direction=direction, tensor_type=TensorType.CPU,
+                       memory_layout=memory_layout)  # (raises, naming it)
+        info: NpuTensorInfo = object.__new__(cls)
+        static = DYNAMIC_DIM not in shape
+        size = math.prod(shape) if static else -1
+        info.__dict__.update(
+            name=name, data_type=data_type, shape=shape, direction=direction, tensor_type=TensorType.CPU,
+            memory_layout=memory_layout, memory_layout_order=(), strides=contiguous_strides(shape) if static else (),
+            size=size, size_in_bytes=size * data_type.itemsize if static else -1, _reshaped={})
+        object.__setattr__(info, "_hash", info._fields_hash())
+        return info
+
     def in_view(self, tensor_type: TensorType) -> NpuTensorInfo:
         """This tensor in the other view where nothing else differs (layout, type and shape alike: a device whose
         views are the model's own). A copy of this validated info with its tensor type changed, which no derived

@@ -93,7 +93,8 @@ class ShapeVariants:
         self._lru: dict[Signature, Variant] = {}
         self._dynamic: Variant | None = None
         self._live: weakref.WeakSet[Variant] = weakref.WeakSet()  # every variant not yet collected, for close()
-        self._cache = CompiledModelCache(options.cache_dir) if options.cache_dir is not None else None
+        self._cache = backend.compiled_cache or (CompiledModelCache(options.cache_dir) if options.cache_dir is not None
+                                                 else None)
         # the options that change what a compile makes, besides the backend's settings (part of the cache key)
         self._views = {"hw_view": options.hw_view, "npu_views": ports.npu_views,
                        "input_tensor_type": options.input_tensor_type.name,
@@ -108,6 +109,11 @@ class ShapeVariants:
                 self._model_ports[direction] = ports.make_all(specs, direction)
         self._pinned = [self._signature_of(s, "option 'shapes'") for s in options.shape_sets]
         self.default: Variant | None = None
+
+    def load(self) -> None:
+        """Compile (or load from the cache) the engines of the pinned signatures, and the default: once, at the
+        runner's load (its other parts made first: what runs right after an engine's load finds the CPU's caches
+        cold)."""
         for sig in self._pinned:
             variant = self.get(sig)
             self.default = self.default or variant

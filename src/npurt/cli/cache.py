@@ -35,9 +35,11 @@ def describe(cache: Any, entry: Any, check_blob: bool) -> dict[str, Any]:
     """One entry as the command shows it: what it holds and its state (ok, unsound: why, stale: why)."""
     manifest = entry.manifest or {}
     key = manifest.get("key", {})
-    problem = cache.verify(entry) if check_blob else entry.problem
+    problem = cache.verify(entry) if check_blob and not entry.superseded else entry.problem
     state = "ok"
-    if problem:
+    if entry.superseded:  # sound, but never found again: stale, not unsound (verify does not fail on it)
+        state = f"stale: {problem}"
+    elif problem:
         state = f"unsound: {problem}"
     else:
         model = Path(manifest.get("model_path", ""))

@@ -39,6 +39,7 @@ from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, T
 from .engine import OrtEngine
 from .placement import ModelNodes, Placement
 from .providers import CPU_EP, ExecutionProvider
+from .sessions import cpu_session
 
 log = logging.getLogger("npurt")
 
@@ -89,7 +90,6 @@ class OrtBackend(Backend):
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
         self.npu_took_nothing: str | None = None  # why the EP ran nothing, where it did not
         self.ep: ExecutionProvider | None = None  # the backend's EP, with its provider options
-        self._cache: CompiledModelCache | None = None  # npurt's compiled-model cache (option cache_dir)
         self.provider: ExecutionProvider | None = None  # the EP the sessions get (None: the CPU provider alone)
 
     # -- the EP: what a backend of this adapter says --------------------------------------------------------
@@ -142,8 +142,8 @@ class OrtBackend(Backend):
         # The model's own ports, read from the file without loading it (a session or the cache loads it later).
         remember: Remember | None = None
         if self.options.cache_dir is not None:  # kept in the cache's index: a warm load does not walk the graph
-            self._cache = CompiledModelCache(self.options.cache_dir)
-            remember = functools.partial(self._cache.remembered, self.model_path, "onnx_ports")
+            cache = self.compiled_cache = CompiledModelCache(self.options.cache_dir)
+            remember = functools.partial(cache.remembered, self.model_path, "onnx_ports")
         try:
             ins, outs = onnx_port_specs(self.model_path, remember)
         except ValueError as e:
@@ -329,7 +329,8 @@ class OrtBackend(Backend):
             device: dict[str, Any] = {"device": self.provider.device, "ep": ep_parts}
         else:
             # (kept in the cache's index for the boot: the kernel reads the CPU's flags once, at boot)
-            cpu = self._cache.this_boot("cpu", _cpu_fingerprint) if self._cache is not None else _cpu_fingerprint()
+            cache = self.compiled_cache
+            cpu = cache.this_boot("cpu", _cpu_fingerprint) if cache is not None else _cpu_fingerprint()
             device = {"device": "CPU", "cpu": cpu}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
@@ -485,7 +486,7 @@ class OrtBackend(Backend):
     def _create(self, source: bytes | str, so: ort.SessionOptions, options: dict[str, str]) -> ort.InferenceSession:
         ep = self.provider
         if ep is None:
-            return ort.InferenceSession(source, so, providers=[CPU_EP])
+            return cpu_session(source, so)
         providers = [*ep.add_to(so, options), CPU_EP]  # a plugin EP is added to ``so`` instead
         with ep.creating_session():
             if ep.plugin:  # a providers list would replace the devices added to ``so``
