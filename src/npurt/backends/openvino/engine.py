@@ -89,7 +89,7 @@ class _Binding:
         self.wrapped = wrapped
         self.fills = fills
         self.home: _Request | None = None
-        self.runs = 0  # runs on pooled requests, until it has a home
+        self.runs = 0  # runs that found the pooled request pointed at other tensors, until it has a home
 
     def __del__(self) -> None:
         home = self.home
@@ -421,8 +421,8 @@ class OpenVINOEngine(Engine):
                 self.release(token)
 
     def _home_for(self, binding: _Binding) -> _Request | None:
-        """A request of its own (held) for a binding on its second run, while the engine has places for homes;
-        else None (its run takes a pooled one).
+        """A request of its own (held) for a binding the second time its run finds the pooled request pointed at
+        other tensors, while the engine has places for homes; else None (its run takes the pooled one).
 
         Why homes: OpenVINO's CPU plugin takes ~10 us a port on the next run of a request pointed at other tensors
         (2-core VM, digits model: npurt's jobs rotating over 6 sets of tensors on 2 pooled requests ran at 66 us a
