@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any, Protocol
@@ -40,25 +41,29 @@ class CallbackDelivery:
         self.before_callback: Callable[[str], None] | None = None  # given the job's message (last_error) first
         self._due = 0  # next sequence number to deliver (submission order)
         self._ready: dict[int, CallbackJob] = {}
-        self._queue: SimpleQueue[CallbackJob | None] = SimpleQueue()
+        # (a queued callback holds its delivery: an ended job no longer holds its scheduler)
+        self._queue: SimpleQueue[tuple[CallbackDelivery, CallbackJob] | None] = SimpleQueue()
         self.threads: list[threading.Thread] = []
         self._idle = 0  # callback threads waiting for a callback
         self._queued = 0  # callbacks queued and not yet taken
+        # callback threads hold this only while they deliver (see the scheduler's workers)
+        self._end_threads = weakref.finalize(self, end_threads, self._queue, self.threads)
+        self._end_threads.atexit = False
 
     def queue_locked(self, job: CallbackJob) -> None:
         """(under the lock) Queue an ended job's callback, in its order; a thread more where all are busy."""
         if self.ordered:
             self._ready[job.seq] = job
             while self._due in self._ready:
-                self._queue.put(self._ready.pop(self._due))
+                self._queue.put((self, self._ready.pop(self._due)))
                 self._queued += 1
                 self._due += 1
         else:
-            self._queue.put(job)
+            self._queue.put((self, job))
             self._queued += 1
         if self._queued > self._idle and len(self.threads) < self._wanted:
-            thread = threading.Thread(target=self._deliver, name=f"{self._name}-callback-{len(self.threads)}",
-                                      daemon=True)
+            thread = threading.Thread(target=_deliver, args=(self._queue.get,),
+                                      name=f"{self._name}-callback-{len(self.threads)}", daemon=True)
             self.threads.append(thread)
             self._idle += 1
             thread.start()
@@ -73,30 +78,44 @@ class CallbackDelivery:
         except Exception:  # noqa: BLE001 - a raising callback must not kill the thread
             log.exception("callback of job %d raised", job.job_id)
 
-    def _deliver(self) -> None:
-        get = self._queue.get
-        while True:
-            job = get()
-            if job is None:
-                return
+    def deliver(self, job: CallbackJob) -> None:
+        """(on a callback thread) A queued callback, then the job out of the scheduler's table."""
+        with self._lock:
+            self._idle -= 1
+            self._queued -= 1
+        try:
+            self.call(job)
+        finally:
+            self._collected(job.job_id)
             with self._lock:
-                self._idle -= 1
-                self._queued -= 1
-            try:
-                self.call(job)
-            finally:
-                self._collected(job.job_id)
-                with self._lock:
-                    self._idle += 1
-            job = None  # an idle thread must not keep its last job (and the callback's references) alive
+                self._idle += 1
 
     def close(self) -> None:
         """Deliver every queued callback, then end the threads (a callback thread closing its runner: not itself)."""
         with self._lock:
-            threads = list(self.threads)
+            threads = self.threads[:]
+            self.threads.clear()  # (the finalizer's list: nothing left for it to end)
         for _ in threads:
             self._queue.put(None)  # behind every queued callback
         me = threading.current_thread()
         for thread in threads:
             if thread is not me:
                 thread.join()
+
+
+def _deliver(get: Callable[[], tuple[CallbackDelivery, CallbackJob] | None]) -> None:
+    """A callback thread: deliver queued callbacks until the sentinel, holding the delivery only meanwhile."""
+    while True:
+        item = get()
+        if item is None:
+            return
+        delivery, job = item
+        delivery.deliver(job)
+        del item, job, delivery  # an idle thread keeps nothing of its last job (the callback's references)
+
+
+def end_threads(queue: SimpleQueue[Any], threads: list[threading.Thread]) -> None:
+    """The sentinel for each thread of a collected scheduler or delivery (its finalizer: SimpleQueue.put is safe
+    there, whichever thread the collector runs on)."""
+    for _ in threads:
+        queue.put(None)

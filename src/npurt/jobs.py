@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
-from .callbacks import CallbackDelivery
+from .callbacks import CallbackDelivery, end_threads
 from .engine import Done, JobLane, Launched
 from .lanes import LaneRun, Lanes, Translate
 from .stats import RunnerStats
@@ -166,6 +167,10 @@ class JobScheduler:
         self._workers_in_callbacks = 0  # workers running the callback of the job they ran
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
         self._lanes = Lanes(stats)  # engines' job lanes that jobs went to (Engine.lane)
+        # workers hold their scheduler only while they run a job: a runner the app dropped unclosed is collected,
+        # and this ends its workers (SimpleQueue.put is safe in a finalizer, whichever thread the collector is on)
+        self._end_workers = weakref.finalize(self, end_threads, self._queue, self._workers)
+        self._end_workers.atexit = False  # (at exit the runners still open are closed: runner.py)
 
     # -- submission ------------------------------------------------------------------------------------
     def submit(self, work: Work, args: tuple[Any, ...], start: Start | None, callback: Callback | None,
@@ -281,7 +286,8 @@ class JobScheduler:
         # worker_count workers, plus one for each worker that is in a callback (which may wait for this job)
         wanted = self._worker_count + self._workers_in_callbacks
         while len(self._workers) < wanted:
-            worker = threading.Thread(target=self._work, name=f"{self._name}-run-{len(self._workers)}", daemon=True)
+            worker = threading.Thread(target=_work, args=(self._queue.get, self._lock),
+                                      name=f"{self._name}-run-{len(self._workers)}", daemon=True)
             worker.start()
             self._workers.append(worker)
         self._queue.put((job, work, args))
@@ -301,34 +307,6 @@ class JobScheduler:
             started = job.launched
             if started is not None:
                 started.wait(0)
-
-    def _work(self) -> None:
-        """A worker: run queued jobs until the sentinel (its continuations first); a worker never dies of a job."""
-        get, here, lock = self._queue.get, _callback_thread.__dict__, self._lock
-        while True:
-            item = here.get("next")
-            if item is None:
-                # an idle worker must not keep its last job (the app's tensors, the plan, the engine) alive
-                job = work = args = None
-                item = get()
-                if item is None:
-                    return
-            else:
-                here["next"] = None
-            job, work, args = item
-            lock.acquire()
-            try:
-                if job.state == _DONE:  # ended by close() before it started
-                    continue
-                job.state = _RUNNING
-                job.on_worker = True
-            finally:
-                lock.release()
-            try:
-                status, message = work(*args)
-            except BaseException as e:  # noqa: BLE001
-                status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
-            self.finish(job, status, message, on_worker=True)
 
     # -- completion --------------------------------------------------------------------------------------
     def finish(self, job: Job, status: StatusCode, message: str, on_worker: bool = False) -> None:
@@ -539,7 +517,8 @@ class JobScheduler:
             for job in queued[max(0, free):]:
                 self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
             running = [j for j in table if j.state != _DONE]
-            workers, self._workers = self._workers, []
+            workers = self._workers[:]
+            self._workers.clear()  # (the finalizer's list: nothing left for it to end)
         for job in running:  # on a worker or on the engine: let them end
             job.block(None)
         with self._lock:
@@ -553,6 +532,39 @@ class JobScheduler:
         self.callbacks.close()
         # callbacks run inline by workers have returned with them (all but this thread's own, where close() is
         # called from one)
+
+
+def _work(get: Callable[[], tuple[Job, Work, tuple[Any, ...]] | None], lock: threading.Lock) -> None:
+    """A worker: run queued jobs until the sentinel (its continuations first); a worker never dies of a job. It
+    holds its scheduler only through the job it runs (a job holds its scheduler until it ends)."""
+    here = _callback_thread.__dict__
+    while True:
+        item = here.get("next")
+        if item is None:
+            # an idle worker must not keep its last job (the app's tensors, the plan, the engine) alive
+            job = work = args = scheduler = None
+            item = get()
+            if item is None:
+                return
+        else:
+            here["next"] = None
+        job, work, args = item
+        lock.acquire()
+        try:
+            if job.state == _DONE:  # ended by close() before it started
+                continue
+            job.state = _RUNNING
+            job.on_worker = True
+            scheduler = job.scheduler
+        finally:
+            lock.release()
+        if scheduler is None:  # (cannot be: a job holds its scheduler until it ends)
+            continue
+        try:
+            status, message = work(*args)
+        except BaseException as e:  # noqa: BLE001
+            status, message = StatusCode.FAILURE, f"unexpected error: {e!r}"
+        scheduler.finish(job, status, message, on_worker=True)
 
 
 def hand_over_continuation() -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -63,3 +66,38 @@ def test_allocate_export_import_close_cycles():
         gc.collect()
         assert open_fds() == fds
         assert rss_bytes() - rss < RSS_MARGIN, f"RSS grew by {(rss_bytes() - rss) >> 10} KiB"
+
+
+@pytest.mark.parametrize("order", ["completion", "submission"])
+@pytest.mark.parametrize("backend", [RunnerType.OPENVINO, RunnerType.VAIML], ids=lambda t: t.name)
+def test_dropped_runner_lets_its_threads_and_engines_go(backend, order):
+    """A runner the app drops unclosed, after jobs with callbacks (worker and callback threads started), is
+    collected with its engines, its threads end, and every callback was delivered first."""
+    before = set(threading.enumerate())
+    r = RunnerFactory.create_runner(backend, model_or_skip("ocr_cls"),
+                                    {"shapes": {"x": [1, 3, 48, 192]}, "device": "CPU", "max_concurrent_runs": 2,
+                                     "callback_order": order})
+    x = r.allocate_npu_tensor(r.get_tensor_info_by_name("x", TensorType.CPU))
+    y = r.allocate_npu_tensor(r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0])
+    delivered: list[StatusCode] = []
+    for i in range(3):  # (a job with a callback leaves the table once its callback returned: no wait for it)
+        jobs = [r.execute_async([[x]], [[y]], callback=lambda h: delivered.append(h.status)) for _ in range(2)]
+        assert [j.status for j in jobs] == [StatusCode.SUCCESS] * 2
+        deadline = time.monotonic() + 10
+        while len(delivered) < 2 * (i + 1) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    started = [t for t in threading.enumerate() if t not in before and t.name.startswith("npurt-")]
+    assert started, "the jobs started no thread of the runner's: nothing tested"
+    engines = [weakref.ref(v.engine) for v in r._core.variants.compiled()]
+    assert engines
+    jobs = [r.execute_async([[x]], [[y]], callback=lambda h: delivered.append(h.status))]  # in flight when dropped
+    del r, jobs
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (any(t.is_alive() for t in started) or any(e() for e in engines)):
+        gc.collect()  # (a callback thread holds its runner's parts until it has delivered)
+        for t in started:
+            t.join(0.05)
+    assert [t.name for t in started if t.is_alive()] == []
+    assert [e() for e in engines] == [None] * len(engines)
+    assert delivered == [StatusCode.SUCCESS] * 7
+    assert np.isfinite(y.numpy()).all()
