@@ -15,7 +15,6 @@ thread-safe: one runner is meant to be shared by threads.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import shutil
@@ -34,6 +33,7 @@ from .engine import Backend, Engine
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
 from .ports import Port, PortSpec
+from .shutdown import open_runners
 from .staging import run_plan
 from .status import SUCCESS, StatusError
 from .streams import Stream, StreamRuns
@@ -84,7 +84,7 @@ class Runner:
         _, self._device_info_of = assemble(self._backend, self.options, self.log, self.model_path.name,
                                               self._allocate_state, in_place=decoder is not None,
                                               before_load=self._set_core)
-        _open_runners.add(self)
+        open_runners.add(self)  # (closed at exit if still open: shutdown.py)
 
     def _set_core(self, core: RunnerCore) -> None:
         """The facade's parts over the core, made before the engines load (``core.assemble``)."""
@@ -390,7 +390,7 @@ class Runner:
         if core.closed:
             return
         core.closed = True  # from here on nothing new starts
-        _open_runners.discard(self)
+        open_runners.discard(self)
         try:
             self._streams.close()  # runs waiting for their stream's turn end now, with FAILURE
             core.jobs.close()
@@ -434,17 +434,3 @@ def _job_id_of(job: JobHandle | int) -> int | None:
     if isinstance(job, int) and not isinstance(job, bool):
         return job
     return None
-
-
-# Runners still open at interpreter exit are closed then, so that no worker thread is inside an engine call while
-# the interpreter tears down (the workers are daemon threads: an unclosed runner must not keep the process alive).
-_open_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_runners() -> None:
-    for runner in list(_open_runners):
-        try:
-            runner.close()
-        except Exception:  # noqa: BLE001 - exiting anyway
-            runner.log.exception("closing %r at exit", runner)

@@ -133,3 +133,32 @@ def test_an_engine_failing_unexpectedly_is_a_status_not_an_exception(axpy_model,
         status = result if call == "execute" else result.status
         assert status is StatusCode.FAILURE
         assert "bind failed" in r.last_error
+
+
+@pytest.mark.parametrize("backend", ["OPENVINO", "VAIML"])
+def test_exit_while_daemon_threads_are_inside_the_engine(backend):
+    """A program whose daemon threads are inside `execute` on a real engine when its main thread returns: npurt
+    closes the runner and lets the runs leave the engine before the interpreter finalizes (a thread still in the
+    engine's C++ then is unwound through it and the process aborts, rc 134: as with the raw engines)."""
+    root = Path(__file__).resolve().parents[2]
+    program = f"""
+import threading, time
+from npurt import RunnerFactory, TensorDirection, TensorType
+from tests.helpers.models import model_or_skip
+r = RunnerFactory.create_runner({backend!r}, model_or_skip("ocr_rec"), {{"shapes": {{"x": [1, 3, 48, 320]}},
+                                                                        "device": "CPU"}})
+x = r.allocate_npu_tensor(r.get_tensor_info_by_name("x", TensorType.CPU))
+y = r.allocate_npu_tensor(r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0])
+runs = [0, 0]
+def loop(i):
+    while r.execute([[x]], [[y]]).name == "SUCCESS":
+        runs[i] += 1
+for i in range(2):
+    threading.Thread(target=loop, args=(i,), daemon=True).start()
+while min(runs) < 2:
+    time.sleep(0.01)
+print("runs", runs)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("runs")
