@@ -667,6 +667,36 @@ def test_a_callback_that_submits_and_waits_through_npurt_does_not_deadlock(axpy_
         np.testing.assert_array_equal(outs[0][0].numpy(), np.full(outs[0][0].info.shape, 2.0 * 2.0 + 1.0))
 
 
+@pytest.mark.parametrize("queued_before", [False, True], ids=["continuation", "queued_behind"])
+def test_close_in_a_callback_ends_what_only_its_worker_could_run(axpy_model, queued_before):
+    """close() in a callback on a worker: the job that callback submitted (the worker's continuation), or a job
+    queued behind the callback's job on the runner's only worker, ends with FAILURE, unrun, and close() returns (it
+    waited for them: a hang)."""
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=20), {"max_concurrent_runs": 2,
+                                                                        "async_threadpool_depth": 1,
+                                                                        "callback_order": "completion"}) as r:
+        ins, outs = cpu_io(r, 1.0)
+        ins2, outs2 = cpu_io(r, 2.0)
+        seen, closed = [], threading.Event()
+
+        def ended(handle):
+            seen.append(handle.status)
+
+        def first(handle):
+            seen.append(handle.status)
+            if not queued_before:
+                assert r.execute_async(ins2, outs2, callback=ended).status is StatusCode.SUCCESS
+            r.close()
+            closed.set()
+
+        assert r.execute_async(ins, outs, callback=first).status is StatusCode.SUCCESS
+        if queued_before:  # behind the first job, on the one worker
+            assert r.execute_async(ins2, outs2, callback=ended).status is StatusCode.SUCCESS
+        assert closed.wait(10), "close() in the callback hung"
+        assert seen == [StatusCode.SUCCESS, StatusCode.FAILURE]
+        assert np.all(outs2[0][0].numpy() == 0.0)  # never ran
+
+
 def test_an_evicted_engine_is_closed_once_nothing_uses_it(axpy_model):
     import gc
 

@@ -508,11 +508,18 @@ class JobScheduler:
             self._closed = True
             for job_id in self._lanes.jobs():  # jobs in lanes: the scheduler's own now, as every other job
                 self._take(job_id)
+            # close() in a callback on one of these workers: that worker runs nothing more until close returns, so
+            # the job its callback submitted (its continuation) ends unrun, and it is no free worker
+            here = _callback_thread.__dict__
+            in_callback = here.get("scheduler") is self
+            if in_callback and here.get("next") is not None:
+                self._finish_locked(here["next"][0], StatusCode.FAILURE, "the runner was closed before the job ran")
+                here["next"] = None
             # A worker runs one job at a time, in submission order: queued jobs that a free worker is about to
             # take run; the rest end here, never started.
             table = list(self._jobs.values())  # (a copy: jobs are collected without the lock)
             on_workers = sum(1 for j in table if j.state == _RUNNING and j.on_worker)
-            free = len(self._workers) - on_workers
+            free = len(self._workers) - on_workers - int(in_callback)
             queued = sorted((j for j in table if j.state == _QUEUED), key=lambda j: j.job_id)
             for job in queued[max(0, free):]:
                 self._finish_locked(job, StatusCode.FAILURE, "the runner was closed before the job ran")
