@@ -162,3 +162,42 @@ print("runs", runs)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("runs")
+
+
+def test_exit_closes_a_runner_made_while_it_waits():
+    """The main thread returns while a daemon thread is still loading a model (inside the engine), which it then
+    runs in a loop: the exit closes that runner too once it is made, and the process ends cleanly."""
+    root = Path(__file__).resolve().parents[2]
+    program = """
+import threading, time
+from npurt import RunnerFactory, TensorDirection, TensorType
+from tests.helpers.models import model_or_skip
+model = model_or_skip("ocr_rec")
+def app():
+    r = RunnerFactory.create_runner("VAIML", model, {"shapes": {"x": [1, 3, 48, 320]}, "device": "CPU"})
+    x = r.allocate_npu_tensor(r.get_tensor_info_by_name("x", TensorType.CPU))
+    y = r.allocate_npu_tensor(r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0])
+    while r.execute([[x]], [[y]]).name == "SUCCESS":
+        pass
+threading.Thread(target=app, daemon=True).start()
+time.sleep(0.05)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "inside an engine call" not in done.stderr
+
+
+def test_threads_inside_a_registered_backends_engine_are_seen(axpy_model):
+    """The exit's wait finds threads inside an engine of a backend registered from outside npurt (AXPY, the test
+    backend) by its methods' frames, as it finds npurt's own backends by their package."""
+    from npurt.shutdown import threads_in_engines
+
+    with RunnerFactory.create_runner("AXPY", axpy_model(delay_ms=400), CPU) as r:
+        ins, outs = io(r)
+        worker = threading.Thread(target=r.execute, args=(ins, outs), name="app-run")
+        worker.start()
+        time.sleep(0.1)
+        inside = threads_in_engines()
+        worker.join()
+        assert "app-run" in inside
+        assert "app-run" not in threads_in_engines()
