@@ -162,8 +162,12 @@ class JobScheduler:
         self._closed = False
         self._queue: SimpleQueue[tuple[Job, Work, tuple[Any, ...]] | None] = SimpleQueue()
         self._workers: list[threading.Thread] = []
-        self.callbacks = CallbackDelivery(self._lock, callback_order == "submission", max_concurrent, name,
-                                          self._collected)
+        jobs = self._jobs
+
+        def collected(job_id: int) -> None:  # a job whose callback returned on a callback thread: out of the table
+            jobs.pop(job_id, None)  # (not a method: the delivery holds no reference back to the scheduler)
+
+        self.callbacks = CallbackDelivery(self._lock, callback_order == "submission", max_concurrent, name, collected)
         self._workers_in_callbacks = 0  # workers running the callback of the job they ran
         self._any_waits: list[tuple[set[int], threading.Lock]] = []  # wait_any calls: their job ids and lock
         self._lanes = Lanes(stats)  # engines' job lanes that jobs went to (Engine.lane)
@@ -333,10 +337,6 @@ class JobScheduler:
             self._jobs.pop(job.job_id, None)
             with self._lock:
                 self._workers_in_callbacks -= 1
-
-    def _collected(self, job_id: int) -> None:
-        """A job whose callback has returned on a callback thread: out of the table."""
-        self._jobs.pop(job_id, None)
 
     def _finish_locked(self, job: Job, status: StatusCode, message: str, inline: bool = False,
                        counted: bool = False) -> bool:

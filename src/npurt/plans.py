@@ -164,9 +164,12 @@ class Planner:
         # An entry is keyed by its tensors' ids, and each tensor's weak reference removes it as that tensor is
         # finalized: CPython calls a live weak reference's callback before the object's memory is freed, so no other
         # object can have that id while the entry is there, and a hit by ids is a hit on these very tensors.
+        # (the planner weakly: the app's tensors must not keep the plans, and through them the engines, alive)
+        forget_key = weakref.WeakMethod(self._forget_key)
+
         def forget(_: Any, key: IdKey = key) -> None:
-            with self._lock:
-                self._by_id.pop(key, None)
+            if (method := forget_key()) is not None:
+                method(key)
 
         snap_in, snap_out = [list(s) for s in inputs], [list(s) for s in outputs]  # one reading of the lists
         if len(snap_in) == 1 and len(snap_out) == 1:  # the key as plan() makes it, of this reading
@@ -180,6 +183,10 @@ class Planner:
             if len(self._by_id) >= PLAN_CACHE_SIZE:
                 self._by_id.pop(next(iter(self._by_id)))
             self._by_id[key] = (refs, plan)
+
+    def _forget_key(self, key: IdKey) -> None:
+        with self._lock:
+            self._by_id.pop(key, None)
 
     def forget_variant(self, variant: Variant) -> None:
         """Drop every cached plan that runs on an evicted variant."""

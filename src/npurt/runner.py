@@ -81,8 +81,13 @@ class Runner:
         engine_model = engine_model or self.model_path
         self.log = RunnerLog(self.options.log_level)
         self._backend = backend(engine_model, self.options)
+        provider = self.options.memory_provider
+
+        def allocate_state(info: NpuTensorInfo) -> NpuTensor:  # (not a method: the parts never refer back here)
+            return allocate_tensor(info, MemoryType.XRT_BO, provider)
+
         _, self._device_info_of = assemble(self._backend, self.options, self.log, self.model_path.name,
-                                              self._allocate_state, in_place=decoder is not None,
+                                              allocate_state, in_place=decoder is not None,
                                               before_load=self._set_core)
         open_runners.add(self)  # (closed at exit if still open: shutdown.py)
 
@@ -91,15 +96,17 @@ class Runner:
         self._arrays = ArrayRuns(core)
         self._streams = StreamRuns(core, self._arrays)
         self._core = core
-        core.variants.on_evict = self._forget_variant
+        # the LRU dropped an engine: the plans and run() shortcuts that use it go with it (the parts hold no
+        # reference back to the facade or to arrays, so that a runner dropped unclosed is freed at once)
+        planner, arrays = weakref.ref(core.planner), weakref.ref(self._arrays)
 
-    def _forget_variant(self, variant: Variant) -> None:
-        """The LRU dropped an engine: the plans and run() shortcuts that use it go with it."""
-        self._core.planner.forget_variant(variant)
-        self._arrays.forget(variant)
+        def forget_variant(variant: Variant) -> None:
+            if (plans := planner()) is not None:
+                plans.forget_variant(variant)
+            if (runs := arrays()) is not None:
+                runs.forget(variant)
 
-    def _allocate_state(self, info: NpuTensorInfo) -> NpuTensor:
-        return allocate_tensor(info, MemoryType.XRT_BO, self.options.memory_provider)
+        core.variants.on_evict = forget_variant
 
     # ---------------------------------------------------------------- queries (raise)
     def _require_open(self) -> None:

@@ -1,4 +1,4 @@
-"""Fault handling of the Runner contract itself, on the numpy test backend."""
+"""Fault handling of the Runner contract itself, on the numpy test backend (and, for the exit, on the real engines)."""
 
 import _thread
 import signal
