@@ -451,6 +451,20 @@ def test_the_cpu_in_the_key_is_read_once_per_boot(tmp_path, kept):
         assert "boot:0000" not in json.loads(index_path.read_text())
 
 
+def test_a_proc_line_is_read_whole(tmp_path):
+    """The boot's id is read in small reads up to its newline (a sysctl read allocates what it asks for): a value
+    longer than one read, or without a newline, is still read whole."""
+    from npurt.cache import BOOT_ID, _read_line
+
+    long_line = tmp_path / "long"
+    long_line.write_text("x" * 200 + "\n")
+    no_newline = tmp_path / "bare"
+    no_newline.write_text("y" * 130)
+    assert _read_line(str(long_line)) == "x" * 200 + "\n"
+    assert _read_line(str(no_newline)) == "y" * 130
+    assert _read_line(BOOT_ID) == Path(BOOT_ID).read_text()
+
+
 @pytest.mark.parametrize("kept", ["sound", "damaged", "foreign shape", "stale"])
 def test_onnx_ports_kept_in_the_index_are_used_only_while_sound(tmp_path, kept):
     """ONNX Runtime's warm load takes the model's ports from the cache's index (per file identity) instead of walking
