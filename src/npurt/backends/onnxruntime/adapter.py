@@ -49,6 +49,14 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
+# each level as the cache key names it: the text str(level) gives, written out (pybind11's str of an enum member took
+# ~30 us the first time in a process, in every warm load; tests/test_cache.py checks that the texts agree)
+OPTIMIZATION_KEY_TEXTS = {
+    "disable": "GraphOptimizationLevel.ORT_DISABLE_ALL",
+    "basic": "GraphOptimizationLevel.ORT_ENABLE_BASIC",
+    "extended": "GraphOptimizationLevel.ORT_ENABLE_EXTENDED",
+    "all": "GraphOptimizationLevel.ORT_ENABLE_ALL",
+}
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
 _CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
@@ -334,7 +342,7 @@ class OrtBackend(Backend):
             device = {"device": "CPU", "cpu": cpu}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
-            "optimization": str(self._optimization_level()),
+            "optimization": OPTIMIZATION_KEY_TEXTS[self._optimization_name()],
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
         # views built into an edited graph depend on the input ports
@@ -388,12 +396,16 @@ class OrtBackend(Backend):
 
     def _optimization_level(self) -> ort.GraphOptimizationLevel:
         """engine_options' graph_optimization_level (ValueError for a bad one), else ONNX Runtime's default: all."""
+        return OPTIMIZATION_LEVELS[self._optimization_name()]
+
+    def _optimization_name(self) -> str:
+        """The optimization level's name in OPTIMIZATION_LEVELS (ValueError for a bad one)."""
         value = self._session_options.get("graph_optimization_level", "all")
-        level = OPTIMIZATION_LEVELS.get(str(value).lower())
-        if level is None:
+        name = str(value).lower()
+        if name not in OPTIMIZATION_LEVELS:
             raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
                              f"{', '.join(OPTIMIZATION_LEVELS)}")
-        return level
+        return name
 
     def intra_op_threads(self) -> int | None:
         """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
