@@ -451,6 +451,30 @@ def test_the_cpu_in_the_key_is_read_once_per_boot(tmp_path, kept):
         assert "boot:0000" not in json.loads(index_path.read_text())
 
 
+def test_the_optimization_level_in_the_key_is_onnxruntimes_own_text():
+    """ONNX Runtime's key names the optimization level by the text str(level) gives (written out in the adapter:
+    pybind11's str is slow the first time in a process): every level's text agrees, and levels differ, so entries
+    stored before still serve and a changed level still misses."""
+    from npurt.backends.onnxruntime.adapter import OPTIMIZATION_KEY_TEXTS, OPTIMIZATION_LEVELS
+
+    assert OPTIMIZATION_KEY_TEXTS == {name: str(level) for name, level in OPTIMIZATION_LEVELS.items()}
+    assert len(set(OPTIMIZATION_KEY_TEXTS.values())) == len(OPTIMIZATION_LEVELS)
+
+
+def test_a_proc_line_is_read_whole(tmp_path):
+    """The boot's id is read in small reads up to its newline (a sysctl read allocates what it asks for): a value
+    longer than one read, or without a newline, is still read whole."""
+    from npurt.cache import BOOT_ID, _read_line
+
+    long_line = tmp_path / "long"
+    long_line.write_text("x" * 200 + "\n")
+    no_newline = tmp_path / "bare"
+    no_newline.write_text("y" * 130)
+    assert _read_line(str(long_line)) == "x" * 200 + "\n"
+    assert _read_line(str(no_newline)) == "y" * 130
+    assert _read_line(BOOT_ID) == Path(BOOT_ID).read_text()
+
+
 @pytest.mark.parametrize("kept", ["sound", "damaged", "foreign shape", "stale"])
 def test_onnx_ports_kept_in_the_index_are_used_only_while_sound(tmp_path, kept):
     """ONNX Runtime's warm load takes the model's ports from the cache's index (per file identity) instead of walking

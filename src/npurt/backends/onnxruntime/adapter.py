@@ -49,6 +49,14 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
+# each level as the cache key names it: the text str(level) gives, written out (pybind11's str of an enum member took
+# ~30 us the first time in a process, in every warm load; tests/test_cache.py checks that the texts agree)
+OPTIMIZATION_KEY_TEXTS = {
+    "disable": "GraphOptimizationLevel.ORT_DISABLE_ALL",
+    "basic": "GraphOptimizationLevel.ORT_ENABLE_BASIC",
+    "extended": "GraphOptimizationLevel.ORT_ENABLE_EXTENDED",
+    "all": "GraphOptimizationLevel.ORT_ENABLE_ALL",
+}
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
 _CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
@@ -334,7 +342,7 @@ class OrtBackend(Backend):
             device = {"device": "CPU", "cpu": cpu}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
-            "optimization": str(self._optimization_level()),
+            "optimization": OPTIMIZATION_KEY_TEXTS[self._optimization_name()],
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
         # views built into an edited graph depend on the input ports
@@ -350,10 +358,11 @@ class OrtBackend(Backend):
         # by path, as ONNX Runtime loads a model of the user's: bytes handed over would be a copy of the model that
         # glibc keeps (1.37x the engine's memory on the recognizer)
         key = str(self.model_path) if self._model is None else f"cache:{stored}"
-        session = self._session(str(stored), key, optimized=True)
+        engine = OrtEngine(None, inputs, outputs, self.count_copy)  # its session given below (made last, likewise)
+        engine.session = self._session(str(stored), key, optimized=True)
         if metadata.get("placement") and len(self._placement.assigned) <= 1:  # an EPContext model's one node
             self._placement = Placement(tuple(tuple(n) for n in metadata["placement"]), self._placement.asked)
-        return self._engine(session, inputs, ports, None, outputs)
+        return engine
 
     # -- sessions ---------------------------------------------------------------------------------------
     def _session_options_object(self, strict: bool = True) -> ort.SessionOptions:
@@ -387,12 +396,16 @@ class OrtBackend(Backend):
 
     def _optimization_level(self) -> ort.GraphOptimizationLevel:
         """engine_options' graph_optimization_level (ValueError for a bad one), else ONNX Runtime's default: all."""
+        return OPTIMIZATION_LEVELS[self._optimization_name()]
+
+    def _optimization_name(self) -> str:
+        """The optimization level's name in OPTIMIZATION_LEVELS (ValueError for a bad one)."""
         value = self._session_options.get("graph_optimization_level", "all")
-        level = OPTIMIZATION_LEVELS.get(str(value).lower())
-        if level is None:
+        name = str(value).lower()
+        if name not in OPTIMIZATION_LEVELS:
             raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
                              f"{', '.join(OPTIMIZATION_LEVELS)}")
-        return level
+        return name
 
     def intra_op_threads(self) -> int | None:
         """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
@@ -424,9 +437,10 @@ class OrtBackend(Backend):
             session = self._sessions.get(key)
             if session is not None:
                 return session
+            placed = self._new_placement()  # (before the session: what runs right after it runs ~2x slower)
             session = self._new_session(source, optimized_to, optimized)
             self._sessions[key] = session
-            self._record_placement(session, source)
+            self._record_placement(placed, session, source)
             return session
 
     def _new_session(self, source: bytes | str, optimized_to: Path | None, optimized: bool) -> ort.InferenceSession:
@@ -520,12 +534,18 @@ class OrtBackend(Backend):
             f.flush()
             return ep.refusal_reasons(f.name, options, int(so.graph_optimization_level))
 
-    def _record_placement(self, session: ort.InferenceSession, source: bytes | str) -> None:
-        """Which provider took which node, from the session's own graph assignment; on an EP, its checks."""
+    def _new_placement(self) -> Placement:
+        """The placement of the next session, read from it once it is given (``_record_placement``)."""
         asked = self.provider or (self.ep if self._fallback_reason and self.ep is not None else None)
-        placed = Placement.of_session(session, asked.ep_name if asked is not None else CPU_EP)
+        placed = Placement(asked=asked.ep_name if asked is not None else CPU_EP)
         if self._fallback_reason:  # every node is off the EP asked for, for that one reason
             placed.why_not_asked = f"{placed.asked} was asked for and is not available here: {self._fallback_reason}"
+        return placed
+
+    def _record_placement(self, placed: Placement, session: ort.InferenceSession, source: bytes | str) -> None:
+        """Which provider took which node, from the session's own graph assignment (read when first asked for:
+        ``Placement``); on an EP, its checks."""
+        placed.session = session
         if not self._placement.nodes:
             self._placement = placed
         ep = self.provider
