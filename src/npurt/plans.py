@@ -116,6 +116,9 @@ class Planner:
         self._lock = threading.Lock()
         self._by_id: dict[IdKey, tuple[tuple[weakref.ref[NpuTensor], ...], Plan]] = {}
         self._by_info: dict[InfoKey, Plan] = {}
+        # how an entry's weak references reach the planner: weakly (the app's tensors must not keep the plans, and
+        # through them the engines, alive)
+        self._weakly = weakref.ref(self)
 
     def plan(self, inputs: Any, outputs: Any) -> Plan:
         """The plan of one call (StatusError for anything wrong with the lists or tensors)."""
@@ -164,12 +167,11 @@ class Planner:
         # An entry is keyed by its tensors' ids, and each tensor's weak reference removes it as that tensor is
         # finalized: CPython calls a live weak reference's callback before the object's memory is freed, so no other
         # object can have that id while the entry is there, and a hit by ids is a hit on these very tensors.
-        # (the planner weakly: the app's tensors must not keep the plans, and through them the engines, alive)
-        forget_key = weakref.WeakMethod(self._forget_key)
+        planner = self._weakly
 
         def forget(_: Any, key: IdKey = key) -> None:
-            if (method := forget_key()) is not None:
-                method(key)
+            if (alive := planner()) is not None:
+                alive.forget_key(key)
 
         snap_in, snap_out = [list(s) for s in inputs], [list(s) for s in outputs]  # one reading of the lists
         if len(snap_in) == 1 and len(snap_out) == 1:  # the key as plan() makes it, of this reading
@@ -184,7 +186,8 @@ class Planner:
                 self._by_id.pop(next(iter(self._by_id)))
             self._by_id[key] = (refs, plan)
 
-    def _forget_key(self, key: IdKey) -> None:
+    def forget_key(self, key: IdKey) -> None:
+        """Drop the cached plan of one set of tensors (one of them is going)."""
         with self._lock:
             self._by_id.pop(key, None)
 
