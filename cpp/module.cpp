@@ -32,6 +32,18 @@ PYBIND11_MODULE(_native, m) {
     py::register_local_exception_translator(translate_error);
     m.def("page_size", []() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); },
           "The system page size in bytes.");
+    // An engine binds a tensor by its address on every first use of the tensor: numpy's __array_interface__
+    // builds a dict for it (~1.2 us), the buffer protocol answers in ~0.1.
+    m.def(
+        "address_of",
+        [](py::handle buffer) {
+            Py_buffer view;
+            if (PyObject_GetBuffer(buffer.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+            const auto address = reinterpret_cast<uintptr_t>(view.buf);
+            PyBuffer_Release(&view);
+            return address;
+        },
+        py::arg("buffer"), "The address of the first byte of a contiguous buffer (anything with the buffer protocol).");
     register_buffer(m);
     register_convert(m);
 }

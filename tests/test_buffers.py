@@ -95,6 +95,20 @@ def test_buffer_protocol_gives_writable_zero_copy_views():
     assert arr.sum() == 24.0
 
 
+def test_address_of_gives_the_first_byte_of_any_contiguous_buffer():
+    buf = Buffer.allocate(64, "memfd")
+    arr = np.arange(16, dtype=np.float32)
+    frozen = arr.copy()
+    frozen.flags.writeable = False
+    for buffer, address in ((buf, buf.address), (arr, arr.ctypes.data), (arr[3:], arr.ctypes.data + 12),
+                            (frozen, frozen.ctypes.data), (memoryview(buf)[8:], buf.address + 8)):
+        assert _native.address_of(buffer) == address
+    with pytest.raises(TypeError):
+        _native.address_of(3)
+    with pytest.raises(ValueError, match="contiguous"):  # (a tensor's bytes never are: NpuTensor refuses them)
+        _native.address_of(arr[::2])
+
+
 def test_strict_auto_refuses_to_fall_below_the_heap():
     if HEAP.exists():
         pytest.skip("/dev/dma_heap/system is present: strict auto succeeds here")

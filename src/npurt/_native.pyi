@@ -15,6 +15,9 @@ _BufferLike = _Buffer | np.ndarray[Any, Any]
 def page_size() -> int:
     """The system page size in bytes."""
 
+def address_of(buffer: _BufferLike) -> int:
+    """The address of the first byte of a contiguous buffer (anything with the buffer protocol)."""
+
 # ---------------------------------------------------------------- buffers (cpp/buffer.cpp)
 class Buffer:
     """Page-aligned memory owned by this object: a dma-buf, a sealed memfd or anonymous host memory.

@@ -258,7 +258,7 @@ class NpuTensor:
         address = self._address  # a tensor's memory never moves: engines bind by address on every call
         if address < 0:
             try:
-                address = int(self._bytes.__array_interface__["data"][0])
+                address = _native.address_of(self._bytes)  # (a tensor's bytes are one contiguous run)
             except Exception:  # a sentinel, never an exception (VART-ML accessor contract)
                 return 0
             self._address = address
