@@ -413,7 +413,7 @@ class _EndedLane:
     def reserve(self, job_id: int, others: int, limit: int, arg: Any) -> int:
         return 1
 
-    def launch(self, job_id: int, arg: Any) -> None:
+    def launch(self, job_id: int, arg: Any, keep: Any) -> None:
         self.ended[job_id] = ""
 
     def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | Literal[False] | str:

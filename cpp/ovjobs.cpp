@@ -80,6 +80,7 @@ public:
         order_.assign(n, 0);
         errors_.assign(n, std::string());
         held_.assign(n, std::vector<py::object>(ports_.size()));
+        kept_.assign(n, py::none());
         job_.assign(n, -1);
         taken_.assign(n, false);
         for (size_t i = 0; i < n; ++i)
@@ -111,6 +112,7 @@ public:
             if (slot >= 0) count = starts_[slot];
         }
         if (slot < 0) return -1;
+        kept_[static_cast<size_t>(slot)] = py::none();  // (a ticket's caller holds what its run uses)
         run_on(static_cast<size_t>(slot), tensors);
         return static_cast<int64_t>(count * requests_.size()) + slot;
     }
@@ -132,14 +134,16 @@ public:
     }
 
     // Start reserved job `job_id` on `tensors` (ov.Tensor, ports' order); a failure to start is the job's outcome
-    // (collected as its message), as a run's error is.
-    void launch(int64_t job_id, const py::list &tensors) {
+    // (collected as its message), as a run's error is. `keep`: held until the job is collected (the memory the
+    // tensors point at, where they do not hold it themselves), or the request runs again.
+    void launch(int64_t job_id, const py::list &tensors, py::object keep) {
         int64_t slot;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             slot = slot_of_locked(job_id);
         }
         if (slot < 0) throw py::index_error("launch: no such reserved job");
+        kept_[static_cast<size_t>(slot)] = std::move(keep);  // (the GIL held: the one it replaces goes here)
         try {
             if (tensors.size() != ports_.size()) throw py::value_error("launch: one tensor per port");
             run_on(static_cast<size_t>(slot), tensors);
@@ -170,6 +174,7 @@ public:
         std::string error;
         const State found = collect_locked(job_id, taken, error);
         lock.unlock();  // (Python objects made without the mutex: making one may run Python code)
+        let_go_of_released();
         switch (found) {
             case RUNNING: return py::none();
             case IDLE: return py::bool_(false);
@@ -201,6 +206,7 @@ public:
         std::string error;
         const State found = first < 0 ? RUNNING : collect_locked(first, taken, error);
         lock.unlock();
+        let_go_of_released();
         if (first < 0) return py::none();
         if (found != ENDED) return py::make_tuple(first, false);  // (taken meanwhile by another thread)
         return py::make_tuple(first, message(error));
@@ -208,14 +214,17 @@ public:
 
     // Forget a taken job's outcome (its scheduler has ended its job from it); nothing for a job not held.
     void forget(int64_t job_id) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto it = lane_ended_.find(job_id);
-        if (it != lane_ended_.end()) {
-            if (it->second.taken) lane_ended_.erase(it);
-            return;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            auto it = lane_ended_.find(job_id);
+            if (it != lane_ended_.end()) {
+                if (it->second.taken) lane_ended_.erase(it);
+                return;
+            }
+            const int64_t slot = slot_of_locked(job_id);
+            if (slot >= 0 && taken_[slot] && state_[slot] == ENDED) free_slot_locked(static_cast<size_t>(slot));
         }
-        const int64_t slot = slot_of_locked(job_id);
-        if (slot >= 0 && taken_[slot] && state_[slot] == ENDED) free_slot_locked(static_cast<size_t>(slot));
+        let_go_of_released();
     }
 
     // Hand lane job `job_id` to the runner's scheduler: None if this lane does not hold it; else whether it has
@@ -488,8 +497,19 @@ private:
         return ENDED;
     }
 
+    // (with the GIL, without mutex_) let go of what collected jobs' callers asked to be held: letting go of the
+    // tensors may run Python code (their finalizers), which must not find the mutex held
+    void let_go_of_released() {
+        std::vector<py::object> released;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            released.swap(released_);
+        }
+    }
+
     // (under mutex_) a slot whose lane job has been collected or forgotten: idle, no job, no error
     void free_slot_locked(size_t slot) {
+        if (kept_[slot]) released_.push_back(std::move(kept_[slot]));  // (let go of once the mutex is released)
         errors_[slot].clear();
         job_[slot] = -1;
         taken_[slot] = false;
@@ -552,6 +572,8 @@ private:
     std::vector<size_t> shape_positions_;
     std::vector<ov::InferRequest> requests_;
     std::vector<std::vector<py::object>> held_;  // per slot, the ov.Tensor object each port points at
+    std::vector<py::object> kept_;  // per slot, what its lane job's caller asked to be held (``launch``'s keep)
+    std::vector<py::object> released_;  // kept objects of jobs collected under the mutex, let go of after it
     std::mutex mutex_;
     std::condition_variable cv_;
     std::vector<State> state_;
@@ -585,7 +607,7 @@ PYBIND11_MODULE(_ovjobs, m) {
         .def("wait_any", &Requests::wait_any, py::arg("tickets"), py::arg("timeout_ms"))
         .def("finish", &Requests::finish, py::arg("ticket"), py::arg("timeout_ms"))
         .def("reserve", &Requests::reserve, py::arg("job_id"), py::arg("others"), py::arg("limit"), py::arg("tensors"))
-        .def("launch", &Requests::launch, py::arg("job_id"), py::arg("tensors"))
+        .def("launch", &Requests::launch, py::arg("job_id"), py::arg("tensors"), py::arg("keep") = py::none())
         .def("collect", &Requests::collect, py::arg("job_id"), py::arg("timeout_ms"), py::arg("taken"))
         .def("collect_any", &Requests::collect_any, py::arg("job_ids"), py::arg("timeout_ms"), py::arg("taken"))
         .def("take", &Requests::take, py::arg("job_id"))

@@ -151,6 +151,32 @@ def test_new_tensors_over_memory_bound_before_reuse_the_binding():
         assert r.stats["copies"] == 0
 
 
+@pytest.mark.parametrize("path", ["lane", "python"])
+def test_a_job_keeps_its_tensors_memory_until_it_has_run(path):
+    """A binding kept by address holds none of the tensors' memory: a job in flight does (the lane's request until
+    it runs again, a started job until collected). An app that drops a job's input right after submitting it (as
+    ``execute_async([[NpuTensor(info, frame.copy())]], ...)`` does), while other arrays take freed memory, still gets
+    the engine's result (it got another input's, reported as SUCCESS, before the job held the memory)."""
+    with make(input_tensor_type="CPU", output_tensor_type="CPU") as r:
+        engine = r.engine_for()
+        if path == "python":
+            engine.native_jobs = False  # start_async on the pooled requests (_Started)
+        model = ov.Core().read_model(model_or_skip("ocr_cls"))
+        model.reshape({"x": list(SHAPES["ocr_cls"])})
+        raw = ov.Core().compile_model(model, "CPU", ov_cpu_properties()).create_infer_request()
+        x_info = r.get_tensor_info_by_name("x", TensorType.CPU)
+        y_info = r.get_tensors_info(TensorDirection.OUTPUT, TensorType.CPU)[0]
+        for s in range(20):
+            x = frame(SHAPES["ocr_cls"], seed=200 + s)
+            y = np.full((1, 2), np.nan, np.float32)
+            job = r.execute_async([[NpuTensor(x_info, x.copy())]], [[NpuTensor(y_info, y)]])
+            others = [np.full(SHAPES["ocr_cls"], 1e3, np.float32) for _ in range(3)]  # (freed memory, taken again)
+            assert r.wait(job, 30_000) is StatusCode.SUCCESS, r.last_error
+            np.testing.assert_array_equal(y, raw.infer({"x": x})[0])
+            del others
+        assert r.stats["copies"] == 0
+
+
 def test_runs_on_requests_of_their_own_stay_within_max_concurrent_runs():
     """Tensors with requests of their own still run at most max_concurrent_runs at once (a run holds a pooled
     request as well); a job's tensors dropped after it ran on a worker free their request's place without a close

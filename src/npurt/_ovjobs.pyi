@@ -25,8 +25,9 @@ class Requests:
         """Reserve a request for the job on ``tensors`` (those ``launch`` will get; the request already pointed at
         them where it is idle) where the lane's running jobs + ``others`` < ``limit``: 1, 0 (every request runs), -1
         (the limit is reached)."""
-    def launch(self, job_id: int, tensors: list[Any]) -> None:
-        """Start a reserved job on ``tensors`` (ov.Tensor, ports' order); a failure to start is its outcome."""
+    def launch(self, job_id: int, tensors: list[Any], keep: Any = None) -> None:
+        """Start a reserved job on ``tensors`` (ov.Tensor, ports' order); a failure to start is its outcome.
+        ``keep``: held until the job is collected, or the request runs again (the memory the tensors point at)."""
     def collect(self, job_id: int, timeout_ms: int, taken: bool) -> None | Literal[False] | str:
         """Wait up to ``timeout_ms`` (0: poll) and collect: None while it runs, False for a job the lane does not
         hold (or not of the kind ``taken`` asks for), else its error message ('' if none)."""

@@ -108,7 +108,7 @@ class RunnerCore:
             if lane is None:
                 lane = slot.lane = slot.find_lane()
             if lane:
-                job_id = self.jobs.submit_lane(*lane)
+                job_id = self.jobs.submit_lane(*lane, (inputs, outputs))
                 if job_id:
                     return job_id
         start = engine_start(plan, outputs, callback is not None)

@@ -67,8 +67,9 @@ class JobLane(Protocol):
         """Reserve a run for the job (``arg``: what ``launch`` will be given) where the lane's running jobs +
         ``others`` < ``limit``: 1; 0 where the lane is full; -1 where the limit is reached."""
 
-    def launch(self, job_id: int, arg: Any, /) -> None:
-        """Start a reserved job (``arg``: what ``Engine.lane`` gave for the binding); a failure is its outcome."""
+    def launch(self, job_id: int, arg: Any, keep: Any, /) -> None:
+        """Start a reserved job (``arg``: what ``Engine.lane`` gave for the binding); a failure is its outcome.
+        ``keep`` (the call's tensors) is held until the job's run is over: a binding need not hold their memory."""
 
     def collect(self, job_id: int, timeout_ms: int, taken: bool, /) -> None | Literal[False] | str:
         """The job's message once it has ended (collected: forgotten here); None while it runs; False if the lane

@@ -64,7 +64,7 @@ class Job:
     """One asynchronous run and its outcome."""
 
     __slots__ = ("job_id", "callback", "seq", "done", "status", "error", "state", "ended", "on_worker", "launched",
-                 "scheduler")
+                 "scheduler", "keep")
 
     def __init__(self, job_id: int, callback: Callback | None, seq: int, scheduler: JobScheduler) -> None:
         self.scheduler: JobScheduler | None = scheduler  # until the job ends (the table refers to the job)
@@ -80,6 +80,7 @@ class Job:
         self.ended = 0  # order of ending, for wait_any
         self.on_worker = False  # run by a worker (else started on the engine)
         self.launched: Launched | None = None  # started on the engine, ended by its waiter
+        self.keep: Any = None  # a started job's call (its tensors): their memory stays while the engine runs it
 
     def block(self, timeout_s: float | None) -> bool:
         """Wait (GIL released) up to ``timeout_s`` (None: no limit) for the job to end; whether it has."""
@@ -220,6 +221,7 @@ class JobScheduler:
                 raise  # KeyboardInterrupt and the like: the job has ended, the caller is told
             return job
         if started is not True and started:  # a Launched: its waiters end it
+            job.keep = args  # (an engine's binding need not hold the tensors' memory: the job does, until collected)
             if job.state != _DONE:  # (else ended already, by a thread that found every run busy)
                 job.launched = started
             return job
@@ -232,9 +234,10 @@ class JobScheduler:
                     self._enqueue(job, work, args)
         return job
 
-    def submit_lane(self, lane: JobLane, arg: Any, translate: Translate, reap: bool = True) -> int:
+    def submit_lane(self, lane: JobLane, arg: Any, translate: Translate, keep: Any, reap: bool = True) -> int:
         """A job on an engine's job lane (``Engine.lane``; no callback): its id, 0 where the lane has no free run
-        (submit it the other way). Its table is the lane's until the scheduler must hold it (``_take``).
+        (submit it the other way). Its table is the lane's until the scheduler must hold it (``_take``); the lane
+        holds ``keep`` (the call's tensors) until the run is over.
         StatusError RESOURCE_UNAVAILABLE when ``max_concurrent`` jobs are in flight (``reap``: after ending those
         that ended unseen, first), FAILURE once closed."""
         lanes = self._lanes
@@ -254,12 +257,12 @@ class JobScheduler:
         finally:
             lock.release()
             if reserved > 0:  # (here, so that nothing between the reservation and the start can leave a reserved
-                lane.launch(job_id, arg)  # run unstarted; a failure to start is the job's outcome)
+                lane.launch(job_id, arg, keep)  # run unstarted; a failure to start is the job's outcome)
         if reserved >= 0:
             return job_id if reserved else 0
         if reap:
             self._reap()  # jobs the scheduler holds that ended with no waiter yet free their place
-            return self.submit_lane(lane, arg, translate, False)
+            return self.submit_lane(lane, arg, translate, keep, False)
         raise StatusError(StatusCode.RESOURCE_UNAVAILABLE, f"all {self.max_concurrent} concurrent runs are busy; "
                                                            "wait for one and retry")
 

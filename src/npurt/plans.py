@@ -181,28 +181,35 @@ class Planner:
         if now != key:
             return  # the lists changed during the call (another thread's): nothing cached for either set
         refs = tuple(weakref.ref(t, forget) for s in (*snap_in, *snap_out) for t in s)
+        evicted = None
         with self._lock:
             if len(self._by_id) >= PLAN_CACHE_SIZE:
-                self._by_id.pop(next(iter(self._by_id)))
+                evicted = self._by_id.pop(next(iter(self._by_id)))
             self._by_id[key] = (refs, plan)
+        del evicted  # (outside the lock, as every entry the planner drops: see forget_key)
 
     def forget_key(self, key: IdKey) -> None:
-        """Drop the cached plan of one set of tensors (one of them is going)."""
+        """Drop the cached plan of one set of tensors (one of them is going). Entries are let go of outside the
+        lock: the last reference to a plan may hold the last to other tensors (a lane's request holds a job's
+        tensors until it runs again), whose callbacks come back here."""
         with self._lock:
-            self._by_id.pop(key, None)
+            dropped = self._by_id.pop(key, None)
+        del dropped
 
     def forget_variant(self, variant: Variant) -> None:
         """Drop every cached plan that runs on an evicted variant."""
         with self._lock:
-            for id_key in [k for k, (_, plan) in self._by_id.items() if any(s.variant is variant for s in plan)]:
-                del self._by_id[id_key]
-            for info_key in [k for k, plan in self._by_info.items() if any(s.variant is variant for s in plan)]:
-                del self._by_info[info_key]
+            dropped: list[object] = [self._by_id.pop(k) for k, (_, plan) in list(self._by_id.items())
+                                     if any(s.variant is variant for s in plan)]
+            dropped += [self._by_info.pop(k) for k, plan in list(self._by_info.items())
+                        if any(s.variant is variant for s in plan)]
+        del dropped
 
     def clear(self) -> None:
         with self._lock:
-            self._by_id.clear()
-            self._by_info.clear()
+            dropped = (self._by_id, self._by_info)
+            self._by_id, self._by_info = {}, {}
+        del dropped
 
     # -- validation ------------------------------------------------------------------------------------
     def _validate(self, inputs: Any, outputs: Any) -> Plan:

@@ -330,11 +330,12 @@ class OpenVINOEngine(Engine):
         self._native_ports = ([(False, k) for k in pm.param_of if k is not None]
                               + [(True, pm.result_of[j]) for j in self.bound_outputs])  # ov_ports' order
         self.async_used = False  # a job started on start_async: synchronous runs use it too (one kind, _infer)
-        # bindings by the addresses and shapes they wrap (see ``bind``); not where outputs come from the inputs (a
-        # binding's fills hold the tensors' bytes)
+        # bindings by the addresses and shapes they wrap (see ``bind``): on the CPU plugin, which reads the memory
+        # at each run (a device plugin may import host memory once, pinning the pages of whatever lay at the address
+        # then); not where outputs come from the inputs (a binding's fills hold the tensors' bytes)
         self._by_address: dict[tuple[tuple[tuple[int, ...], int], ...], _Binding] = {}
         self._by_address_lock = threading.Lock()
-        self._keeps_by_address = not self.aliases
+        self._keeps_by_address = device == "CPU" and not self.aliases
         self.bindings_made = 0
 
     # A property (asked of a request on first use) in place of Engine's plain attribute, which stays an attribute
@@ -469,7 +470,9 @@ class OpenVINOEngine(Engine):
         working memory is its streams'). An app that cycles through a few sets of tensors (an InferQueue's slots,
         double buffers) then never re-points one; a binding used once stays on the pool. A binding kept by address whose
         tensors are gone gives its home to the next that needs one, where no place is left."""
-        if binding.runs >= 1 and not self._closed:
+        # (no place left: a binding looks for a dropped one's home on its 1st, 2nd, 4th, 8th... try, not on each run)
+        runs = binding.runs
+        if runs >= 1 and not self._closed and (self.home_places or runs & (runs - 1) == 0):
             with self._lock:
                 if binding.home is None and not self._closed:
                     home = None
