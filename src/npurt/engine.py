@@ -18,11 +18,12 @@ is too small it raises ``OutputTooSmallError``.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -102,6 +103,42 @@ class JobLane(Protocol):
 # an engine's job lane for a binding: the lane, what its launch takes for the binding, and what makes a job's message
 # the engine's error (Engine.lane)
 LaneRef = tuple[JobLane, Any, Callable[[BaseException], BaseException]]
+
+B = TypeVar("B")
+AddressKey = tuple[tuple[tuple[int, ...], int], ...]  # (shape, address) of each tensor a binding binds
+
+
+class BindingsByAddress(Generic[B]):
+    """An engine's bindings kept by the shape and address of each tensor they bind, the oldest let go past ``size``:
+    new tensor objects over memory bound before (an app's reused buffers, or new arrays the allocator placed where
+    the last ones were) reuse one. Only for bindings that hold addresses, never memory: a binding runs only for a
+    call whose own tensors are at those addresses with those shapes. ``lock`` guards changes (and a walk over
+    ``kept()``); a lookup needs none."""
+
+    def __init__(self, size: int = 32) -> None:
+        self._kept: dict[AddressKey, B] = {}
+        self._size = size
+        self.lock = threading.Lock()
+
+    def get(self, key: AddressKey) -> B | None:
+        return self._kept.get(key)
+
+    def keep(self, key: AddressKey, binding: B) -> None:
+        evicted = None
+        with self.lock:
+            if len(self._kept) >= self._size:
+                evicted = self._kept.pop(next(iter(self._kept)), None)
+            self._kept[key] = binding
+        del evicted  # (let go of outside the lock: a binding's finalizer may run code of its engine's)
+
+    def kept(self) -> Iterable[B]:
+        """The bindings kept (walk them under ``lock``)."""
+        return self._kept.values()
+
+    def clear(self) -> None:
+        with self.lock:
+            dropped, self._kept = self._kept, {}
+        del dropped
 
 
 class OutputTooSmallError(NpuError):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ...engine import Engine, OutputTooSmallError, ResultShapes
+from ...engine import BindingsByAddress, Engine, OutputTooSmallError, ResultShapes
 from ...ports import DATA_TYPES_ONNX, Port
 from ...tensor import NpuTensor
 from ...types import DataType, NpuError
@@ -37,9 +37,6 @@ class _Refused:
 
 
 _REFUSED = _Refused()
-
-
-BINDINGS_BY_ADDRESS = 32  # IOBindings an engine keeps by the addresses they bind
 
 
 class _Binding:
@@ -85,8 +82,7 @@ class OrtEngine(Engine):
         self.bfloat16 = any(t == BFLOAT16 for _, t in (*self.in_types, *self.out_types))  # see _run_bfloat16
         self.in_place = [True] * len(outputs)  # whether an open-shaped output is still bound in place
         self.bindings_made = 0  # for tests and diagnostics
-        self._by_address: dict[tuple[Placed, ...], _Binding] = {}
-        self._by_address_lock = threading.Lock()
+        self._by_address: BindingsByAddress[_Binding] = BindingsByAddress()
 
     # made on first use (a binding; a run with a guessed output shape), not at load (~20 us of a warm load)
     @functools.cached_property
@@ -148,10 +144,7 @@ class OrtEngine(Engine):
         binding = self._by_address.get(key)
         if binding is None:
             binding = self._io(placed_in, placed_out)
-            with self._by_address_lock:
-                if len(self._by_address) >= BINDINGS_BY_ADDRESS:
-                    self._by_address.pop(next(iter(self._by_address)), None)
-                self._by_address[key] = binding
+            self._by_address.keep(key, binding)
         return binding
 
     def run(self, binding: _Binding, context: Any = None) -> ResultShapes:

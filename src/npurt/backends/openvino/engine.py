@@ -43,7 +43,7 @@ import numpy as np
 import openvino as ov
 from openvino import _pyopenvino
 
-from ...engine import Done, Engine, Launched, OutputTooSmallError, ResultShapes
+from ...engine import BindingsByAddress, Done, Engine, Launched, OutputTooSmallError, ResultShapes
 from ...ports import Port
 from ...tensor import NpuTensor
 from ...types import padded_box
@@ -85,8 +85,6 @@ def _wrap_address(t: NpuTensor, element_type: ov.Type) -> ov.Tensor:
     at = (ctypes.c_uint8 * t.info.size_in_bytes).from_address(t.get_virtual_address())
     return ov.Tensor(np.frombuffer(memoryview(at), np.uint8), list(t.info.shape), element_type)
 
-
-BINDINGS_BY_ADDRESS = 32  # bindings an engine keeps by the addresses they wrap
 
 Fill = tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]  # (output index, source bytes, target bytes, shape)
 
@@ -333,8 +331,7 @@ class OpenVINOEngine(Engine):
         # bindings by the addresses and shapes they wrap (see ``bind``): on the CPU plugin, which reads the memory
         # at each run (a device plugin may import host memory once, pinning the pages of whatever lay at the address
         # then); not where outputs come from the inputs (a binding's fills hold the tensors' bytes)
-        self._by_address: dict[tuple[tuple[tuple[int, ...], int], ...], _Binding] = {}
-        self._by_address_lock = threading.Lock()
+        self._by_address: BindingsByAddress[_Binding] = BindingsByAddress()
         self._keeps_by_address = device == "CPU" and not self.aliases
         self.bindings_made = 0
 
@@ -404,10 +401,7 @@ class OpenVINOEngine(Engine):
             if all(address for _, address in key):  # (0: no address; such a tensor takes the path below)
                 binding = _Binding([_wrap_address(t, et) for t, et in zip(tensors, self.element_types)], [])
                 self.bindings_made += 1
-                with self._by_address_lock:
-                    if len(self._by_address) >= BINDINGS_BY_ADDRESS:
-                        self._by_address.pop(next(iter(self._by_address)), None)
-                    self._by_address[key] = binding
+                self._by_address.keep(key, binding)
                 return binding
         wrapped = [_wrap(t, et) for t, et in zip(tensors, self.element_types)]
         fills = [(j, inputs[a].raw_bytes(), outputs[j].raw_bytes(), inputs[a].info.shape) for j, a in self.aliases]
@@ -491,16 +485,16 @@ class OpenVINOEngine(Engine):
     def free_homes(self) -> int:
         """Homes a binding that runs again can take: places not given yet, and the homes of bindings kept by address
         whose tensors are gone (``_home_of_a_dropped_binding``)."""
-        with self._by_address_lock:
-            dropped = sum(b.home is not None and sys.getrefcount(b) <= 3 for b in self._by_address.values())
+        with self._by_address.lock:
+            dropped = sum(b.home is not None and sys.getrefcount(b) <= 3 for b in self._by_address.kept())
         return len(self.home_places) + dropped
 
     def _home_of_a_dropped_binding(self) -> _Request | None:
         """The home (held) of a binding kept by address whose tensors are gone, for another binding: the app moved
         on to other memory. Such a binding is referred to by this engine's cache alone (a live set of tensors has a
         plan that holds its binding); a home running now is left where it is."""
-        with self._by_address_lock:
-            for binding in self._by_address.values():
+        with self._by_address.lock:
+            for binding in self._by_address.kept():
                 home = binding.home
                 # (references: the cache's, this loop's and getrefcount's argument)
                 if home is not None and sys.getrefcount(binding) <= 3 and home.busy.acquire(False):
@@ -654,8 +648,7 @@ class OpenVINOEngine(Engine):
                 return
             self._closed = True
         self.made, self.contexts, self._native = [], [], None  # (the extension's requests wait for their runs)
-        with self._by_address_lock:
-            self._by_address = {}  # (their homes' requests go with them)
+        self._by_address.clear()  # (their homes' requests go with them)
         while True:
             try:
                 self._free.get_nowait()
