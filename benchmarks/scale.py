@@ -230,11 +230,13 @@ class RawOpenVINOThreads(Subject):
 
         self.label, self.requests = "raw threads", n
         self.requests_ = []
+        self.shared: list[np.ndarray] = []  # (a request holds a shared ov.Tensor's memory only while it lives)
         for _ in range(n):
             request = compiled.create_infer_request()
             for port in compiled.inputs:
                 name = next(iter(port.get_names()))
-                request.set_tensor(port, ov.Tensor(np.ascontiguousarray(feeds[name]).copy(), shared_memory=True))
+                self.shared.append(np.ascontiguousarray(feeds[name]).copy())
+                request.set_tensor(port, ov.Tensor(self.shared[-1], shared_memory=True))
             self.requests_.append(request)
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="raw-ov-threads")
 

@@ -9,6 +9,11 @@
 - The floor: two plain Python processes exchanging a 20-byte message over an AF_UNIX socket around a busy wait as
   long as the in-process run (one wake-up each way, nothing else): the part of the added latency that no service
   can avoid on the machine it runs on.
+- The engine behind a bare socket (a diagnostic, no target): the same model on the engine itself in another process
+  (OpenVINO or ONNX Runtime, the runner's engine settings, tensors set once) that receives a 20-byte message, runs,
+  and answers: what a hand-written service with nothing of npurt adds on this machine. Its run is slower than the
+  in-process one's (a process woken per request; OpenVINO pins the calling thread to its stream's core and back on
+  every run), which the busy wait of the floor does not pay.
 - Throughput: N client processes, each running ``execute`` in a loop on its own tensors, against N threads doing
   the same on one in-process runner, for N = 1, 4 and 8, in alternating blocks (the ratio is the median of the
   blocks' ratios).
@@ -40,6 +45,7 @@ one-at-a-time OpenAI front, 1, 4 and 8 streaming clients (benchmarks/serve_gener
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import socket
@@ -48,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +99,72 @@ def echo_process(sock: socket.socket, busy_s: float) -> None:
         while time.perf_counter() < end:
             pass
         sock.send(message)
+
+
+def raw_engine_process(sock: socket.socket, backend: str, path: str, shapes: dict[str, list[int]] | None,
+                       settings: list[tuple[str, str]], feeds: dict[str, np.ndarray]) -> None:
+    """The engine itself behind a bare socket: receive, run on tensors set once, answer. A hand-written service with
+    nothing of npurt: OpenVINO (the model reshaped to the pinned shapes, compiled with the runner's settings) or ONNX
+    Runtime (the runner's intra-op threads and spinning, an IOBinding made once)."""
+    if backend == "OPENVINO":
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(path)
+        if shapes:
+            model.reshape(shapes)
+        compiled = core.compile_model(model, "CPU", dict(settings))
+        request = compiled.create_infer_request()
+        for port in compiled.inputs:  # (feeds keeps the arrays: a request holds none of a shared tensor's memory)
+            name = next(n for n in port.get_names() if n in feeds)
+            request.set_tensor(port, ov.Tensor(feeds[name], shared_memory=True))
+        for port in compiled.outputs:
+            request.set_tensor(port, ov.Tensor(port.get_element_type(), port.get_shape()))
+        # (sharing the outputs: without it, each run copies them into new arrays)
+        run: Callable[[], Any] = functools.partial(request.infer, share_inputs=True, share_outputs=True)
+    else:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        values = dict(settings)
+        options.intra_op_num_threads = int(values["intra_op_num_threads"].split()[0])
+        options.add_session_config_entry("session.intra_op.allow_spinning", values["allow_spinning"])
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        binding = session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, array)
+        outputs = [np.empty_like(out) for out in session.run(None, feeds)]
+        for port, array in zip(session.get_outputs(), outputs):
+            binding.bind_output(port.name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        run = functools.partial(session.run_with_iobinding, binding)
+
+    while message := sock.recv(64):
+        run()
+        sock.send(message)
+
+
+def raw_engine_us(backend: str, path: str, shapes: dict[str, list[int]] | None, settings: list[tuple[str, str]],
+                  feeds: dict[str, np.ndarray], in_process_s: float, n: int) -> tuple[float, float]:
+    """p50 and p99 (us) of a round trip to the engine behind a bare socket, beyond the in-process run's p50."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = mp.get_context("spawn").Process(target=raw_engine_process, daemon=True,
+                                           args=(theirs, backend, path, shapes, settings, feeds))
+    proc.start()
+    theirs.close()
+    samples = []
+    try:
+        for k in range(n + 20):
+            t0 = time.perf_counter()
+            mine.send(b"x" * 20)
+            if not mine.recv(64):
+                raise BenchError("the raw engine's process ended")
+            if k >= 20:
+                samples.append(time.perf_counter() - t0 - in_process_s)
+    finally:
+        mine.close()
+        proc.join(timeout=10)
+    samples.sort()
+    return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
 
 
 def floor_us(busy_s: float, n: int) -> tuple[float, float]:
@@ -241,6 +314,11 @@ def socket_section(args: Any) -> Report:
                     f50, f99 = floor_us(a.p50_ms / 1e3, n)
                     latency.add(f"  floor: bare round trip around {a.p50_ms:.3f} ms", a.p50_ms, a.p50_ms + f50 / 1e3,
                                 f50, f50, a.p99_ms, a.p99_ms + f99 / 1e3, f99)
+                    pinned = opts.get("shapes")
+                    r50, r99 = raw_engine_us(backend, str(path), pinned, list(local.device_info.engine_settings),
+                                             feeds, a.p50_ms / 1e3, n)
+                    latency.add("  the engine behind a bare socket", a.p50_ms, a.p50_ms + r50 / 1e3, r50, r50,
+                                a.p99_ms, a.p99_ms + r99 / 1e3, r99)
                     if remote.stats["copies"] or local.stats["copies"]:
                         raise BenchError(f"{label}: a copy was made ({remote.stats}, {local.stats})")
         seconds = 0.5 if quick else 2.0
