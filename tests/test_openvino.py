@@ -104,10 +104,10 @@ def test_tensors_run_again_get_a_request_of_their_own():
         # (one set runs on the pooled request, which stays pointed at it, as before)
         new_homes = [r._core.planner.plan([[x]], [[y]])[0].binding.home for x, y in new_sets]
         assert sum(h is None for h in new_homes) == 1 and engine.home_places == []
-        from npurt.backends.openvino.engine import _Request
+        from npurt.backends.openvino.infer_requests import Request
 
         gc.collect()
-        assert sum(isinstance(o, _Request) and not o.pooled for o in gc.get_objects()) <= places
+        assert sum(isinstance(o, Request) and not o.pooled for o in gc.get_objects()) <= places
         assert len(engine.requests) == 1
         del new_sets, homes, new_homes, x, y
         assert r.stats["copies"] == 0
@@ -160,7 +160,7 @@ def test_a_job_keeps_its_tensors_memory_until_it_has_run(path):
     with make(input_tensor_type="CPU", output_tensor_type="CPU") as r:
         engine = r.engine_for()
         if path == "python":
-            engine.native_jobs = False  # start_async on the pooled requests (_Started)
+            engine.native_jobs = False  # start_async on the pooled requests (Started)
         model = ov.Core().read_model(model_or_skip("ocr_cls"))
         model.reshape({"x": list(SHAPES["ocr_cls"])})
         raw = ov.Core().compile_model(model, "CPU", ov_cpu_properties()).create_infer_request()

@@ -1,4 +1,5 @@
-"""OpenVINO engines: a compiled model, its pool of infer requests, and bindings of tensors.
+"""OpenVINO engines: a compiled model, its pool of infer requests, and bindings of tensors (the requests, bindings
+and started jobs themselves: infer_requests.py).
 
 A binding wraps each tensor's memory in an ``ov.Tensor`` once; a request is pointed at it with ``set_tensor`` only
 when it held something else, so a tensor in its port's view is never copied on the host. Bindings of contiguous
@@ -17,7 +18,7 @@ workers (``callbacks_on_workers``), each a synchronous ``infer`` on a pooled req
 its "completion" callback and the next job that callback submits, with no thread woken between them.
 
 Where npurt's ``_ovjobs`` extension is built (it links OpenVINO's C++ runtime), those jobs start instead on requests
-of the extension's own (``_NativeStarted``), whose completion callback is C++: it records the run's end and error
+of the extension's own (``NativeStarted``), whose completion callback is C++: it records the run's end and error
 and wakes the waiters without the GIL, and a ``wait_any`` over such jobs waits in C++ for whichever ends first (with
 a timeout), where the Python API can only wait on one request at a time.
 
@@ -31,8 +32,6 @@ synchronous runs also go through ``start_async`` + ``wait``.
 
 from __future__ import annotations
 
-import ctypes
-import math
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -41,12 +40,21 @@ from typing import Any
 
 import numpy as np
 import openvino as ov
-from openvino import _pyopenvino
 
 from ...engine import BindingsByAddress, Done, Engine, Launched, OutputTooSmallError, ResultShapes
 from ...ports import Port
 from ...tensor import NpuTensor
-from ...types import padded_box
+from .infer_requests import (
+    WAIT_MS,
+    Binding,
+    NativeStarted,
+    Request,
+    Started,
+    c_infer,
+    c_start_async,
+    wrap,
+    wrap_address,
+)
 from .model_ports import ModelPorts
 
 _NativeRequests: Any = None  # the extension's requests (npurt._ovjobs.Requests), where it imports
@@ -58,210 +66,13 @@ except ImportError:  # built without OpenVINO's C++ config, or against another O
     pass
 
 BF16 = ov.Type.bf16
-
-# The C++ methods under the Python wrappers: no Python data dispatch per call. infer(inputs, share_outputs,
-# decode_strings) releases the GIL while inferring.
-_infer = _pyopenvino.InferRequest.infer
-_start_async = _pyopenvino.InferRequest.start_async
-_wait_for = _pyopenvino.InferRequest.wait_for  # (timeout ms) -> ended; raises the run's error; GIL released
-_WAIT_MS = 100  # untimed waits wait in slices, so that KeyboardInterrupt reaches a waiting main thread
 _ACQUIRE_SLICE_S = 0.001  # a run waiting for a request held by started jobs looks at them this often
-
-
-def _wrap(t: NpuTensor, element_type: ov.Type) -> ov.Tensor:
-    """An ov.Tensor over a tensor's memory (no copy): a strided one (a plane with a row pitch) as the region of the
-    contiguous box it lies in, which OpenVINO reads in place (the runner's plan lets only such boxes through)."""
-    if t.info.is_contiguous:
-        return ov.Tensor(t.raw_bytes(), list(t.info.shape), element_type)
-    box = padded_box(t.info.shape, t.info.strides)
-    assert box is not None
-    whole = ov.Tensor(t.raw_bytes()[: math.prod(box) * t.info.data_type.itemsize], list(box), element_type)
-    return ov.Tensor(whole, ov.Coordinate([0] * len(box)), ov.Coordinate(list(t.info.shape)))
-
-
-def _wrap_address(t: NpuTensor, element_type: ov.Type) -> ov.Tensor:
-    """An ov.Tensor at a contiguous tensor's address that holds none of its memory (a view through ctypes, which
-    owns nothing): kept by address (``OpenVINOEngine.bind``), it never keeps an app's freed array alive."""
-    at = (ctypes.c_uint8 * t.info.size_in_bytes).from_address(t.get_virtual_address())
-    return ov.Tensor(np.frombuffer(memoryview(at), np.uint8), list(t.info.shape), element_type)
-
-
-Fill = tuple[int, np.ndarray, np.ndarray, tuple[int, ...]]  # (output index, source bytes, target bytes, shape)
-
-
-class _Binding:
-    """A set of tensors as OpenVINO takes them: an ov.Tensor over each one's memory (ports OpenVINO has), and the
-    outputs the engine must fill itself (inputs passed through), as (output index, source bytes, target bytes).
-    A binding run again gets a request of its own (``home``, see ``OpenVINOEngine.run``), which goes with it."""
-
-    __slots__ = ("wrapped", "fills", "home", "runs")
-
-    def __init__(self, wrapped: list[ov.Tensor], fills: list[Fill]) -> None:
-        self.wrapped = wrapped
-        self.fills = fills
-        self.home: _Request | None = None
-        self.runs = 0  # runs that found the pooled request pointed at other tensors, until it has a home
-
-    def __del__(self) -> None:
-        home = self.home
-        if home is not None:  # its place among the engine's homes is free again (a list's append: no lock)
-            home.engine.home_places.append(None)
-
-
-class _Request:
-    """One InferRequest and the ov.Tensors it holds per port."""
-
-    __slots__ = ("request", "held", "engine", "pooled", "started", "busy", "last")
-
-    def __init__(self, engine: OpenVINOEngine, pooled: bool = True) -> None:
-        self.engine = engine
-        self.pooled = pooled  # in the engine's pool, or a stream's own (its variables are the stream's state)
-        self.busy = threading.Lock()  # a binding's own request (its home): held while it runs
-        self.request = engine.compiled_model.create_infer_request()
-        self.held: list[Any] = [None] * len(engine.ov_ports)  # the ov.Tensor each port points at
-        self.started: _Started | None = None  # the job started on it, until a waiter ends it
-        self.last = 0  # id() of the binding it last ran (a hint: ``point`` decides what to re-point)
-
-    def point(self, wrapped: Sequence[Any]) -> None:
-        """Point the request's ports at a binding's tensors, where it holds others."""
-        held, ports, request = self.held, self.engine.ov_ports, self.request
-        for k, t in enumerate(wrapped):
-            if held[k] is not t:
-                request.set_tensor(ports[k], t)
-                held[k] = t
-
-    def finish(self, fills: Sequence[Fill]) -> ResultShapes:
-        """After a run: fill the passed-through outputs; the shapes of outputs the run decided."""
-        engine = self.engine
-        shapes: list[tuple[int, ...] | None] | None = None
-        if engine.dynamic_outputs:
-            shapes = [None] * len(engine.outputs)
-            for j, p in zip(engine.bound_outputs, engine.ov_outputs):
-                if not engine.outputs[j].is_static:  # the numpy view's shape: ~1 us, Tensor.shape ~15 us
-                    shapes[j] = self.request.get_tensor(p).data.shape
-        for j, src, dst, shape in fills:
-            n = src.nbytes
-            if n > dst.nbytes:
-                raise OutputTooSmallError(engine.outputs[j].name, shape, n, dst.nbytes)
-            dst[:n] = src
-            engine.count_copy(n)
-            if not engine.outputs[j].is_static:
-                shapes = shapes if shapes is not None else [None] * len(engine.outputs)
-                shapes[j] = shape
-        return shapes
-
-
-class _Started(Launched):
-    """A job running on a pooled request's ``start_async``; its waiters end it (see the module's docstring)."""
-
-    __slots__ = ("request", "done", "ended")
-
-    def __init__(self, request: _Request, done: Done) -> None:
-        self.request = request
-        self.done: Done | None = done
-        self.ended = False
-
-    def wait(self, timeout_s: float | None) -> bool:
-        if self.ended:
-            return True
-        request = self.request
-        error: BaseException | None = None
-        try:
-            if timeout_s is None:
-                while not _wait_for(request.request, _WAIT_MS):
-                    pass
-            elif not _wait_for(request.request, math.ceil(timeout_s * 1000)):
-                return False
-        except Exception as e:  # noqa: BLE001 - the run's error is the job's
-            error = e
-        engine = request.engine
-        end_lock = engine.end_lock
-        end_lock.acquire()  # one thread ends it, whichever saw the end first (not `with`: half the cost, per job)
-        try:
-            if self.ended:
-                return True
-            self.ended = True
-            request.started = None
-        finally:
-            end_lock.release()
-        done, self.done = self.done, None  # the job refers to this: no cycle left through its done
-        assert done is not None
-        shapes: ResultShapes = None
-        try:
-            if error is None and engine.dynamic_outputs:
-                shapes = request.finish(())
-        except Exception as e:  # noqa: BLE001
-            error = e
-        finally:  # whatever happens here (KeyboardInterrupt included), the job ends and the request comes back
-            engine.release(request)
-            done(None if error is None else engine.translate(error), shapes)
-        return True
-
-
-class _NativeStarted(Launched):
-    """A job running on a request of the ``_ovjobs`` extension, named by its ticket; its waiters end it, as
-    ``_Started``'s do. The extension's ``finish`` ends a run once, whichever thread asks first (the others are told
-    False): no lock of npurt's per job."""
-
-    __slots__ = ("engine", "native", "ticket", "done")
-
-    def __init__(self, engine: OpenVINOEngine, native: Any, ticket: int, done: Done) -> None:
-        self.engine, self.native, self.ticket = engine, native, ticket
-        self.done: Done | None = done
-
-    def wait(self, timeout_s: float | None) -> bool:
-        finish, ticket = self.native.finish, self.ticket
-        if timeout_s is None:
-            while (ended := finish(ticket, _WAIT_MS)) is None:
-                pass
-        elif (ended := finish(ticket, math.ceil(timeout_s * 1000))) is None:
-            return False
-        if ended is not False:  # finished by this call: end the job
-            done, self.done = self.done, None  # the job refers to this: no cycle left through its done
-            assert done is not None
-            if ended == "":  # (a run that succeeded, static outputs: every job's path)
-                done(None, None)
-            else:
-                self._end(done, ended)
-        return True
-
-    def _end(self, done: Done, ended: str | tuple[str, list[list[int]]]) -> None:
-        """End the job of a run that failed, or whose outputs' shapes it decided: ``finish``'s answer."""
-        engine = self.engine
-        told: list[list[int]] = []
-        if isinstance(ended, str):
-            message = ended
-        else:
-            message, told = ended
-        if message:
-            done(engine.translate(RuntimeError(message)), None)
-            return
-        shapes: list[tuple[int, ...] | None] = [None] * len(engine.outputs)
-        for (j, _), shape in zip(engine.dynamic_positions, told):
-            shapes[j] = tuple(shape)
-        done(None, shapes)
-
-    def wait_any(self, others: Sequence[Launched], timeout_s: float) -> bool | None:
-        """This run or any of ``others`` (runs of this engine's extension requests) waited for in C++."""
-        native = self.native
-        for o in others:
-            if type(o) is not _NativeStarted or o.native is not native:
-                return None
-        runs: list[_NativeStarted] = [self, *others]  # type: ignore[list-item]  # (checked above)
-        ticket = native.wait_any([r.ticket for r in runs], math.ceil(timeout_s * 1000))
-        if ticket < 0:
-            return False
-        for r in runs:
-            if r.ticket == ticket:
-                r.wait(0)
-                break
-        return True
 
 
 class OpenVINOEngine(Engine):
     """A compiled model and its pool of infer requests."""
 
-    takes_boxes = True  # a strided plane goes in as a region of the tensor it lies in (_wrap)
+    takes_boxes = True  # a strided plane goes in as a region of the tensor it lies in (wrap)
     callbacks_on_workers = True  # see the module's docstring
 
     def __init__(self, compiled_model: ov.CompiledModel, inputs: list[Port], outputs: list[Port], pm: ModelPorts,
@@ -300,7 +111,7 @@ class OpenVINOEngine(Engine):
         except RuntimeError:
             self.optimal_requests = 1
         self.limit = max(1, limit)  # requests made at most
-        self.made: list[_Request] = []
+        self.made: list[Request] = []
         # requests that tensors run again may have to themselves (``_home_for``; the extension's lane keeps as many,
         # see ``_open_native``): as many as an InferQueue's default slots, on the CPU plugin, where re-pointing a
         # request costs ~10 us a port and a request next to no memory (measured there only: other devices keep
@@ -309,12 +120,12 @@ class OpenVINOEngine(Engine):
         cpu = device == "CPU"
         self.own_requests = self.limit + max(self.limit, 4) if cpu else self.limit
         self.home_places: list[None] = [None] * self.own_requests if cpu else []
-        self.contexts: list[_Request] = []  # streams' own requests
-        self._free: SimpleQueue[_Request] = SimpleQueue()
+        self.contexts: list[Request] = []  # streams' own requests
+        self._free: SimpleQueue[Request] = SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
         self._state_names: list[str] | None = None
-        self.end_lock = threading.Lock()  # ends each started job once (_Started.wait)
+        self.end_lock = threading.Lock()  # ends each started job once (Started.wait)
         # start_async for jobs: not where outputs come from the inputs (filled by the engine) or a run's errors are
         # lost by the one-thread synchronous path (its engines already run start_async + wait on the caller)
         self.starts = not self.aliases and not self.sync_loses_errors
@@ -331,7 +142,7 @@ class OpenVINOEngine(Engine):
         # bindings by the addresses and shapes they wrap (see ``bind``): on the CPU plugin, which reads the memory
         # at each run (a device plugin may import host memory once, pinning the pages of whatever lay at the address
         # then); not where outputs come from the inputs (a binding's fills hold the tensors' bytes)
-        self._by_address: BindingsByAddress[_Binding] = BindingsByAddress()
+        self._by_address: BindingsByAddress[Binding] = BindingsByAddress()
         self._keeps_by_address = device == "CPU" and not self.aliases
         self.bindings_made = 0
 
@@ -349,12 +160,12 @@ class OpenVINOEngine(Engine):
                 self.release(request)
         return self._state_names
 
-    def _new(self) -> _Request:
-        request = _Request(self)
+    def _new(self) -> Request:
+        request = Request(self)
         self.made.append(request)
         return request
 
-    def acquire(self, block: bool = True) -> _Request | None:
+    def acquire(self, block: bool = True) -> Request | None:
         """A free request; a new one while fewer than ``limit`` exist; else wait for one (None if not ``block``)."""
         try:
             return self._free.get_nowait()
@@ -372,11 +183,11 @@ class OpenVINOEngine(Engine):
             for s in started:
                 s.wait(0)
             try:
-                return self._free.get(timeout=_ACQUIRE_SLICE_S if started else _WAIT_MS / 1000)
+                return self._free.get(timeout=_ACQUIRE_SLICE_S if started else WAIT_MS / 1000)
             except Empty:
                 pass
 
-    def release(self, request: _Request) -> None:
+    def release(self, request: Request) -> None:
         self._free.put(request)
 
     @property
@@ -384,7 +195,7 @@ class OpenVINOEngine(Engine):
         return [r.request for r in self.made]
 
     # -- the engine interface ------------------------------------------------------------------------------
-    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> _Binding:
+    def bind(self, inputs: Sequence[NpuTensor], outputs: Sequence[NpuTensor]) -> Binding:
         # Shares the memory (no copy): the bytes reinterpreted with the engine's shape and element type.
         tensors = [inputs[i] for i in self.bound_inputs] + [outputs[j] for j in self.bound_outputs]
         if self._keeps_by_address and all(t.info.is_contiguous for t in tensors):
@@ -399,32 +210,32 @@ class OpenVINOEngine(Engine):
             if binding is not None:
                 return binding
             if all(address for _, address in key):  # (0: no address; such a tensor takes the path below)
-                binding = _Binding([_wrap_address(t, et) for t, et in zip(tensors, self.element_types)], [])
+                binding = Binding([wrap_address(t, et) for t, et in zip(tensors, self.element_types)], [])
                 self.bindings_made += 1
                 self._by_address.keep(key, binding)
                 return binding
-        wrapped = [_wrap(t, et) for t, et in zip(tensors, self.element_types)]
+        wrapped = [wrap(t, et) for t, et in zip(tensors, self.element_types)]
         fills = [(j, inputs[a].raw_bytes(), outputs[j].raw_bytes(), inputs[a].info.shape) for j, a in self.aliases]
         self.bindings_made += 1
-        return _Binding(wrapped, fills)
+        return Binding(wrapped, fills)
 
-    def _infer(self, request: _Request) -> None:
+    def _infer(self, request: Request) -> None:
         # Only one kind of execution per compiled model: OpenVINO's CPU plugin, given both infer() on callers'
         # threads and start_async() on one compiled model, grows its memory by ~50 MiB steps under CPU contention
         # (seen with plain OpenVINO: +300 to +550 MiB over 20,000 mixed calls beside two busy loops; flat with
         # either kind alone).
         if self.sync_loses_errors or self.async_used:
-            _start_async(request.request, {}, None)
+            c_start_async(request.request, {}, None)
             request.request.wait()
         else:
-            _infer(request.request, {}, True, True)
+            c_infer(request.request, {}, True, True)
 
-    def run(self, binding: _Binding, context: _Request | None = None) -> ResultShapes:
+    def run(self, binding: Binding, context: Request | None = None) -> ResultShapes:
         """Run a binding: on the context given (a stream's), else on a pooled request where it last ran this
         binding, else on the binding's own request (its home) where it has one that is free, else on the pooled one.
         A run on its home holds the pooled request too, unused: the pool's ``limit`` bounds every run at once, as
         ``max_concurrent_runs`` says."""
-        token: _Request | None = None
+        token: Request | None = None
         if context is None:
             token = self.acquire()
             assert token is not None
@@ -454,7 +265,7 @@ class OpenVINOEngine(Engine):
                     request.busy.release()
                 self.release(token)
 
-    def _home_for(self, binding: _Binding) -> _Request | None:
+    def _home_for(self, binding: Binding) -> Request | None:
         """A request of its own (held) for a binding the second time its run finds the pooled request pointed at
         other tensors, while the engine has places for homes; else None (its run takes the pooled one).
 
@@ -471,7 +282,7 @@ class OpenVINOEngine(Engine):
                 if binding.home is None and not self._closed:
                     home = None
                     if self.home_places:
-                        home = _Request(self, pooled=False)  # (before its place is taken: a failure here loses none)
+                        home = Request(self, pooled=False)  # (before its place is taken: a failure here loses none)
                         home.busy.acquire()
                         self.home_places.pop()
                     else:
@@ -489,7 +300,7 @@ class OpenVINOEngine(Engine):
             dropped = sum(b.home is not None and sys.getrefcount(b) <= 3 for b in self._by_address.kept())
         return len(self.home_places) + dropped
 
-    def _home_of_a_dropped_binding(self) -> _Request | None:
+    def _home_of_a_dropped_binding(self) -> Request | None:
         """The home (held) of a binding kept by address whose tensors are gone, for another binding: the app moved
         on to other memory. Such a binding is referred to by this engine's cache alone (a live set of tensors has a
         plan that holds its binding); a home running now is left where it is."""
@@ -502,8 +313,8 @@ class OpenVINOEngine(Engine):
                     return home
         return None
 
-    def start(self, binding: _Binding, done: Done, context: _Request | None = None) -> bool | Launched:
-        """A job on a free pooled request's ``start_async``, ended by its waiters (``_Started``). False (the
+    def start(self, binding: Binding, done: Done, context: Request | None = None) -> bool | Launched:
+        """A job on a free pooled request's ``start_async``, ended by its waiters (``Started``). False (the
         runner's workers run it): a stream's context, an engine that starts none (``starts``), every request busy."""
         if context is not None or not self.starts or self._closed:
             return False
@@ -514,8 +325,8 @@ class OpenVINOEngine(Engine):
                 ticket = native.start(binding.wrapped)  # the GIL released while it starts
             except Exception as e:
                 raise self.translate(e) from None
-            return False if ticket < 0 else _NativeStarted(self, native, ticket, done)
-        request: _Request | None
+            return False if ticket < 0 else NativeStarted(self, native, ticket, done)
+        request: Request | None
         try:
             request = self._free.get_nowait()  # (acquire's first step, without its frame: every job's path)
         except Empty:
@@ -525,14 +336,14 @@ class OpenVINOEngine(Engine):
         self.async_used = True
         try:
             request.point(binding.wrapped)
-            _start_async(request.request, {}, None)  # releases the GIL
+            c_start_async(request.request, {}, None)  # releases the GIL
         except Exception as e:
             self.release(request)
             raise self.translate(e) from None
-        started = request.started = _Started(request, done)
+        started = request.started = Started(request, done)
         return started
 
-    def lane(self, binding: _Binding) -> tuple[Any, list[ov.Tensor], Any] | None:
+    def lane(self, binding: Binding) -> tuple[Any, list[ov.Tensor], Any] | None:
         """The extension's requests as the job lane (jobs without a callback whose outputs' shapes are fixed)."""
         if not self.starts or self.dynamic_positions or self._closed:
             return None
@@ -555,7 +366,7 @@ class OpenVINOEngine(Engine):
                     self.native_jobs = False
             return self._native
 
-    def run_arrays(self, arrays: Sequence[np.ndarray], context: _Request | None = None) -> list[np.ndarray]:
+    def run_arrays(self, arrays: Sequence[np.ndarray], context: Request | None = None) -> list[np.ndarray]:
         request = context or self.acquire()
         assert request is not None
         try:
@@ -592,27 +403,27 @@ class OpenVINOEngine(Engine):
                 self.release(request)
 
     # -- variables (stateful models: ReadValue / Assign) -----------------------------------------------------
-    def open_context(self) -> _Request | None:
+    def open_context(self) -> Request | None:
         """A stream's own infer request: OpenVINO keeps a model's variables per request, and streams sharing the
         pool (``max_concurrent_runs`` requests) would wait for one another where one request each runs side by
         side."""
         with self._lock:
-            request = _Request(self, pooled=False)
+            request = Request(self, pooled=False)
             self.contexts.append(request)
         return request
 
-    def close_context(self, context: _Request | None) -> None:
+    def close_context(self, context: Request | None) -> None:
         if context is not None:
             with self._lock:
                 if context in self.contexts:
                     self.contexts.remove(context)
 
-    def get_state(self, context: _Request | None) -> dict[str, np.ndarray]:
+    def get_state(self, context: Request | None) -> dict[str, np.ndarray]:
         if context is None:
             return {}
         return {v.name: np.array(v.state.data) for v in context.request.query_state()}
 
-    def set_state(self, context: _Request | None, state: Mapping[str, np.ndarray]) -> None:
+    def set_state(self, context: Request | None, state: Mapping[str, np.ndarray]) -> None:
         if context is None:
             super().set_state(context, state)
             return
@@ -625,7 +436,7 @@ class OpenVINOEngine(Engine):
                 raise ValueError(f"state {name!r}: shape {list(a.shape)}, expected {list(want)}")
             variable.state = ov.Tensor(a)  # OpenVINO copies it into the request's own state
 
-    def reset_state(self, context: _Request | None) -> None:
+    def reset_state(self, context: Request | None) -> None:
         if context is not None:
             context.request.reset_state()
 
