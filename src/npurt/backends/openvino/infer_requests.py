@@ -35,7 +35,7 @@ class RequestsEngine(Protocol):
     dynamic_positions: list[tuple[int, int]]  # (output index, position among ov_ports) of outputs a run shapes
     home_places: list[None]  # places for bindings' own requests not yet given
     end_lock: threading.Lock  # ends each started job once
-    count_copy: Callable[[int], Any]
+    count_copy: Callable[[int], None]
 
     def release(self, request: Request) -> None: ...
 
@@ -134,7 +134,7 @@ class Request:
 
 
 class Started(Launched):
-    """A job running on a pooled request's ``start_async``; its waiters end it (see the module's docstring)."""
+    """A job running on a pooled request's ``start_async``; its waiters end it (see engine.py's docstring)."""
 
     __slots__ = ("request", "done", "ended")
 
