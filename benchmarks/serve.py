@@ -64,7 +64,17 @@ import numpy as np
 from benchmarks import finish, parser
 from benchmarks.serve_generate import generation_section
 from npurt import RunnerFactory
-from npurt.bench import BenchError, Budget, Report, RunnerSubject, Table, Target, measure_latency, paired_difference_ms
+from npurt.bench import (
+    BenchError,
+    Budget,
+    LatencyStats,
+    Report,
+    RunnerSubject,
+    Table,
+    Target,
+    measure_latency,
+    paired_difference_ms,
+)
 from npurt.bench.measure import CallSubject
 from npurt.bench.subjects import runner_feeds
 from npurt.models import zoo
@@ -142,12 +152,12 @@ def raw_engine_process(sock: socket.socket, backend: str, path: str, shapes: dic
 
     own = []  # first its own run in a loop, as the in-process side runs: what the round trip is measured beyond
     for k in range(n + 20):
-        t0 = time.perf_counter()
+        t0 = time.perf_counter_ns()
         run()
         if k >= 20:
-            own.append(time.perf_counter() - t0)
-    own.sort()
-    sock.send(f"{own[len(own) // 2]!r} {own[int(len(own) * 0.99)]!r}".encode())
+            own.append(time.perf_counter_ns() - t0)
+    stats = LatencyStats.from_samples(own)
+    sock.send(f"{stats.p50_ms!r} {stats.p99_ms!r}".encode())
     while message := sock.recv(64):
         run()
         sock.send(message)
@@ -157,50 +167,52 @@ def raw_engine_us(backend: str, path: str, shapes: dict[str, list[int]] | None, 
                   feeds: dict[str, np.ndarray], n: int) -> tuple[float, float, float, float]:
     """The engine's own run in its process (p50, p99 ms), and the p50 and p99 (us) of a round trip to it there
     beyond that run's p50."""
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = mp.get_context("spawn").Process(target=raw_engine_process, daemon=True,
-                                           args=(theirs, backend, path, shapes, settings, feeds, n))
-    proc.start()
-    theirs.close()
-    mine.settimeout(300)  # (a child that hangs, in its compile say, fails the benchmark instead of stalling it)
-    samples = []
+    mine, proc = spawned_peer(raw_engine_process, backend, path, shapes, settings, feeds, n)
     try:
         own50, own99 = (float(x) for x in mine.recv(64).decode().split())
-        for k in range(n + 20):
-            t0 = time.perf_counter()
-            mine.send(b"x" * 20)
-            if not mine.recv(64):
-                raise BenchError("the raw engine's process ended")
-            if k >= 20:
-                samples.append(time.perf_counter() - t0 - own50)
+        trips = round_trips(mine, n, own50 / 1e3)
     except (OSError, ValueError) as e:
         raise BenchError(f"the raw engine's process: {type(e).__name__}: {e}") from None
     finally:
         mine.close()
         proc.join(timeout=10)
-    samples.sort()
-    return own50 * 1e3, own99 * 1e3, samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
+    return own50, own99, trips.p50_ms * 1e3, trips.p99_ms * 1e3
 
 
 def floor_us(busy_s: float, n: int) -> tuple[float, float]:
     """p50 and p99 (us) of a bare round trip to another process, beyond its busy wait of ``busy_s``."""
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = mp.get_context("spawn").Process(target=echo_process, args=(theirs, busy_s), daemon=True)
-    proc.start()
-    theirs.close()
-    samples = []
+    mine, proc = spawned_peer(echo_process, busy_s)
     try:
-        for k in range(n + 20):
-            t0 = time.perf_counter()
-            mine.send(b"x" * 20)
-            mine.recv(64)
-            if k >= 20:
-                samples.append(time.perf_counter() - t0 - busy_s)
+        trips = round_trips(mine, n, busy_s)
     finally:
         mine.close()
         proc.join(timeout=10)
-    samples.sort()
-    return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
+    return trips.p50_ms * 1e3, trips.p99_ms * 1e3
+
+
+def spawned_peer(target: Callable[..., None], *args: Any) -> tuple[socket.socket, Any]:
+    """A process running ``target(its end of a socket pair, *args)``, and this end (a timeout on it: a peer that
+    hangs, in its compile say, fails the benchmark instead of stalling it)."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = mp.get_context("spawn").Process(target=target, args=(theirs, *args), daemon=True)
+    proc.start()
+    theirs.close()
+    mine.settimeout(300)
+    return mine, proc
+
+
+def round_trips(sock: socket.socket, n: int, beyond_s: float) -> LatencyStats:
+    """``n`` round trips of a 20-byte message to the peer (after 20 unmeasured), each beyond ``beyond_s``."""
+    samples = []
+    beyond_ns = round(beyond_s * 1e9)
+    for k in range(n + 20):
+        t0 = time.perf_counter_ns()
+        sock.send(b"x" * 20)
+        if not sock.recv(64):
+            raise BenchError("the peer process ended")
+        if k >= 20:
+            samples.append(time.perf_counter_ns() - t0 - beyond_ns)
+    return LatencyStats.from_samples(samples)
 
 
 # ---------------------------------------------------------------------------------------------- throughput
