@@ -190,10 +190,6 @@ class RawOpenVINO:
     """The same patterns on OpenVINO: the model reshaped to the pinned shapes, compiled with each runner's
     settings, every tensor set once."""
 
-    def kept(self, array: np.ndarray) -> np.ndarray:
-        self.shared.append(array)
-        return array
-
     def __init__(self, npurt: NpurtSide, path: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
         import openvino as ov
 
@@ -207,11 +203,16 @@ class RawOpenVINO:
             model.reshape({k: list(v) for k, v in shapes.items()})
             return core.compile_model(model, "CPU", dict(runner.device_info.engine_settings))
 
-        def bound(c: Any) -> Any:
-            request = c.create_infer_request()
+        def share_inputs(request: Any, c: Any) -> None:
+            """Each input of ``c`` set on ``request`` once, over a copy of its feed kept in ``shared``."""
             for port in c.inputs:
                 name = next(n for n in port.get_names() if n in npurt.feeds)
-                request.set_tensor(port, ov.Tensor(self.kept(npurt.feeds[name].copy()), shared_memory=True))
+                self.shared.append(npurt.feeds[name].copy())
+                request.set_tensor(port, ov.Tensor(self.shared[-1], shared_memory=True))
+
+        def bound(c: Any) -> Any:
+            request = c.create_infer_request()
+            share_inputs(request, c)
             for port in c.outputs:
                 request.set_tensor(port, ov.Tensor(port.get_element_type(), port.get_shape()))
             return request
@@ -221,9 +222,7 @@ class RawOpenVINO:
         self.requests = [bound(c_async) for _ in range(npurt.n)]
         self.queue = ov.AsyncInferQueue(c_async, npurt.n)
         for request in self.queue:
-            for port in c_async.inputs:
-                name = next(n for n in port.get_names() if n in npurt.feeds)
-                request.set_tensor(port, ov.Tensor(self.kept(npurt.feeds[name].copy()), shared_memory=True))
+            share_inputs(request, c_async)
         self.done = 0
         lock = threading.Lock()
 
@@ -235,9 +234,7 @@ class RawOpenVINO:
         self.queue.set_callback(on_done)
         self.plain = ov.AsyncInferQueue(c_async, npurt.n)  # no callback: wait_any's pattern
         for request in self.plain:
-            for port in c_async.inputs:
-                name = next(n for n in port.get_names() if n in npurt.feeds)
-                request.set_tensor(port, ov.Tensor(self.kept(npurt.feeds[name].copy()), shared_memory=True))
+            share_inputs(request, c_async)
 
     def execute(self, k: int) -> None:
         infer = self.request.infer
