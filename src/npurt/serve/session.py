@@ -282,14 +282,15 @@ class Session:
         handlers = self._handlers()
         recvmsg_into = self.sock.recvmsg_into
         buffers, head, unpack_from, run, flags = [buffer], p.HEAD.size, p.HEAD.unpack_from, p.RUN, _RECV_FLAGS
+        alone = p.FLAG_ALONE
         while True:
             try:
                 n, ancdata, msg_flags, _ = recvmsg_into(buffers, p.ANCILLARY_SIZE, flags)
             except OSError:
                 return False
             if n == head and not ancdata and buffer[0] == run:  # the hot path first: RUN, a head alone
-                _, _, _, a, b, req = unpack_from(buffer)
-                if not self._run(req, a, b):
+                _, _, run_flags, a, b, req = unpack_from(buffer)
+                if not self._run(req, a, b, run_flags & alone):
                     return True
                 continue
             if n == 0:
@@ -301,7 +302,7 @@ class Session:
                     continue
                 kind, _, message.flags, a, b, req = unpack_from(buffer)
                 if kind == run:  # (with fds, closed below)
-                    if not self._run(req, a, b):
+                    if not self._run(req, a, b, message.flags & alone):
                         return True
                     continue
                 handler = handlers.get(kind)
@@ -417,9 +418,11 @@ class Session:
                                                          "connection")
         return entry[2]
 
-    def _run(self, req: int, binding_id: int, context_id: int) -> bool:
+    def _run(self, req: int, binding_id: int, context_id: int, alone: int = 0) -> bool:
         """RUN: run the job on this thread when the model has a free slot and nobody queues, else queue it. Whether
-        this thread still has the turn to read (it leaves it for a run, and may find it taken after)."""
+        this thread still has the turn to read (it leaves it for a run, and may find it taken after). ``alone``
+        (FLAG_ALONE): the client waits for this answer with nothing else in flight, so the run keeps the turn (a
+        message the client sends meanwhile, from another thread, is read when the run ends)."""
         binding = self.bindings.get(binding_id)
         try:
             if binding is None:
@@ -435,7 +438,7 @@ class Session:
             except ServiceError:
                 served.release_slot()
                 raise
-            if self.turns.leave():
+            if not alone and self.turns.leave():
                 self._spawn(self._watcher)  # someone must read the client's next messages meanwhile
             try:
                 served.run_inline(job, self._again)
