@@ -72,7 +72,7 @@ class FairQueue:
         self._lock = threading.Lock()
         self._ring: OrderedDict[int, deque[Job]] = OrderedDict()  # client -> its jobs, the next client first
         self._closed = False
-        self._size = 0
+        self.size = 0  # jobs queued (read without the lock by the slots' hot paths: a C read, no __len__ frame)
 
     def put(self, client: int, job: Job) -> bool:
         with self._lock:
@@ -83,7 +83,7 @@ class FairQueue:
                 self._ring[client] = deque((job,))
             else:
                 jobs.append(job)
-            self._size += 1
+            self.size += 1
             return True
 
     def get(self) -> Job | None:
@@ -97,7 +97,7 @@ class FairQueue:
                 self._ring.move_to_end(client)  # the others' turn first
             else:
                 del self._ring[client]
-            self._size -= 1
+            self.size -= 1
             return job
 
     def drop(self, client: int | None = None) -> list[Job]:
@@ -108,7 +108,7 @@ class FairQueue:
                 self._ring.clear()
             else:
                 dropped = list(self._ring.pop(client, ()))
-            self._size -= len(dropped)
+            self.size -= len(dropped)
             return dropped
 
     def close(self) -> None:
@@ -116,7 +116,7 @@ class FairQueue:
             self._closed = True
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
 
 # ---------------------------------------------------------------------------------------------- served models
@@ -158,7 +158,10 @@ class ServedModel:
         self.observer = observer
         self.queue = FairQueue()
         self.slots = slots
-        self._cond = threading.Condition(threading.Lock())  # slots in use, and workers waiting for a job
+        # slots in use, and workers waiting for a job; the hot paths take the condition's lock itself (a Condition's
+        # ``with`` is two Python calls around it, paid twice by every job)
+        self._slots_lock = threading.Lock()
+        self._cond = threading.Condition(self._slots_lock)
         self._busy = 0
         self._closed = False
         self.stateful = bool(runner.engine_for().state_names) if _has_default(runner) else False
@@ -171,8 +174,8 @@ class ServedModel:
 
     def try_slot(self) -> bool:
         """A slot for a run on the caller's thread: only when one is free and nobody waits in the queue."""
-        with self._cond:
-            if self._busy < self.slots and not len(self.queue):
+        with self._slots_lock:
+            if self._busy < self.slots and not self.queue.size:
                 self._busy += 1
                 return True
             return False
@@ -186,10 +189,21 @@ class ServedModel:
                 self._cond.notify()
         return True
 
-    def run_inline(self, job: Job, before_queued: Callable[[], None] | None = None) -> None:
+    def run_inline(self, job: Job | None, before_queued: Callable[[], None] | None = None) -> None:
         """Run a job in the slot ``try_slot`` gave (and the queued jobs after it while there are any, calling
         ``before_queued()`` before each of those)."""
-        self._run_in_slot(job, before_queued)
+        queue = self.queue
+        while job is not None:
+            self.run(job)
+            with self._slots_lock:  # (submit counts its job in the queue before it takes this lock to wake a worker)
+                job = queue.get() if queue.size else None
+                if job is None:
+                    self._busy -= 1
+            if job is not None and before_queued is not None:
+                try:
+                    before_queued()
+                except Exception:  # noqa: BLE001 - the queued job runs whatever happened
+                    log.exception("model %s: preparing to run a queued job failed", self.name)
 
     def run_once(self, job: Job) -> None:
         """Run a job in the slot ``try_slot`` gave, then give the slot back (a worker takes the jobs queued
@@ -206,20 +220,6 @@ class ServedModel:
             self._busy -= 1
             self._cond.notify()
 
-    def _run_in_slot(self, job: Job | None, before_queued: Callable[[], None] | None = None) -> None:
-        queue = self.queue
-        while job is not None:
-            self.run(job)
-            with self._cond:  # (submit counts its job in the queue before it takes this lock to wake a worker)
-                job = queue.get() if len(queue) else None
-                if job is None:
-                    self._busy -= 1
-            if job is not None and before_queued is not None:
-                try:
-                    before_queued()
-                except Exception:  # noqa: BLE001 - the queued job runs whatever happened
-                    log.exception("model %s: preparing to run a queued job failed", self.name)
-
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -231,7 +231,7 @@ class ServedModel:
                         self._busy += 1
                         break
                     self._cond.wait()
-            self._run_in_slot(job)
+            self.run_inline(job)
             del job  # an idle worker must not keep its last job's tensors (a gone client's memory) alive
 
     def _describe(self) -> dict[str, Any]:

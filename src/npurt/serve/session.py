@@ -103,7 +103,13 @@ class Session:
         that other clients' jobs wait for."""
         try:
             with self._send_lock:
-                self._send_locked(message, ancdata)
+                if ancdata:
+                    self._send_locked(message, ancdata)
+                else:
+                    try:  # (a DONE head: the socket has room for it but where a client leaves its answers unread)
+                        self.sock.send(message, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        self._send_locked(message, None)
         except TimeoutError:
             log.warning("client %d (%s) leaves its answers unread for %.1f s; disconnecting it", self.sid, self.peer,
                         self.limits.send_timeout_s)
