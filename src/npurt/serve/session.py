@@ -106,7 +106,7 @@ class Session:
                 if ancdata:
                     self._send_locked(message, ancdata)
                 else:
-                    try:  # (a DONE head: the socket has room for it but where a client leaves its answers unread)
+                    try:  # (the socket has room for it, but where a client leaves its answers unread)
                         self.sock.send(message, socket.MSG_DONTWAIT)
                     except BlockingIOError:
                         self._send_locked(message, None)
