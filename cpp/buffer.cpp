@@ -256,14 +256,26 @@ void alloc_udmabuf(Buffer &b, size_t length) {
     b.provider = "udmabuf";
 }
 
+// Memory this extension allocates asks for transparent huge pages where it spans one: a CPU engine streaming a
+// 1080p float frame (24 MB in, 24 MB out) ran 1.19 ms on huge pages against 1.70 ms on anonymous 4 KiB pages and
+// 1.82 on a memfd's (OpenVINO CPU, 2-core VM), as numpy's large arrays get them. Advice only: the kernel's THP
+// setting decides (for memfd memory, shmem_enabled, "never" on many distributions), and a refusal changes nothing.
+constexpr size_t kHugePageSize = size_t{2} << 20;
+
+void advise_huge_pages(const Mapping &m) {
+    if (m.length() >= kHugePageSize) (void)::madvise(m.data(), m.length(), MADV_HUGEPAGE);
+}
+
 void alloc_memfd(Buffer &b, size_t length) {
     b.fd = sealed_memfd(length, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
     b.mapping = Mapping::map(b.fd.get(), length, 0, true, "memfd buffer");
+    advise_huge_pages(b.mapping);
     b.provider = "memfd";
 }
 
 void alloc_host(Buffer &b, size_t length) {
     b.mapping = Mapping::map(-1, length, 0, true, "anonymous host memory");
+    advise_huge_pages(b.mapping);
     b.provider = "host";
 }
 

@@ -83,6 +83,27 @@ def test_host_memory_is_page_aligned_and_not_exportable():
     buf.sync_end(True, True)
 
 
+def vm_flags(address: int) -> list[str]:
+    """The kernel's flags of the mapping that holds ``address`` (/proc/self/smaps' VmFlags)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0] if line else ""
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= address < high
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.parametrize("provider", ["host", "memfd"])
+def test_buffers_of_a_huge_page_or_more_ask_for_huge_pages(provider):
+    # (MADV_HUGEPAGE: the mapping's "hg" flag; whether the kernel then gives huge pages is its THP setting's call)
+    large, small = Buffer.allocate(4 << 20, provider), Buffer.allocate(1 << 20, provider)
+    assert "hg" in vm_flags(large.address)
+    assert "hg" not in vm_flags(small.address)
+
+
 def test_buffer_protocol_gives_writable_zero_copy_views():
     buf = Buffer.allocate(64, "memfd")
     view = memoryview(buf)
