@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -33,10 +32,7 @@ from npurt import (
 )
 from npurt.options import parse_options
 from npurt.serve import RemoteBackend
-from npurt.serve import protocol as p
-from npurt.serve.connection import Connection
 from npurt.serve.process import ServiceProcess
-from npurt.tensor import allocate_tensor
 from tests.helpers.models import model_or_skip
 from tests.helpers.ocr import SHAPES, frame
 
@@ -250,74 +246,6 @@ def test_the_thread_that_read_a_run_reads_next_and_others_read_meanwhile(tmp_pat
             in_flight = client.stats()["client"]["in_flight"]
             assert runner.wait(job) is StatusCode.SUCCESS
             assert in_flight == 1, "a query during a run was answered only after it"
-        # By hand: a RUN that says its client has nothing else in flight (FLAG_ALONE, a synchronous execute) keeps
-        # the turn (a message sent meanwhile is read after the run); one without it leaves the turn to a watcher
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        raw.settimeout(60)
-        raw.connect(str(svc.socket_path))
-        try:
-            assert answer(raw, p.pack_json(p.HELLO, 1, {"magic": p.MAGIC, "version": p.VERSION}))[1] == 0
-            runner_id = answer(raw, p.pack_json(p.OPEN, 2, {"model": "slow", "options": {}}))[3]
-            pair = [allocate_tensor(npurt.NpuTensorInfo(name=name, data_type=npurt.DataType.FLOAT32, shape=(256, 1024),
-                                                        direction=direction), provider="memfd")
-                    for name, direction in (("x", TensorDirection.INPUT), ("y", TensorDirection.OUTPUT))]
-            message, ancdata = p.pack_tensors(p.BIND, 3, pair, a=runner_id, b=1)
-            raw.sendmsg([message], ancdata)
-            kind, status, _, binding_id, _, _ = p.unpack(raw.recv(p.MAX_MESSAGE + 1))
-            assert (kind, status) == (p.REPLY, 0)
-            for flags, order in ((p.FLAG_ALONE, [p.DONE, p.REPLY]), (0, [p.REPLY, p.DONE])):
-                raw.send(p.HEAD.pack(p.RUN, 0, flags, binding_id, 0, 10))
-                raw.send(p.pack(p.STATS, 11))
-                got = [p.unpack(raw.recv(p.MAX_MESSAGE + 1)) for _ in range(2)]
-                assert [kind for kind, *_ in got] == order, f"RUN flags {flags}: answers {got}"
-                assert all(status == 0 for _, status, *_ in got)
-        finally:
-            raw.close()
-
-
-def answer(sock: socket.socket, message: bytes) -> tuple[int, int, int, int, int, int]:
-    sock.send(message)
-    return p.unpack(sock.recv(p.MAX_MESSAGE + 1))
-
-
-def test_a_blocking_run_with_nothing_else_in_flight_says_so(tmp_path):
-    """The client sets FLAG_ALONE on a RUN only where its caller blocks on the answer and no other request of the
-    connection is awaited (a service that keeps the turn for it then delays nobody's request)."""
-    path = tmp_path / "fake.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(str(path))
-    listener.listen(1)
-    runs: list[tuple[int, int]] = []  # (request id, flags) of each RUN, as the service saw them
-
-    def fake_service() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(p.MAX_MESSAGE + 1)  # HELLO
-            conn.send(p.pack_json(p.REPLY, 0, {"pid": os.getpid(), "client": 1}))
-            held: list[int] = []
-            while data := conn.recv(p.MAX_MESSAGE + 1):
-                kind, _, flags, a, _, req = p.unpack(data)
-                runs.append((req, flags))
-                if a == 2:  # binding 2: its answer waits for the next run's (a job in flight meanwhile)
-                    held.append(req)
-                    continue
-                for r in [req, *held]:
-                    conn.send(p.HEAD.pack(p.DONE, 0, 0, 0, 0, r))
-                held.clear()
-
-    server = threading.Thread(target=fake_service, daemon=True)
-    server.start()
-    try:
-        with Connection(path) as connection:
-            ended = threading.Event()
-            assert connection.run(1, 0) is not None  # a synchronous run, nothing else awaited: alone
-            assert connection.run(2, 0, lambda reply: ended.set()) is None  # a job: never alone
-            assert connection.run(1, 0) is not None  # a synchronous run while that job is in flight: not alone
-            assert ended.wait(10)
-        server.join(10)
-    finally:
-        listener.close()
-    assert [flags for _, flags in runs] == [p.FLAG_ALONE, 0, 0]
 
 
 def test_options_that_change_the_engine_get_a_runner_of_their_own(client):

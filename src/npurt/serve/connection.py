@@ -54,14 +54,13 @@ class _Pending:
     """One request waiting for its reply: a caller (``lock``, made when it must wait for someone else to read,
     released when the reply is delivered or when it is to read itself) or a callback (``on_reply``)."""
 
-    __slots__ = ("lock", "reply", "on_reply", "signalled", "alone")
+    __slots__ = ("lock", "reply", "on_reply", "signalled")
 
     def __init__(self, on_reply: Any = None) -> None:
         self.on_reply = on_reply
         self.reply: Reply | None = None
         self.signalled = False
         self.lock: threading.Lock | None = None
-        self.alone = False  # no other request was awaited when this one was registered
 
 
 class Connection:
@@ -152,7 +151,6 @@ class Connection:
         with self._lock:
             if self._lost:
                 raise ConnectionError(self._lost)
-            pending.alone = not self._pending
             self._pending[req] = pending
         return req
 
@@ -275,8 +273,7 @@ class Connection:
             on_reply(reply)
             return None
         pending = _Pending(on_reply)
-        req = self._submit(pending, lambda r: p.HEAD.pack(
-            p.RUN, 0, p.FLAG_ALONE if on_reply is None and pending.alone else 0, binding_id, context_id, r))
+        req = self._submit(pending, lambda r: p.HEAD.pack(p.RUN, 0, 0, binding_id, context_id, r))
         if on_reply is not None:
             if not self._reading:
                 self._wanted.set()

@@ -74,9 +74,6 @@ NOTICE = 102  # unsolicited (request id 0): body {"shutdown": why}
 
 REQUEST_KINDS = frozenset(range(HELLO, STATS + 1))
 FLAG_TENSORS = 1  # an npurt.share message follows this one
-# RUN: the client blocks on this answer and had no other request in flight when it sent it (a synchronous execute):
-# the thread that reads it may run it without arming another to watch the connection meanwhile (serve/turns.py)
-FLAG_ALONE = 2
 
 # Options the client's own runner keeps (its job table, batching, memory, streams' carried pairs); the others
 # decide what the service compiles and are sent to it.

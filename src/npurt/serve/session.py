@@ -288,15 +288,14 @@ class Session:
         handlers = self._handlers()
         recvmsg_into = self.sock.recvmsg_into
         buffers, head, unpack_from, run, flags = [buffer], p.HEAD.size, p.HEAD.unpack_from, p.RUN, _RECV_FLAGS
-        alone = p.FLAG_ALONE
         while True:
             try:
                 n, ancdata, msg_flags, _ = recvmsg_into(buffers, p.ANCILLARY_SIZE, flags)
             except OSError:
                 return False
             if n == head and not ancdata and buffer[0] == run:  # the hot path first: RUN, a head alone
-                _, _, run_flags, a, b, req = unpack_from(buffer)
-                if not self._run(req, a, b, run_flags & alone):
+                _, _, _, a, b, req = unpack_from(buffer)
+                if not self._run(req, a, b):
                     return True
                 continue
             if n == 0:
@@ -308,7 +307,7 @@ class Session:
                     continue
                 kind, _, message.flags, a, b, req = unpack_from(buffer)
                 if kind == run:  # (with fds, closed below)
-                    if not self._run(req, a, b, message.flags & alone):
+                    if not self._run(req, a, b):
                         return True
                     continue
                 handler = handlers.get(kind)
@@ -424,11 +423,9 @@ class Session:
                                                          "connection")
         return entry[2]
 
-    def _run(self, req: int, binding_id: int, context_id: int, alone: int = 0) -> bool:
+    def _run(self, req: int, binding_id: int, context_id: int) -> bool:
         """RUN: run the job on this thread when the model has a free slot and nobody queues, else queue it. Whether
-        this thread still has the turn to read (it leaves it for a run, and may find it taken after). ``alone``
-        (FLAG_ALONE): the client waits for this answer with nothing else in flight, so the run keeps the turn (a
-        message the client sends meanwhile, from another thread, is read when the run ends)."""
+        this thread still has the turn to read (it leaves it for a run, and may find it taken after)."""
         binding = self.bindings.get(binding_id)
         try:
             if binding is None:
@@ -444,7 +441,7 @@ class Session:
             except ServiceError:
                 served.release_slot()
                 raise
-            if not alone and self.turns.leave():
+            if self.turns.leave():
                 self._spawn(self._watcher)  # someone must read the client's next messages meanwhile
             try:
                 served.run_inline(job, self._again)

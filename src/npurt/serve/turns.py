@@ -1,16 +1,11 @@
 """Who reads one client's connection in the service: its threads take turns (``ReadTurns``).
 
 One thread at a time reads (blocks in ``recvmsg``). A reader that runs a job it read leaves the turn for the run and
-takes it back before the job's answer goes, unless a message came meanwhile and another thread took over. A run whose
-client said it waits for the answer with nothing else in flight (``FLAG_ALONE``: a synchronous ``execute``) keeps
-the turn instead: no ``epoll_ctl`` to arm and disarm a watcher around it (two system calls a request, ~2.5 us of
-~90 on the 2-core VM, the digits model on ONNX Runtime); a message its client sends meanwhile (another thread's) is
-read when the run ends.
-
-The session's other threads wait in ``epoll`` on the connection, registered one-shot and armed only while nobody
-reads: a client that waits for each answer (the common case) never wakes them, and its next request is read and run
-by the thread that ran the last one. A client with several requests in flight wakes one when a message comes during
-a run, as it would wake a second thread blocked in ``recvmsg``.
+takes it back before the job's answer goes, unless a message came meanwhile and another thread took over. The
+session's other threads wait in ``epoll`` on the connection, registered one-shot and armed only while nobody reads:
+a client that waits for each answer (the common case) never wakes them, and its next request is read and run by the
+thread that ran the last one. A client with several requests in flight wakes one when a message comes during a run,
+as it would wake a second thread blocked in ``recvmsg``.
 
 Why not several threads blocked in ``recvmsg`` at once (as before): the kernel hands each message to the one that
 has waited longest, so the runs of a client that waits for each answer rotate over the threads, and OpenVINO runs
@@ -94,8 +89,6 @@ class ReadTurns:
         """The calling thread has run its jobs: whether it reads now (it has the turn, or takes it); if not
         (another took over, or the connection ended) it must call ``watch``."""
         me = threading.get_ident()
-        if self.reader == me and me not in self._away:  # (it kept the turn, or took it back: only ``end`` takes it)
-            return True
         with self._lock:
             self._away.discard(me)
             if self.reader == me:
