@@ -89,6 +89,8 @@ class ReadTurns:
         """The calling thread has run its jobs: whether it reads now (it has the turn, or takes it); if not
         (another took over, or the connection ended) it must call ``watch``."""
         me = threading.get_ident()
+        if self.reader == me and me not in self._away:  # (it took the turn back: only ``end`` takes it from there)
+            return True
         with self._lock:
             self._away.discard(me)
             if self.reader == me:
