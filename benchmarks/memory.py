@@ -100,7 +100,8 @@ def main() -> int:
     table = Table(["backend", "memory", "p50 ms", "p99 ms", "p50 / raw's"],
                   formats=["", "", "{:.3f}", "{:.3f}", "{:.3f}x"])
     report.tables.append(table)
-    path = normalize_model(Path(tempfile.mkdtemp(prefix="npurt-memory-")) / "normalize_1080p.onnx")
+    folder = tempfile.TemporaryDirectory(prefix="npurt-memory-")
+    path = normalize_model(Path(folder.name) / "normalize_1080p.onnx")
     frame = np.random.default_rng(0).random((1, 3, 1080, 1920), np.float32)
     for backend in backends:
         runners = [runner_of(backend, path, provider) for provider in PROVIDERS]
@@ -121,6 +122,7 @@ def main() -> int:
         finally:
             for r in runners:
                 r.close()
+    folder.cleanup()
     return finish(report, args.json)
 
 

@@ -96,6 +96,8 @@ def vm_flags(address: int) -> list[str]:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage").exists(),
+                    reason="this kernel has no transparent huge pages (the advice is refused, and ignored)")
 @pytest.mark.parametrize("provider", ["host", "memfd"])
 def test_buffers_of_a_huge_page_or_more_ask_for_huge_pages(provider):
     # (MADV_HUGEPAGE: the mapping's "hg" flag; whether the kernel then gives huge pages is its THP setting's call)
