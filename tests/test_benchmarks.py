@@ -147,3 +147,17 @@ def test_serve_generate_quick():
     names = target_names(report)
     assert "1 client: ids/s npurt / peer" in names and "4 clients: TTFT p95 npurt / peer" in names
     assert not report["problems"]  # npurt's greedy ids equal onnxruntime-genai's
+
+
+def test_memory_quick():
+    """benchmarks.memory (no target): a row per backend for numpy's arrays and for each provider, each timed."""
+    env = {k: v for k, v in os.environ.items() if k != "NPURT_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--quick", "--json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert "shmem (memfd)" in report["notes"][0] and not report["problems"]
+    rows = report["tables"][0]["rows"]
+    assert [(r[0], r[1]) for r in rows] == [(b, m) for b in ("OPENVINO", "VAIML") for m in (
+        "numpy's arrays (raw engine)", "npurt, memfd", "npurt, host")]
+    assert all(math.isfinite(r[2]) and 0 < r[2] <= r[3] and r[4] > 0 for r in rows)
