@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from npurt import StatusCode
 from npurt.bench import BenchError, Report, render
@@ -43,3 +44,16 @@ def check(status: StatusCode, runner: Runner, what: str) -> None:
     """BenchError unless ``status`` is SUCCESS: a failed job is never timed as one done."""
     if status is not StatusCode.SUCCESS:
         raise BenchError(f"{what} failed: {status.name}: {runner.last_error}")
+
+
+def onnxruntime_session(path: str | os.PathLike[str], settings: Mapping[str, str] | Iterable[tuple[str, str]]) -> Any:
+    """A raw ONNX Runtime session on the CPU provider with a runner's engine settings
+    (``runner.device_info.engine_settings``): its intra-op threads and spinning, as every raw ONNX Runtime side of
+    these scripts is made."""
+    import onnxruntime as ort
+
+    values = dict(settings)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(values["intra_op_num_threads"].split()[0])
+    options.add_session_config_entry("session.intra_op.allow_spinning", values["allow_spinning"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -63,7 +63,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from benchmarks import check, finish, parser
+from benchmarks import check, finish, onnxruntime_session, parser
 from benchmarks.apps import BACKENDS, callback_chains, model_path, npurt_runner
 from npurt import InferQueue, JobHandle, StatusCode, TensorType
 from npurt.bench import BenchError, Report, Table, Target, random_feeds
@@ -284,14 +284,8 @@ class RawOnnxRuntime:
     made once (N for N in flight), jobs on a ``ThreadPoolExecutor(N)``."""
 
     def __init__(self, npurt: NpurtSide, path: str) -> None:
-        import onnxruntime as ort
-
         def session(runner: Runner) -> Any:
-            settings = dict(runner.device_info.engine_settings)
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
-            so.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
-            return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            return onnxruntime_session(path, runner.device_info.engine_settings)
 
         self.keep: list[np.ndarray] = []
 

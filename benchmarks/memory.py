@@ -24,11 +24,12 @@ from __future__ import annotations
 import functools
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import finish, parser
+from benchmarks import finish, onnxruntime_session, parser
 from benchmarks.serve import normalize_model
 from npurt import RunnerFactory, TensorDirection
 from npurt.bench import Budget, Report, RunnerSubject, Subject, Table, measure_latency
@@ -54,23 +55,18 @@ class RawSubject(Subject):
             self.tensors = [ov.Tensor(self.frame, shared_memory=True), ov.Tensor(self.out, shared_memory=True)]
             request.set_input_tensor(self.tensors[0])
             request.set_output_tensor(self.tensors[1])
-            self.step = functools.partial(request.infer, share_inputs=True,  # type: ignore[method-assign]
-                                          share_outputs=True)
+            self.run: Callable[[], object] = functools.partial(request.infer, share_inputs=True, share_outputs=True)
             return
-        import onnxruntime as ort
-
         self.label = "raw ONNX Runtime on numpy arrays"
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
-        options.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.binding = self.session.io_binding()
-        self.binding.bind_cpu_input(self.session.get_inputs()[0].name, self.frame)
-        self.binding.bind_output(self.session.get_outputs()[0].name, "cpu", 0, self.out.dtype, list(self.out.shape),
-                                 self.out.ctypes.data)
+        self.session = onnxruntime_session(path, settings)
+        binding = self.session.io_binding()
+        binding.bind_cpu_input(self.session.get_inputs()[0].name, self.frame)
+        binding.bind_output(self.session.get_outputs()[0].name, "cpu", 0, self.out.dtype, list(self.out.shape),
+                            self.out.ctypes.data)
+        self.run = functools.partial(self.session.run_with_iobinding, binding)
 
     def step(self) -> None:
-        self.session.run_with_iobinding(self.binding)
+        self.run()
 
 
 def runner_of(backend: str, path: Path, provider: str) -> Runner:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from benchmarks import finish, parser
+from benchmarks import finish, onnxruntime_session, parser
 from npurt import RunnerFactory, TensorType
 from npurt.bench import (
     Budget,
@@ -67,13 +67,7 @@ def raw_subject(backend: str, runner: Any, path: str, shape: tuple[int, ...], fe
     if backend == "OPENVINO":
         load_openvino(keeper, path, "CPU", settings, inputs, {"x": list(shape)})
         return RawOpenVINOSubject(keeper.kept[0], feeds, requests, label)
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
-    options.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    return RawOnnxRuntimeSubject(session, feeds, requests, label)
+    return RawOnnxRuntimeSubject(onnxruntime_session(path, settings), feeds, requests, label)
 
 
 def main() -> int:

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import check, finish, parser
+from benchmarks import check, finish, onnxruntime_session, parser
 from benchmarks.apps import BACKENDS, callback_chains, model_path, npurt_runner
 from npurt import InferQueue, StatusCode, TensorType
 from npurt.bench import (
@@ -373,15 +373,9 @@ def raw_subjects(backend: str, runner: Runner, path: str, feeds: Mapping[str, np
         return [RawOpenVINOSubject(compiled, feeds, n, label="raw AsyncInferQueue"),
                 RawOpenVINOSubject(own_streams, feeds, n, label="raw AsyncInferQueue, engine's streams")], \
             RawOpenVINOThreads(compiled, feeds, n)
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    threads = int(settings["intra_op_num_threads"].split()[0])
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(path, settings)
     same_shape: list[Subject] = [RawOrtInFlight(session, feeds, n)]
-    if threads != 1:  # ONNX Runtime refuses run_async on a session with one intra-op thread
+    if session.get_session_options().intra_op_num_threads != 1:  # (ONNX Runtime refuses run_async on one thread)
         same_shape.append(RawOrtRunAsync(session, feeds, n))
     return same_shape, RawOnnxRuntimeSubject(session, feeds, n, label="raw threads")
 

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import finish, parser
+from benchmarks import finish, onnxruntime_session, parser
 from benchmarks.serve_generate import generation_section
 from npurt import RunnerFactory
 from npurt.bench import (
@@ -135,13 +135,7 @@ def raw_engine_process(sock: socket.socket, backend: str, path: str, shapes: dic
         # (sharing the outputs: without it, each run copies them into new arrays)
         run: Callable[[], Any] = functools.partial(request.infer, share_inputs=True, share_outputs=True)
     else:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        values = dict(settings)
-        options.intra_op_num_threads = int(values["intra_op_num_threads"].split()[0])
-        options.add_session_config_entry("session.intra_op.allow_spinning", values["allow_spinning"])
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        session = onnxruntime_session(path, settings)
         binding = session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, array)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import finish, parser
+from benchmarks import finish, onnxruntime_session, parser
 from benchmarks.apps import (
     BACKENDS,
     RAW_ENGINE,
@@ -73,15 +73,9 @@ def raw_stream_factory(backend: str, path: str, runner: Runner) -> Callable[[], 
             return vad.SileroVad(infer)
 
         return openvino_stream
-    import onnxruntime as ort
-
     # One session for every stream, as a user writes it (a session takes concurrent runs), with the runner's thread
     # settings: a default session per stream would start one spinning pool of every core per stream.
-    settings = dict(runner.device_info.engine_settings)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = int(settings["intra_op_num_threads"].split()[0])
-    options.add_session_config_entry("session.intra_op.allow_spinning", settings["allow_spinning"])
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(path, runner.device_info.engine_settings)
     names = [o.name for o in session.get_outputs()]
 
     def onnxruntime_stream() -> vad.SileroVad:
