@@ -19,8 +19,9 @@
   the same on one in-process runner, for N = 1, 4 and 8, in alternating blocks (the ratio is the median of the
   blocks' ratios).
 
-Targets (the issue): added p50 <= 60 us, independent of the tensor's size (the 1080p frame's added p50 within 60 us
-of the classifier's); throughput with 4 clients >= 0.95x of 4 threads in one process.
+Targets (issue 46): added p50 <= 60 us above the floor, independent of the tensor's size (the 1080p frame adds at most
+60 us more above its floor than the classifier above its own); throughput with 4 clients >= 0.95x of 4 threads in
+one process.
 
 The Open Inference Protocol (``--part oip``; issues 31 and 38), against what a user would pick instead: KServe's own
 Python model server (``kserve`` from PyPI, a ``kserve.Model`` whose ``predict`` calls ONNX Runtime), the same model
@@ -317,6 +318,7 @@ def socket_section(args: Any) -> Report:
                        formats=["", "{:.0f}", "{:.0f}", "{:.2f}x"])
     report.tables += [latency, throughput]
     added: dict[str, float] = {}
+    above_floor: dict[str, float] = {}  # added p50 minus the floor around the same in-process time
     with ServiceProcess.start({"cls": cls_model, "frame": frame_model}, Path(tmp.name) / "serve.sock",
                               serve_args) as service:
         with connect(service.socket_path) as client:
@@ -333,6 +335,7 @@ def socket_section(args: Any) -> Report:
                     latency.add(label, a.p50_ms, b.p50_ms, added[model], diff, a.p99_ms, b.p99_ms,
                                 (b.p99_ms - a.p99_ms) * 1e3)
                     f50, f99 = floor_us(a.p50_ms / 1e3, n)
+                    above_floor[model] = added[model] - f50
                     latency.add(f"  floor: bare round trip around {a.p50_ms:.3f} ms", a.p50_ms, a.p50_ms + f50 / 1e3,
                                 f50, f50, a.p99_ms, a.p99_ms + f99 / 1e3, f99)
                     own50, own99, r50, r99 = raw_engine_us(backend, str(path), opts.get("shapes"),
@@ -364,10 +367,11 @@ def socket_section(args: Any) -> Report:
                     ratios4.append(ratio)
     tmp.cleanup()
     report.targets += [
-        Target("added p50, PP-OCR classifier", added["cls"], 60, unit=" us"),
-        Target("added p50, 1x3x1080x1920 frame", added["frame"], 60, unit=" us"),
-        Target("added p50, frame minus classifier (size independence)", abs(added["frame"] - added["cls"]), 60,
-               unit=" us"),
+        Target("added p50 above the floor, PP-OCR classifier", above_floor["cls"], 60, unit=" us"),
+        Target("added p50 above the floor, 1x3x1080x1920 frame", above_floor["frame"], 60, unit=" us"),
+        # one-sided: a size cost shows as the frame adding more; adding less is the frame's in-process run swinging
+        Target("added p50 above the floor, frame minus classifier (size independence)",
+               above_floor["frame"] - above_floor["cls"], 60, unit=" us"),
         Target("throughput, 4 clients / 4 threads in one process", ratios4[0], 0.95, at_most=False, unit="x"),
     ]
     return report
