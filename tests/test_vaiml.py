@@ -58,6 +58,30 @@ def test_engine_options_and_thread_hints_reach_the_session():
         make(engine_options={"graph_optimization_level": "fastest"})
 
 
+def test_engine_options_given_as_text_are_read_strictly():
+    """The command line's --engine-option gives text: "0" turns a flag off (bool("0") would turn it on), the
+    execution mode takes its names or ONNX Runtime's enum, and what is neither is a ValueError naming the option.
+    engine_settings report what the sessions run with (an engine option's threads and spinning win)."""
+    text = {"enable_cpu_mem_arena": "0", "enable_mem_pattern": "off", "execution_mode": "ORT_PARALLEL",
+            "intra_op_num_threads": "1", "session.intra_op.allow_spinning": "0"}
+    with make(performance_hint="THROUGHPUT", max_concurrent_runs=1, engine_options=text) as r:
+        so = r.engine_for().session.get_session_options()
+        assert so.enable_cpu_mem_arena is False and so.enable_mem_pattern is False
+        assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL and so.intra_op_num_threads == 1
+        settings = dict(r.device_info.engine_settings)
+        assert settings["intra_op_num_threads"] == "1" and settings["allow_spinning"] == "0"
+        assert settings["enable_cpu_mem_arena"] == "0" and settings["execution_mode"] == "ORT_PARALLEL"
+    with make(engine_options={"enable_mem_reuse": True, "execution_mode": ort.ExecutionMode.ORT_SEQUENTIAL}) as r:
+        so = r.engine_for().session.get_session_options()
+        assert so.enable_mem_reuse is True and so.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+    for bad, named in (({"enable_cpu_mem_arena": "maybe"}, "enable_cpu_mem_arena"),
+                       ({"execution_mode": "paralel"}, "execution_mode"),
+                       ({"intra_op_num_threads": "two"}, "intra_op_num_threads"),
+                       ({"inter_op_num_threads": -1}, "inter_op_num_threads")):
+        with pytest.raises(ValueError, match=named):
+            make(engine_options=bad)
+
+
 def test_optimized_model_cache_is_reused(tmp_path):
     """npurt's cache keeps ONNX Runtime's optimized model; a later runner loads it with optimizations off, with the
     same results bit for bit."""

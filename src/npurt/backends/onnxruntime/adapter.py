@@ -61,6 +61,38 @@ DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
 _CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
 
+_SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's config entry
+# engine_options come as Python values or as text (the command line's --engine-option): each is read strictly, as
+# bool("0") would turn an arena on that the text turns off
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _flag(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    flag = _FLAGS.get(str(value).strip().lower())
+    if flag is None:
+        raise ValueError(f"engine_options {key!r}: {value!r} is not on or off (true / false, 1 / 0, yes / no)")
+    return flag
+
+
+def _count(key: str, value: Any) -> int:
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value)
+    raise ValueError(f"engine_options {key!r}: {value!r} is not a thread count (0: ONNX Runtime's default)")
+
+
+def _execution_mode(value: Any) -> ort.ExecutionMode:
+    if isinstance(value, ort.ExecutionMode):
+        return value
+    mode = str(value).strip().lower().removeprefix("ort_")
+    if mode not in ("parallel", "sequential"):
+        raise ValueError(f"engine_options 'execution_mode': {value!r} is not parallel or sequential")
+    return ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+
+
 def _decided(spec: PortSpec, shape: Sequence[Any] | None) -> tuple[int | None, ...]:
     """An output's dims as ONNX Runtime tells them (a session's NodeArg shape, or the shape probe's), the model's
     own where it knows no more: the spec's known dims stand where it leaves one open (frames' resize, read from
@@ -372,21 +404,20 @@ class OrtBackend(Backend):
         threads = self.intra_op_threads()
         if threads is not None:
             so.intra_op_num_threads = threads
-        if self._spinning_off():
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if self._spinning_off() and _SPINNING not in self._session_options:  # (an entry added twice: a warning)
+            so.add_session_config_entry(_SPINNING, "0")
         level = self._optimization_level()
         for key, value in self._session_options.items():
             if key == "intra_op_num_threads":
-                so.intra_op_num_threads = int(value)
+                so.intra_op_num_threads = _count(key, value)
             elif key == "inter_op_num_threads":
-                so.inter_op_num_threads = int(value)
+                so.inter_op_num_threads = _count(key, value)
             elif key == "graph_optimization_level":
                 continue  # (the level above)
             elif key == "execution_mode":
-                so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if str(value).lower() == "parallel"
-                                     else ort.ExecutionMode.ORT_SEQUENTIAL)
+                so.execution_mode = _execution_mode(value)
             elif key in ("enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse"):
-                setattr(so, key, bool(value))
+                setattr(so, key, _flag(key, value))
             else:
                 so.add_session_config_entry(key, str(value))
         so.graph_optimization_level = level
@@ -422,11 +453,17 @@ class OrtBackend(Backend):
         return self.options.performance_hint == "THROUGHPUT" and (self.options.max_concurrent_runs or 2) > 1
 
     def engine_settings(self) -> dict[str, str]:
-        threads = self.intra_op_threads()
-        settings = {"intra_op_num_threads": str(threads) if threads is not None else "0 (every physical core)",
-                    "allow_spinning": "0" if self._spinning_off() else "1"}
+        """What the sessions run with: the threads and spinning in effect (engine_options win, as on the session),
+        the hint, and any other engine option as given."""
+        given = self._session_options
+        threads = _count("intra_op_num_threads", given["intra_op_num_threads"]) \
+            if "intra_op_num_threads" in given else self.intra_op_threads()
+        spinning = given.get(_SPINNING, "0" if self._spinning_off() else "1")
+        settings = {"intra_op_num_threads": str(threads) if threads else "0 (every physical core)",
+                    "allow_spinning": str(spinning)}
         if self.options.performance_hint:
             settings["performance_hint"] = self.options.performance_hint
+        settings.update((k, str(v)) for k, v in given.items() if k not in ("intra_op_num_threads", _SPINNING))
         return settings
 
     def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False
