@@ -258,6 +258,10 @@ ERROR_CASES = {
     "bad load runs": (["bench", "--load-runs", "-1"], ["--load-runs -1"]),
     "auto for bench": (["bench", "--backend", "auto"], ["bench measures named backends"]),
     "IR without weights": (["info", "{d}/lonely.xml"], ["needs its weights file", "lonely.bin"]),
+    "engine option syntax": (["run", "--engine-option", "NUM_STREAMS"], ["--engine-option 'NUM_STREAMS'",
+                                                                         "expected KEY=VALUE"]),
+    "engine option refused": (["run", "--backend", "vaiml", "--engine-option", "enable_cpu_mem_arena=maybe"],
+                              ["enable_cpu_mem_arena", "is not on or off"]),
 }
 
 

@@ -314,6 +314,17 @@ def test_cli_usage_errors(tmp_path):
     assert r.returncode == 2 and "no served model has an input 'y'" in r.stderr
 
 
+def test_engine_options_from_the_command_line_reach_the_served_runners(tmp_path):
+    """--engine-option KEY=VALUE is option engine_options of every served runner (here OpenVINO's CPU pinning, the
+    trade between one client's latency and several clients' throughput: docs/performance.md section 5)."""
+    with start_service(tmp_path, extra=("--engine-option", "ENABLE_CPU_PINNING=NO")) as svc, \
+            npurt.connect(svc.socket_path) as c, c.open_runner("cls") as remote:
+        assert dict(remote.device_info.engine_settings)["ENABLE_CPU_PINNING"] == "NO"
+        x, y = tensors(remote)
+        assert remote.execute([[x]], [[y]]) is StatusCode.SUCCESS
+        assert c.models()[0]["loaded"][0]["options"]["engine_options"] == {"ENABLE_CPU_PINNING": "NO"}
+
+
 def test_sigterm_is_a_clean_shutdown(tmp_path):
     svc = start_service(tmp_path)
     with npurt.connect(svc.socket_path) as c:

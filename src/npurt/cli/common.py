@@ -113,6 +113,9 @@ def add_model_options(p: argparse.ArgumentParser, backends: str, default_backend
                    help="AUTO (NPU, then GPU, then CPU), NPU, GPU or CPU (default: AUTO)")
     p.add_argument("--fallback", choices=("cpu", "error"), default="cpu",
                    help="when the device asked for is absent: run on CPU and say so (default), or fail")
+    p.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
+                   help="passed to the engine as given (option engine_options; repeatable): an OpenVINO property, "
+                        "e.g. ENABLE_CPU_PINNING=NO, or an ONNX Runtime session option, config entry or EP option")
     if decoder:
         return
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,...",
@@ -196,8 +199,21 @@ class Loaded:
     notes: list[str]  # how the backend was chosen, what failed, fallbacks
 
 
+def engine_options(args: argparse.Namespace) -> dict[str, str]:
+    """The --engine-option flags as option engine_options: values as text, which both engines parse."""
+    options: dict[str, str] = {}
+    for item in getattr(args, "engine_option", None) or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--engine-option {item!r}: expected KEY=VALUE", EXIT_USAGE)
+        options[key.strip()] = value
+    return options
+
+
 def runner_options(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     options: dict[str, Any] = {"device": args.device, "fallback": args.fallback, "hw_view": args.hw_view}
+    if engine := engine_options(args):
+        options["engine_options"] = engine
     if shapes:
         options["shapes"] = {n: list(s) for n, s in shapes.items()}
     if getattr(args, "hint", None):

@@ -7,7 +7,15 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .common import EXIT_USAGE, CliError, Loaded, add_model_options, create_runner, resolve_backend
+from .common import (
+    EXIT_USAGE,
+    CliError,
+    Loaded,
+    add_model_options,
+    create_runner,
+    engine_options,
+    resolve_backend,
+)
 
 if TYPE_CHECKING:
     from ..generate.folder import ModelFolder
@@ -77,6 +85,8 @@ def load(args: argparse.Namespace, model: ModelFolder, needed: int) -> Loaded:
                                            "prefill_chunk": min(args.prefill_chunk, max_length)}}
     if args.backend.upper() == "OPENVINO":
         options["inference_precision"] = "f32"  # a decoder's tokens change at near-ties in bf16
+    if engine := engine_options(args):
+        options["engine_options"] = engine
     return create_runner(resolve_backend(args.backend), model.model, options)
 
 

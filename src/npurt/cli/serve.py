@@ -20,6 +20,7 @@ from .common import (
     EXIT_USAGE,
     CliError,
     add_model_options,
+    engine_options,
     load_model_file,
     one_line,
     parse_frame,
@@ -290,6 +291,8 @@ def base_options(args: argparse.Namespace) -> dict[str, Any]:
         base["num_threads"] = args.threads
     if args.cache_dir:
         base["cache_dir"] = args.cache_dir
+    if engine := engine_options(args):
+        base["engine_options"] = engine
     return base
 
 
