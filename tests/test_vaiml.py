@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from npurt import NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType, convert
+from npurt import NpuError, NpuTensor, RunnerFactory, StatusCode, TensorDirection, TensorType, convert
 from npurt.backends.onnxruntime import CPU_EP
 from npurt.onnx_edit import _reduce_transpose
 from tests.helpers.models import model_or_skip
@@ -60,26 +60,35 @@ def test_engine_options_and_thread_hints_reach_the_session():
 
 def test_engine_options_given_as_text_are_read_strictly():
     """The command line's --engine-option gives text: "0" turns a flag off (bool("0") would turn it on), the
-    execution mode takes its names or ONNX Runtime's enum, and what is neither is a ValueError naming the option.
-    engine_settings report what the sessions run with (an engine option's threads and spinning win)."""
+    execution mode takes its names or ONNX Runtime's enum (whose member read as sequential before), thread counts
+    digits or ints, and what is none of these is a ValueError naming the option; a name that is no session option
+    and no config entry (``area.key``), an OpenVINO property say, is refused at open. engine_settings report what
+    the sessions run with: an engine option's threads and spinning win over option num_threads and the hint."""
     text = {"enable_cpu_mem_arena": "0", "enable_mem_pattern": "off", "execution_mode": "ORT_PARALLEL",
-            "intra_op_num_threads": "1", "session.intra_op.allow_spinning": "0"}
-    with make(performance_hint="THROUGHPUT", max_concurrent_runs=1, engine_options=text) as r:
+            "intra_op_num_threads": " 2", "session.intra_op.allow_spinning": "no"}
+    with make(num_threads=1, engine_options=text) as r:
         so = r.engine_for().session.get_session_options()
         assert so.enable_cpu_mem_arena is False and so.enable_mem_pattern is False
-        assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL and so.intra_op_num_threads == 1
+        assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL and so.intra_op_num_threads == 2
+        assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"  # ONNX Runtime's spelling
         settings = dict(r.device_info.engine_settings)
-        assert settings["intra_op_num_threads"] == "1" and settings["allow_spinning"] == "0"
-        assert settings["enable_cpu_mem_arena"] == "0" and settings["execution_mode"] == "ORT_PARALLEL"
-    with make(engine_options={"enable_mem_reuse": True, "execution_mode": ort.ExecutionMode.ORT_SEQUENTIAL}) as r:
+        assert settings["intra_op_num_threads"] == "2" and settings["allow_spinning"] == "0"
+        assert settings["enable_cpu_mem_arena"] == "False" and settings["execution_mode"] == "ORT_PARALLEL"
+    typed = {"enable_mem_reuse": False, "execution_mode": ort.ExecutionMode.ORT_PARALLEL,
+             "inter_op_num_threads": np.int64(2)}
+    with make(engine_options=typed) as r:
         so = r.engine_for().session.get_session_options()
-        assert so.enable_mem_reuse is True and so.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+        assert so.enable_mem_reuse is False and so.execution_mode == ort.ExecutionMode.ORT_PARALLEL
+        assert so.inter_op_num_threads == 2
     for bad, named in (({"enable_cpu_mem_arena": "maybe"}, "enable_cpu_mem_arena"),
                        ({"execution_mode": "paralel"}, "execution_mode"),
                        ({"intra_op_num_threads": "two"}, "intra_op_num_threads"),
-                       ({"inter_op_num_threads": -1}, "inter_op_num_threads")):
+                       ({"inter_op_num_threads": -1}, "inter_op_num_threads"),
+                       ({"intra_op_num_threads": True}, "intra_op_num_threads")):
         with pytest.raises(ValueError, match=named):
             make(engine_options=bad)
+    with pytest.raises(NpuError, match="no session option 'ENABLE_CPU_PINNING'"):
+        make(engine_options={"ENABLE_CPU_PINNING": "NO"})
 
 
 def test_optimized_model_cache_is_reused(tmp_path):

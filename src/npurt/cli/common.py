@@ -114,8 +114,9 @@ def add_model_options(p: argparse.ArgumentParser, backends: str, default_backend
     p.add_argument("--fallback", choices=("cpu", "error"), default="cpu",
                    help="when the device asked for is absent: run on CPU and say so (default), or fail")
     p.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
-                   help="passed to the engine as given (option engine_options; repeatable): an OpenVINO property, "
-                        "e.g. ENABLE_CPU_PINNING=NO, or an ONNX Runtime session option, config entry or EP option")
+                   help="option engine_options (repeatable), for every backend tried: an OpenVINO property, e.g. "
+                        "ENABLE_CPU_PINNING=NO, or an ONNX Runtime session option, config entry (area.key) or "
+                        "Vitis AI / QNN EP option; a backend that has no such option refuses it")
     if decoder:
         return
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,...",
@@ -206,7 +207,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise CliError(f"--engine-option {item!r}: expected KEY=VALUE", EXIT_USAGE)
-        options[key.strip()] = value
+        options[key.strip()] = value.strip()
     return options
 
 

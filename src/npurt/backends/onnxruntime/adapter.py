@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import operator
 import os
 import platform
 import tempfile
@@ -65,6 +66,8 @@ _SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's config entry
 # engine_options come as Python values or as text (the command line's --engine-option): each is read strictly, as
 # bool("0") would turn an arena on that the text turns off
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+_SESSION_FLAGS = ("enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse")
+_SESSION_COUNTS = ("intra_op_num_threads", "inter_op_num_threads")
 
 
 def _flag(key: str, value: Any) -> bool:
@@ -72,16 +75,24 @@ def _flag(key: str, value: Any) -> bool:
         return value
     flag = _FLAGS.get(str(value).strip().lower())
     if flag is None:
-        raise ValueError(f"engine_options {key!r}: {value!r} is not on or off (true / false, 1 / 0, yes / no)")
+        raise ValueError(f"engine_options {key!r}: {value!r} is not on or off (true / false, 1 / 0, yes / no, "
+                         "on / off)")
     return flag
 
 
 def _count(key: str, value: Any) -> int:
-    if type(value) is int and value >= 0:
-        return value
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        return int(value)
-    raise ValueError(f"engine_options {key!r}: {value!r} is not a thread count (0: ONNX Runtime's default)")
+    count = -1
+    if isinstance(value, str):
+        text = value.strip()
+        count = int(text) if text.isascii() and text.isdigit() else -1
+    elif not isinstance(value, bool):
+        try:
+            count = operator.index(value)  # ints, numpy's included
+        except TypeError:
+            pass
+    if count < 0:
+        raise ValueError(f"engine_options {key!r}: {value!r} is not a thread count (0: ONNX Runtime's default)")
+    return count
 
 
 def _execution_mode(value: Any) -> ort.ExecutionMode:
@@ -91,6 +102,32 @@ def _execution_mode(value: Any) -> ort.ExecutionMode:
     if mode not in ("parallel", "sequential"):
         raise ValueError(f"engine_options 'execution_mode': {value!r} is not parallel or sequential")
     return ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+
+
+def session_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """engine_options meant for the session, read once at open: the SessionOptions fields as their types, config
+    entries (``area.key``) as text (``allow_spinning``'s as 1 / 0, ONNX Runtime's only spellings), the optimization
+    level as given (checked where it is read). ValueError for a bad value; NpuError for a name that is none of
+    these (an OpenVINO property given to every backend, say: a config entry of that name would do nothing)."""
+    read: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in _SESSION_COUNTS:
+            read[key] = _count(key, value)
+        elif key in _SESSION_FLAGS:
+            read[key] = _flag(key, value)
+        elif key == "execution_mode":
+            read[key] = _execution_mode(value)
+        elif key == "graph_optimization_level":
+            read[key] = value
+        elif key == _SPINNING:
+            read[key] = "1" if _flag(key, value) else "0"
+        elif "." in key:
+            read[key] = str(value)
+        else:
+            fields = (*_SESSION_COUNTS, *_SESSION_FLAGS, "execution_mode", "graph_optimization_level")
+            raise NpuError(f"ONNX Runtime has no session option {key!r} (its fields: {', '.join(fields)}; its "
+                           "config entries are named like session.intra_op.allow_spinning)")
+    return read
 
 
 def _decided(spec: PortSpec, shape: Sequence[Any] | None) -> tuple[int | None, ...]:
@@ -166,7 +203,7 @@ class OrtBackend(Backend):
         engine_opts = dict(self.options.engine_options)
         keys = self.provider_option_keys()
         provider_options = {k: engine_opts.pop(k) for k in list(engine_opts) if k in keys}
-        self._session_options = engine_opts
+        self._session_options = session_options(engine_opts)
         ep, sel = self.select(provider_options)
         self.ep = ep
         self._fallback_reason = sel.reason if sel.fell_back else ""
@@ -407,17 +444,11 @@ class OrtBackend(Backend):
         if self._spinning_off() and _SPINNING not in self._session_options:  # (an entry added twice: a warning)
             so.add_session_config_entry(_SPINNING, "0")
         level = self._optimization_level()
-        for key, value in self._session_options.items():
-            if key == "intra_op_num_threads":
-                so.intra_op_num_threads = _count(key, value)
-            elif key == "inter_op_num_threads":
-                so.inter_op_num_threads = _count(key, value)
-            elif key == "graph_optimization_level":
+        for key, value in self._session_options.items():  # (read at open: session_options)
+            if key == "graph_optimization_level":
                 continue  # (the level above)
-            elif key == "execution_mode":
-                so.execution_mode = _execution_mode(value)
-            elif key in ("enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse"):
-                setattr(so, key, _flag(key, value))
+            if key in _SESSION_COUNTS or key in _SESSION_FLAGS or key == "execution_mode":
+                setattr(so, key, value)
             else:
                 so.add_session_config_entry(key, str(value))
         so.graph_optimization_level = level
@@ -432,7 +463,7 @@ class OrtBackend(Backend):
     def _optimization_name(self) -> str:
         """The optimization level's name in OPTIMIZATION_LEVELS (ValueError for a bad one)."""
         value = self._session_options.get("graph_optimization_level", "all")
-        name = str(value).lower()
+        name = str(value).strip().lower()
         if name not in OPTIMIZATION_LEVELS:
             raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
                              f"{', '.join(OPTIMIZATION_LEVELS)}")
@@ -454,16 +485,16 @@ class OrtBackend(Backend):
 
     def engine_settings(self) -> dict[str, str]:
         """What the sessions run with: the threads and spinning in effect (engine_options win, as on the session),
-        the hint, and any other engine option as given."""
+        the hint, and every other session option as read (``session_options``)."""
         given = self._session_options
-        threads = _count("intra_op_num_threads", given["intra_op_num_threads"]) \
-            if "intra_op_num_threads" in given else self.intra_op_threads()
+        threads = given["intra_op_num_threads"] if "intra_op_num_threads" in given else self.intra_op_threads()
         spinning = given.get(_SPINNING, "0" if self._spinning_off() else "1")
         settings = {"intra_op_num_threads": str(threads) if threads else "0 (every physical core)",
                     "allow_spinning": str(spinning)}
         if self.options.performance_hint:
             settings["performance_hint"] = self.options.performance_hint
-        settings.update((k, str(v)) for k, v in given.items() if k not in ("intra_op_num_threads", _SPINNING))
+        settings.update((k, v.name if isinstance(v, ort.ExecutionMode) else str(v)) for k, v in given.items()
+                        if k not in ("intra_op_num_threads", _SPINNING))
         return settings
 
     def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False
