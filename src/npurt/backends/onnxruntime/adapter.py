@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import operator
 import os
 import platform
 import tempfile
@@ -38,6 +37,7 @@ from ...engine import Backend, Engine, OpenedModel
 from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Remember, Signature, onnx_port_specs
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
 from .engine import OrtEngine
+from .options import OPTIMIZATION, SESSION_FIELDS, SPINNING, read_session_options
 from .placement import ModelNodes, Placement
 from .providers import CPU_EP, ExecutionProvider
 from .sessions import cpu_session
@@ -60,74 +60,6 @@ OPTIMIZATION_KEY_TEXTS = {
 }
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
 _CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
-
-
-_SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's config entry
-# engine_options come as Python values or as text (the command line's --engine-option): each is read strictly, as
-# bool("0") would turn an arena on that the text turns off
-_FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
-_SESSION_FLAGS = ("enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse")
-_SESSION_COUNTS = ("intra_op_num_threads", "inter_op_num_threads")
-
-
-def _flag(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    flag = _FLAGS.get(str(value).strip().lower())
-    if flag is None:
-        raise ValueError(f"engine_options {key!r}: {value!r} is not on or off (true / false, 1 / 0, yes / no, "
-                         "on / off)")
-    return flag
-
-
-def _count(key: str, value: Any) -> int:
-    count = -1
-    if isinstance(value, str):
-        text = value.strip()
-        count = int(text) if text.isascii() and text.isdigit() else -1
-    elif not isinstance(value, bool):
-        try:
-            count = operator.index(value)  # ints, numpy's included
-        except TypeError:
-            pass
-    if count < 0:
-        raise ValueError(f"engine_options {key!r}: {value!r} is not a thread count (0: ONNX Runtime's default)")
-    return count
-
-
-def _execution_mode(value: Any) -> ort.ExecutionMode:
-    if isinstance(value, ort.ExecutionMode):
-        return value
-    mode = str(value).strip().lower().removeprefix("ort_")
-    if mode not in ("parallel", "sequential"):
-        raise ValueError(f"engine_options 'execution_mode': {value!r} is not parallel or sequential")
-    return ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
-
-
-def session_options(given: Mapping[str, Any]) -> dict[str, Any]:
-    """engine_options meant for the session, read once at open: the SessionOptions fields as their types, config
-    entries (``area.key``) as text (``allow_spinning``'s as 1 / 0, ONNX Runtime's only spellings), the optimization
-    level as given (checked where it is read). ValueError for a bad value; NpuError for a name that is none of
-    these (an OpenVINO property given to every backend, say: a config entry of that name would do nothing)."""
-    read: dict[str, Any] = {}
-    for key, value in given.items():
-        if key in _SESSION_COUNTS:
-            read[key] = _count(key, value)
-        elif key in _SESSION_FLAGS:
-            read[key] = _flag(key, value)
-        elif key == "execution_mode":
-            read[key] = _execution_mode(value)
-        elif key == "graph_optimization_level":
-            read[key] = value
-        elif key == _SPINNING:
-            read[key] = "1" if _flag(key, value) else "0"
-        elif "." in key:
-            read[key] = str(value)
-        else:
-            fields = (*_SESSION_COUNTS, *_SESSION_FLAGS, "execution_mode", "graph_optimization_level")
-            raise NpuError(f"ONNX Runtime has no session option {key!r} (its fields: {', '.join(fields)}; its "
-                           "config entries are named like session.intra_op.allow_spinning)")
-    return read
 
 
 def _decided(spec: PortSpec, shape: Sequence[Any] | None) -> tuple[int | None, ...]:
@@ -203,7 +135,7 @@ class OrtBackend(Backend):
         engine_opts = dict(self.options.engine_options)
         keys = self.provider_option_keys()
         provider_options = {k: engine_opts.pop(k) for k in list(engine_opts) if k in keys}
-        self._session_options = session_options(engine_opts)
+        self._session_options = read_session_options(engine_opts)
         ep, sel = self.select(provider_options)
         self.ep = ep
         self._fallback_reason = sel.reason if sel.fell_back else ""
@@ -441,13 +373,13 @@ class OrtBackend(Backend):
         threads = self.intra_op_threads()
         if threads is not None:
             so.intra_op_num_threads = threads
-        if self._spinning_off() and _SPINNING not in self._session_options:  # (an entry added twice: a warning)
-            so.add_session_config_entry(_SPINNING, "0")
+        if self._spinning_off() and SPINNING not in self._session_options:  # (an entry added twice: a warning)
+            so.add_session_config_entry(SPINNING, "0")
         level = self._optimization_level()
-        for key, value in self._session_options.items():  # (read at open: session_options)
-            if key == "graph_optimization_level":
+        for key, value in self._session_options.items():  # (read at open: read_session_options)
+            if key == OPTIMIZATION:
                 continue  # (the level above)
-            if key in _SESSION_COUNTS or key in _SESSION_FLAGS or key == "execution_mode":
+            if key in SESSION_FIELDS:
                 setattr(so, key, value)
             else:
                 so.add_session_config_entry(key, str(value))
@@ -462,7 +394,7 @@ class OrtBackend(Backend):
 
     def _optimization_name(self) -> str:
         """The optimization level's name in OPTIMIZATION_LEVELS (ValueError for a bad one)."""
-        value = self._session_options.get("graph_optimization_level", "all")
+        value = self._session_options.get(OPTIMIZATION, "all")
         name = str(value).strip().lower()
         if name not in OPTIMIZATION_LEVELS:
             raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
@@ -485,16 +417,16 @@ class OrtBackend(Backend):
 
     def engine_settings(self) -> dict[str, str]:
         """What the sessions run with: the threads and spinning in effect (engine_options win, as on the session),
-        the hint, and every other session option as read (``session_options``)."""
+        the hint, and every other session option as read (``read_session_options``)."""
         given = self._session_options
         threads = given["intra_op_num_threads"] if "intra_op_num_threads" in given else self.intra_op_threads()
-        spinning = given.get(_SPINNING, "0" if self._spinning_off() else "1")
+        spinning = given.get(SPINNING, "0" if self._spinning_off() else "1")
         settings = {"intra_op_num_threads": str(threads) if threads else "0 (every physical core)",
                     "allow_spinning": str(spinning)}
         if self.options.performance_hint:
             settings["performance_hint"] = self.options.performance_hint
         settings.update((k, v.name if isinstance(v, ort.ExecutionMode) else str(v)) for k, v in given.items()
-                        if k not in ("intra_op_num_threads", _SPINNING))
+                        if k not in ("intra_op_num_threads", SPINNING))
         return settings
 
     def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False
