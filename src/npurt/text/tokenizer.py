@@ -13,6 +13,7 @@ of its own; npurt reads ``tokenizer.json`` as written (as ``tokenizers`` and onn
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -82,7 +83,9 @@ class Tokenizer:
             self.files.config.get("clean_up_tokenization_spaces", False)) and (
             type(backend.model).__name__ != "BPE"
             or bool(self.files.config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
-        self.byte_fallback = bool(getattr(backend.model, "byte_fallback", False))
+        # the decoder's, not the model's flag: the decoder joins the byte tokens into text, whatever the model (a
+        # Unigram model does not expose its flag)
+        self.byte_fallback = _decodes_bytes(backend.decoder)
 
     # ------------------------------------------------------------------------------------------------ ids and text
     def __len__(self) -> int:
@@ -130,12 +133,13 @@ class Tokenizer:
         return [str(self.backend_tokenizer.id_to_token(int(i))) for i in ids]
 
     def is_byte_fallback_token(self, token_id: int) -> bool:
-        """Whether ``token_id`` is one byte of a character outside the vocabulary (``<0xE6>``): its text is final
-        only with the bytes after it (a streaming decoder holds it)."""
+        """Whether ``token_id`` is one byte of a character outside the vocabulary (``<0xE6>``), as the decoder reads
+        it (``byte_fallback``: the decoder has a ByteFallback step). A run of such tokens is decoded as a whole:
+        its text is final only once a token that is not one follows (a streaming decoder holds it)."""
         if not self.byte_fallback:
             return False
         token = self.backend_tokenizer.id_to_token(int(token_id))
-        return token is not None and len(token) == 6 and token.startswith("<0x") and token.endswith(">")
+        return token is not None and is_byte_token(token)
 
     # ------------------------------------------------------------------------------------------------- chat template
     def get_chat_template(self, chat_template: str | None = None, tools: list[Any] | None = None) -> tuple[str, str]:
@@ -262,6 +266,37 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.folder)!r}, vocab {len(self)}, chat templates {list(self.chat_templates)})"
+
+
+# the tokens HF tokenizers' ByteFallback decoder reads as a byte: "<0x", two characters Rust's u8::from_str_radix
+# takes in base 16 (two hex digits, or "+" and one), ">"
+_BYTE_TOKEN = re.compile(r"<0x(?:[0-9A-Fa-f]{2}|\+[0-9A-Fa-f])>")
+
+
+def is_byte_token(token: str) -> bool:
+    """Whether a ByteFallback decoder reads ``token`` (a vocabulary string) as one byte (``<0xE6>``)."""
+    return _BYTE_TOKEN.fullmatch(token) is not None
+
+
+def _decodes_bytes(decoder: Any) -> bool:
+    """Whether ``decoder`` (HF tokenizers') has a ByteFallback step, at any depth of its Sequences. One that
+    cannot be serialized (a custom Python decoder) is taken to have one: a streaming decoder then holds the text of
+    ``<0xE6>``-like tokens until their run ends, which costs latency, never text."""
+    if decoder is None:
+        return False
+    try:
+        state = json.loads(decoder.__getstate__())
+    except Exception:  # noqa: BLE001 - a custom decoder raises whatever its __getstate__ does
+        return True
+    return _has_byte_fallback(state)
+
+
+def _has_byte_fallback(node: Any) -> bool:
+    if isinstance(node, dict):
+        return node.get("type") == "ByteFallback" or any(_has_byte_fallback(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_byte_fallback(v) for v in node)
+    return False
 
 
 def _added_token(value: Any, special: bool) -> Any:
