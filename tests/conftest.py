@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 # runners live at once, and engine threads for every core each would make the suite slower on 16 cores than on 2.
 # Child processes the tests start inherit it.
 os.environ.setdefault("NPURT_NUM_THREADS", "1")
+# `npurt generate`, `chat` and `serve --generate` keep their derived forms in npurt's cache directory by default: the
+# suite's go into a directory of its own (removed at the end), never the user's (~/.cache/npurt/compiled). Set before
+# any test runs: child processes inherit it.
+_CACHE = tempfile.TemporaryDirectory(prefix="npurt-test-cache-")
+os.environ["NPURT_CACHE_DIR"] = _CACHE.name
 
 from npurt import RunnerFactory  # noqa: E402
 from tests.helpers.axpy_backend import AxpyBackend, write_model  # noqa: E402

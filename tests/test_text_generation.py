@@ -236,8 +236,8 @@ def npurt(*args, stdin=None):
 def test_npurt_generate_takes_text(folders, tmp_path):
     folder = folders["bytelevel"]
     tok = Tokenizer(folder)
-    done = npurt("generate", str(folder), "--prompt", "Hello café", "--max-new-tokens", "12", "--backend", "vaiml",
-                 "--device", "cpu", "--json")
+    done = npurt("generate", str(folder), "--prompt", "Hello café", "--raw", "--max-new-tokens", "12", "--backend",
+                 "vaiml", "--device", "cpu", "--json")  # (--raw: the text as it is; the folder's template by default)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     with runner(folder) as r, Generator(r) as gen:

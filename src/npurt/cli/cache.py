@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_ERROR, CliError
-
-DEFAULT_DIR_ENV = "NPURT_CACHE_DIR"
-
-
-def default_dir() -> Path:
-    return Path(os.environ.get(DEFAULT_DIR_ENV) or Path.home() / ".cache" / "npurt" / "compiled")
+from .common import CACHE_DIR_ENV, EXIT_ERROR, CliError, default_cache_dir
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -25,7 +18,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "whether its model file changed since (stale).")
     p.add_argument("action", choices=("list", "verify", "clear"), help="list entries, verify them, or remove them")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
-                   help=f"the cache directory (default: ${DEFAULT_DIR_ENV}, else ~/.cache/npurt/compiled)")
+                   help=f"the cache directory (default: ${CACHE_DIR_ENV}, else $XDG_CACHE_HOME/npurt/compiled, else "
+                        "~/.cache/npurt/compiled: where generate, chat and serve --generate keep theirs)")
     p.add_argument("--stale", action="store_true", help="with clear: remove only unsound and stale entries")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -58,7 +52,7 @@ LEFTOVER_AGE_S = 3600.0
 def run(args: argparse.Namespace) -> int:
     from ..cache import CompiledModelCache
 
-    root = Path(args.cache_dir) if args.cache_dir else default_dir()
+    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     if root.exists() and not root.is_dir():
         raise CliError(f"{root} is not a directory")
     cache = CompiledModelCache(root)

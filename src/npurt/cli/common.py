@@ -8,6 +8,7 @@ values and one-line messages.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -19,6 +20,19 @@ from ..modelinfo import ModelDeclaration, ModelFileError, check_input_shapes, in
 
 EXIT_ERROR = 1  # the command could not do its job (engine, device, model)
 EXIT_USAGE = 2  # the command line is wrong
+
+CACHE_DIR_ENV = "NPURT_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """npurt's cache directory (option cache_dir) where a command gives none: ``$NPURT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/npurt/compiled``, else ``~/.cache/npurt/compiled`` (``npurt cache`` lists the same; the test
+    models of ``npurt.models.zoo`` go beside it, in ``models``)."""
+    if explicit := os.environ.get(CACHE_DIR_ENV):
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"  # (a relative XDG path is ignored, per the spec)
+    return root / "npurt" / "compiled"
 
 
 class CliError(Exception):
@@ -128,6 +142,37 @@ def add_model_options(p: argparse.ArgumentParser, backends: str, default_backend
                         "or the NPU's (FP16 NHWC / BF16 HCWNC4) wherever it runs")
 
 
+def add_cache_options(p: argparse.ArgumentParser, kept: str) -> None:
+    """--cache-dir DIR and --no-cache (``kept``: what the cache keeps, for the help)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--cache-dir", metavar="DIR",
+                       help=f"npurt's cache (option cache_dir), where {kept} are kept, so that a second load reuses "
+                            f"them (default: ${CACHE_DIR_ENV}, else $XDG_CACHE_HOME/npurt/compiled, else "
+                            "~/.cache/npurt/compiled)")
+    group.add_argument("--no-cache", action="store_true",
+                       help="keep nothing: derive, check and compile afresh on every load")
+
+
+def cache_dir_of(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """The cache directory the flags ask for (None: --no-cache), and a note where the default cannot be used (a
+    read-only home: the command runs without a cache rather than fail; a --cache-dir given must work)."""
+    if args.no_cache:
+        return None, None
+    if args.cache_dir:
+        path = Path(args.cache_dir).expanduser()
+        if path.exists() and not path.is_dir():
+            raise CliError(f"--cache-dir {args.cache_dir}: not a directory", EXIT_USAGE)
+        return path, None
+    path = default_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as e:
+        return None, f"no cache: cannot write {path} ({e.strerror}); --cache-dir DIR names another"
+    return path, None
+
+
 # -------------------------------------------------------------------------------------------------- models
 def load_model_file(path: Path) -> ModelDeclaration:
     try:
@@ -198,6 +243,7 @@ class Loaded:
     backend: str
     load_ms: float
     notes: list[str]  # how the backend was chosen, what failed, fallbacks
+    cache_dir: Path | None = None  # option cache_dir where the command set it
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, str]:

@@ -1,9 +1,12 @@
 """What `npurt generate` and `npurt chat` share: a decoder's model folder (or file) and its tokenizer, the runner made
-with option ``decoder``, and the flags that apply to a decoder (no --shape, --frame, --hw-view: those are derived)."""
+with option ``decoder``, and the flags that apply to a decoder (no --shape, --frame, --hw-view: those are derived).
+The runner keeps its derived form and its verdict in npurt's cache directory unless told otherwise (``--cache-dir``,
+``--no-cache``): a second load reads them instead of deriving and checking again."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +14,9 @@ from .common import (
     EXIT_USAGE,
     CliError,
     Loaded,
+    add_cache_options,
     add_model_options,
+    cache_dir_of,
     create_runner,
     engine_options,
     resolve_backend,
@@ -34,6 +39,10 @@ def add_decoder_options(p: argparse.ArgumentParser, default_chunk: int = 16) -> 
                         f"{DEFAULT_MAX_LENGTH}, at most the model's context length)")
     p.add_argument("--prefill-chunk", type=int, default=default_chunk, metavar="C",
                    help=f"prompt tokens per run where the device pins shapes (default {default_chunk})")
+    p.add_argument("--threads", type=int, metavar="N", help="engine threads per run (option num_threads; default: "
+                                                            "the engine's choice)")
+    add_cache_options(p, "the decoder's derived form, the verdict of its check against the export and the "
+                         "compiled model")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -76,6 +85,8 @@ def tokenizer(model: str, required: str | None) -> Tokenizer | None:
 def load(args: argparse.Namespace, model: ModelFolder, needed: int) -> Loaded:
     """The runner with option ``decoder``: ``--max-length`` rows, else ``needed`` (at least DEFAULT_MAX_LENGTH, at
     most the model's context length)."""
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads {args.threads}: must be 1 or more", EXIT_USAGE)
     max_length = args.max_length or max(DEFAULT_MAX_LENGTH, needed)
     context = model.context_length
     if args.max_length is None and context is not None:
@@ -87,7 +98,16 @@ def load(args: argparse.Namespace, model: ModelFolder, needed: int) -> Loaded:
         options["inference_precision"] = "f32"  # a decoder's tokens change at near-ties in bf16
     if engine := engine_options(args):
         options["engine_options"] = engine
-    return create_runner(resolve_backend(args.backend), model.model, options)
+    if args.threads is not None:
+        options["num_threads"] = args.threads
+    cache, note = cache_dir_of(args)
+    if note:  # (on stderr for both commands: chat prints no notes, and --json's stdout stays JSON)
+        print(f"npurt: {note}", file=sys.stderr)
+    if cache is not None:
+        options["cache_dir"] = str(cache)
+    loaded = create_runner(resolve_backend(args.backend), model.model, options)
+    loaded.cache_dir = cache
+    return loaded
 
 
 @dataclass

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
+    CACHE_DIR_ENV,
     EXIT_USAGE,
     CliError,
     add_model_options,
+    cache_dir_of,
     engine_options,
     load_model_file,
     one_line,
@@ -53,7 +55,14 @@ def _add_models(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hint", choices=("LATENCY", "THROUGHPUT", "latency", "throughput"), default=None,
                    help="the engines' performance hint")
     p.add_argument("--threads", type=int, metavar="N", help="engine threads per run (option num_threads)")
-    p.add_argument("--cache-dir", metavar="DIR", help="compiled-model cache (option cache_dir)")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--cache-dir", metavar="DIR",
+                       help="npurt's cache (option cache_dir) for every served model: compiled models, and the "
+                            "--generate decoders' derived forms and verdicts (default: --model runners none; "
+                            f"--generate decoders ${CACHE_DIR_ENV}, else $XDG_CACHE_HOME/npurt/compiled, else "
+                            "~/.cache/npurt/compiled, so that a restart reuses what was derived and checked)")
+    cache.add_argument("--no-cache", action="store_true",
+                       help="no cache for any model: the --generate decoders are derived and checked afresh at start")
     p.add_argument("--workers", type=int, metavar="N",
                    help="runs at once per served model (default: the runner's max_concurrent_runs, at least the "
                         "number of cores)")
@@ -288,12 +297,27 @@ def base_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.hint:
         base["performance_hint"] = args.hint.upper()
     if args.threads is not None:
+        if args.threads < 1:
+            raise CliError(f"--threads {args.threads}: must be 1 or more", EXIT_USAGE)
         base["num_threads"] = args.threads
     if args.cache_dir:
         base["cache_dir"] = args.cache_dir
     if engine := engine_options(args):
         base["engine_options"] = engine
     return base
+
+
+def decoder_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The --generate decoders' runner options: ``base_options``, with npurt's default cache directory where neither
+    --cache-dir nor --no-cache is given (a decoder's derivation and check cost a second or more per load; a
+    --model runner's compile is kept only where --cache-dir asks, as before)."""
+    options = base_options(args)
+    cache, note = cache_dir_of(args)
+    if note:
+        logging.getLogger("npurt.serve").warning("%s", note)
+    if cache is not None:
+        options["cache_dir"] = str(cache)
+    return options
 
 
 def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[str, dict[str, Any]]:
@@ -377,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
     socket_path = Path(args.socket) if args.socket else default_socket_path()
     try:
         service = Service(socket_path, models, backend, defaults, limits, args.workers, args.group, oip, generate,
-                          settings, base_options(args))
+                          settings, decoder_options(args) if generate else base_options(args))
     except ValueError as e:
         raise CliError(one_line(e), EXIT_USAGE) from e
 

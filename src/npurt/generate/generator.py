@@ -14,7 +14,9 @@ reads the logits where the engine wrote them: nothing else crosses the host (``s
 runner's copies, 0 on these paths).
 
 Greedy by default; ``do_sample`` draws from ``softmax(logits / temperature)`` after ``top_k`` and ``top_p``, with a
-seeded generator (``Sampler``). Ids in, ids out: text is ``npurt.text``'s.
+seeded generator (``Sampler``). The loop stops after the model's eos ids (``runner.decoder.eos_token_ids``) unless the
+caller gives others (``eos_token_id``; an empty list: none), as onnxruntime-genai's and OpenVINO GenAI's generators
+do. Ids in, ids out: text is ``npurt.text``'s.
 """
 
 from __future__ import annotations
@@ -169,9 +171,10 @@ class Generator:
                  eos_token_id: int | Sequence[int] | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None) -> list[int]:
-        """The new ids (the eos id included where it ended the loop; ``eos_token_id``: one id or several, as
-        ``runner.decoder.eos_token_ids``). ``start``: the prompt goes at that row, after the first ``start`` ids
-        the cache holds from earlier calls (``tokens``)."""
+        """The new ids (the eos id included where it ended the loop). ``eos_token_id``: the ids that end it, one
+        or several; None (the default): the model's, ``runner.decoder.eos_token_ids``; an empty list: none (always
+        ``max_new_tokens`` ids). ``start``: the prompt goes at that row, after the first ``start`` ids the cache
+        holds from earlier calls (``tokens``)."""
         return list(self.stream(prompt_ids, max_new_tokens, start=start, eos_token_id=eos_token_id,
                                 do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
 
@@ -194,7 +197,7 @@ class Generator:
             raise ValueError(f"{start + len(prompt)} prompt tokens and {max_new_tokens} new ones need a cache of "
                              f"{start + len(prompt) + max_new_tokens - 1} rows; the runner's max_length is {room}")
         pick = Sampler(do_sample, temperature, top_k, top_p, seed)
-        eos = _eos_ids(eos_token_id)
+        eos = set(self.facts.eos_token_ids) if eos_token_id is None else _eos_ids(eos_token_id)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this Generator is already running a loop; make one Generator per concurrent loop")
         try:
@@ -264,9 +267,7 @@ class Generator:
         self.close()
 
 
-def _eos_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
-    if eos_token_id is None:
-        return set()
+def _eos_ids(eos_token_id: int | Sequence[int]) -> set[int]:
     if isinstance(eos_token_id, (str, bytes)):
         raise ValueError(f"eos_token_id: an id or a sequence of ids, got {eos_token_id!r}")
     try:

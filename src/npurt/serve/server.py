@@ -136,7 +136,7 @@ class Service:
         """The --generate models, each a decoder runner (compiled now) with its scheduler."""
         from .llm.front import GenerationFront
         from .llm.metrics import GenerationMetrics
-        from .llm.model import LanguageModel, batch_sizes, model_folder, runner_options
+        from .llm.model import LanguageModel, load_runner, model_folder
         from .llm.settings import GenerationSettings
 
         settings = self.generation_settings or GenerationSettings()
@@ -149,11 +149,10 @@ class Service:
                 if metrics is not None:
                     metrics.add_model(name)
                 folder = model_folder(path)
-                options = runner_options(folder, settings, self.generate_options, self.backend)
-                runner = self._create_runner(folder.model, options)
+                # (under AUTO, batched steps are decided by the backend that loads the decoder: load_runner)
+                runner, batching = load_runner(folder, settings, self.generate_options, self.backend)
                 try:
-                    front.models[name] = LanguageModel(name, path, runner, settings, metrics, folder,
-                                                       batch_sizes(folder, settings, self.backend)[1])
+                    front.models[name] = LanguageModel(name, path, runner, settings, metrics, folder, batching)
                 except BaseException:
                     runner.close()
                     raise

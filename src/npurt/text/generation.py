@@ -100,13 +100,14 @@ class TextStream:
     """The text of a generation as it comes: iterate for the pieces; ``result`` once it has ended."""
 
     def __init__(self, gen: Generator, tokenizer: Tokenizer, ids: list[int], max_new_tokens: int, *, start: int = 0,
-                 stop: str | Sequence[str] | None = None, eos_token_id: Sequence[int] = (),
+                 stop: str | Sequence[str] | None = None, eos_token_id: Sequence[int] | None = None,
                  skip_special_tokens: bool = True, settings: dict[str, Any] | None = None,
                  on_end: Callable[[TextResult], None] | None = None) -> None:
         self.gen, self.tokenizer, self.prompt_ids = gen, tokenizer, ids
         self.stop = check_stop(stop)
         self.result: TextResult | None = None
-        self._eos = set(eos_token_id)
+        # None: the tokenizer's and the model's eos ids, as the Generator's own default; (): none
+        self._eos = set(eos_ids(gen, tokenizer) if eos_token_id is None else eos_token_id)
         self._ids: Coroutine[int, None, None] = gen.stream(  # type: ignore[assignment] # a generator function
             ids, max_new_tokens, start=start, eos_token_id=tuple(self._eos),
                                **(settings or {}))  # (a generator: nothing runs until the first piece is asked for)
@@ -181,7 +182,8 @@ def stream_text(gen: Generator, tokenizer: Tokenizer, prompt: Prompt, max_new_to
                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                 chat_template_kwargs: dict[str, Any] | None = None) -> TextStream:
     """The generation's text as it comes (see the module's doc). ``start``: the prompt goes after the first
-    ``start`` ids the Generator's cache holds (``gen.tokens``). ValueError (ContextFullError naming the lengths,
+    ``start`` ids the Generator's cache holds (``gen.tokens``). ``eos_token_id``: the ids that end it (default: the
+    tokenizer's and the model's eos ids; an empty list: none). ValueError (ContextFullError naming the lengths,
     an empty stop string, a bad setting) before anything runs. ``chat_template_kwargs``: variables for the chat
     template where the prompt is messages (e.g. ``{"enable_thinking": False}``)."""
     ids = prompt_ids(tokenizer, prompt, chat_template_kwargs)

@@ -12,7 +12,8 @@ on the ONNX Runtime backends (ONNXRUNTIME, VAIML, QNN), fp32 / fp16 decoders up 
 MatMulNBits run int8 activations (accuracy level 4, as the model builder writes them for the CPU) in pools of 2 rows
 (ONNX Runtime's CPU MatMulNBits costs about as much per row beyond two); a Concat-cache export (optimum's form) only
 up to ``CONCAT_BATCH_MAX_LENGTH`` cache rows (its batch form attends over every row of the cache); OpenVINO never
-(its cache lives per infer request).
+(its cache lives per infer request). Under ``--backend auto`` the decision is the backend's that loads the decoder
+(``load_runner``: each backend AUTO tries is given its own batch sizes), not the first AUTO tries.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import onnx_graph
-from ...factory import auto_order
+from ...factory import AutoChoice, AutoLoadError, RunnerFactory, auto_order, make_runner
 from ...generate.folder import ModelFolder, resolve
 from ...runner import Runner
 from ...text.tokenizer import Tokenizer
@@ -77,7 +78,7 @@ def batch_sizes(folder: ModelFolder, settings: GenerationSettings, backend: str)
     the smallest that holds ``max_sequences`` are dropped (never used). ValueError for ``--batch`` on OpenVINO."""
     max_length = max_length_of(folder, settings)
     name = backend.upper()
-    if name == "AUTO":  # the backend AUTO tries first (where it cannot load the decoder, the next runs unbatched)
+    if name == "AUTO":  # a guess, the backend AUTO tries first: load_runner decides by each backend it tries
         order = auto_order()
         name = order[0][0] if order else name
     if settings.batch is not None:
@@ -116,6 +117,42 @@ def runner_options(folder: ModelFolder, settings: GenerationSettings, base: dict
     if backend.upper() == "OPENVINO":
         options.setdefault("inference_precision", "f32")  # a decoder's tokens change at near-ties in bf16
     return options
+
+
+def load_runner(folder: ModelFolder, settings: GenerationSettings, base: dict[str, Any], backend: str
+                ) -> tuple[Runner, str]:
+    """The decoder's runner, and why its steps are batched or not (``batch_sizes``), decided by the backend that
+    loads it. Under AUTO each backend is tried in AUTO's order (``factory.auto_order``) with the options that
+    backend takes (``runner_options``: batch sizes on the ONNX Runtime backends, none on OpenVINO), as
+    ``factory.create_auto`` tries them: a decoder that OpenVINO cannot load (e.g. on its NPU) runs batched on the
+    ONNX Runtime backend that takes it. ValueError for a bad setting; AutoLoadError where no backend loads it."""
+    name = backend.upper()
+    if name != "AUTO":
+        options = runner_options(folder, settings, base, name)
+        return RunnerFactory.create_runner(name, folder.model, options), batch_sizes(folder, settings, name)[1]
+    classes = RunnerFactory.available_backends()
+    order = tuple(auto_order(classes))
+    failures: list[tuple[str, str]] = []
+    for tried, _ in order:
+        try:
+            options = runner_options(folder, settings, base, tried)
+        except ValueError as e:  # --batch where this backend does not batch: the next may
+            failures.append((tried, str(e)))
+            continue
+        try:
+            runner = make_runner(classes[tried], folder.model, options)
+        except ValueError:
+            raise  # a bad argument is bad for every backend
+        except Exception as e:  # noqa: BLE001 - try the next backend, as create_auto does; all named at the end
+            failures.append((tried, str(e)))
+            continue
+        log.info("decoder %s: --backend auto: %s%s", folder.model, AutoChoice(order, tried, tuple(failures)).explain(),
+                 "".join(f"; {n} could not load it: {why}" for n, why in failures))
+        return runner, batch_sizes(folder, settings, tried)[1]
+    if not order:
+        raise AutoLoadError("no npurt backend is installed")
+    raise AutoLoadError(f"no backend could run the decoder {folder.model}: "
+                        + "; ".join(f"{n}: {why}" for n, why in failures), tuple(failures))
 
 
 def load_tokenizer(path: Path) -> Tokenizer | None:
@@ -168,4 +205,4 @@ class LanguageModel:
         self.runner.close()
 
 
-__all__ = ["LanguageModel", "batch_sizes", "load_tokenizer", "model_folder", "runner_options"]
+__all__ = ["LanguageModel", "batch_sizes", "load_runner", "load_tokenizer", "model_folder", "runner_options"]
