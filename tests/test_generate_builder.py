@@ -125,8 +125,30 @@ def test_attention_not_understood_is_refused_by_name(root, tmp_path, op):
     model = onnx.load(str(form_folder(root, "gqa", "builder") / MODEL_FILE))
     model.graph.node.append(onnx.helper.make_node(op, ["input_ids"], [f"{op}_out"], domain="com.microsoft"))
     (tmp_path / MODEL_FILE).write_bytes(model.SerializeToString())
+    (tmp_path / "genai_config.json").write_text((form_folder(root, "gqa", "builder") / "genai_config.json").read_text())
     with pytest.raises(NpuUnsupportedError, match=f"attention by {op} is not one npurt derives"):
         runner("VAIML", tmp_path)
+
+
+def test_the_head_size_the_builder_names_comes_from_its_config(root, tmp_path):
+    """The builder (0.18) names the cache's head size dim (``kv_cache_dim``) and gives its value in genai_config.json
+    (``head_size``): npurt reads it there (the folder loads and runs: test_tokens_equal_onnxruntime_genai). Without
+    the config, the refusal names the dims it found and where the value could have come from; a config.json (an
+    optimum-style folder) gives it too."""
+    folder = form_folder(root, "gqa", "builder")
+    model = onnx.load(str(folder / MODEL_FILE))
+    past = next(i for i in model.graph.input if i.name == "past_key_values.0.key")
+    assert [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim][3] == "kv_cache_dim"
+    (tmp_path / MODEL_FILE).write_bytes((folder / MODEL_FILE).read_bytes())
+    with pytest.raises(NpuUnsupportedError, match=r"past input 'past_key_values.0.key' has dims \[batch_size, \d+, "
+                                                  r"past_sequence_length, kv_cache_dim\]: its head_dim \(dim 3, "
+                                                  r"'kv_cache_dim'\) is not fixed.*genai_config.json's"):
+        runner("VAIML", tmp_path)
+    config = json.loads((folder / "genai_config.json").read_text())["model"]
+    hf = {key: config["decoder"][key] for key in ("num_attention_heads", "hidden_size", "num_key_value_heads")}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with runner("VAIML", tmp_path) as r:
+        assert r.decoder.head_dim == config["decoder"]["head_size"]
 
 
 def test_a_form_that_is_not_the_export_is_refused(root, tmp_path, monkeypatch):

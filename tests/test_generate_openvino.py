@@ -23,6 +23,8 @@ tolerance is smaller): within it, either engine may pick either token.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -32,7 +34,8 @@ from npurt.factory import AutoLoadError, backend_class, create_auto
 from npurt.generate import openvino_form
 from npurt.models.decoder_forms import build_decoder_form, build_form_model
 from npurt.models.decoder_precision import Int4
-from npurt.models.genai_builder import save_model
+from npurt.models.decoders import shape_of
+from npurt.models.genai_builder import builder_genai_config, save_model
 from tests.helpers.decoders import NEAR_TIE, NEW_TOKENS, agreeing_prefix, greedy_onnxruntime
 
 DECODER = {"max_length": 96, "prefill_chunk": 4}
@@ -197,7 +200,10 @@ def test_a_group_query_attention_the_growing_form_does_not_take(root):
     for node in model.graph.node:
         if node.op_type == "GroupQueryAttention":
             next(a for a in node.attribute if a.name == "rotary_interleaved").i = 1
-    path = save_model(model, root / "interleaved.onnx")
+    folder = root / "interleaved"
+    folder.mkdir()
+    path = save_model(model, folder / "model.onnx")
+    (folder / "genai_config.json").write_text(json.dumps(builder_genai_config(shape_of("kv3"))))
     with pytest.raises(NpuUnsupportedError, match="GroupQueryAttention.*rotary_interleaved"):
         openvino_runner(path)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -171,12 +171,20 @@ def make_runner(cls: type[Backend], model_path: str | Path, options: Mapping[str
         return Runner(cls, model_path, parsed)
     prepared = decoder_model.prepare(Path(model_path), cls.name, parsed)
     try:
-        return Runner(cls, model_path, prepared.options, engine_model=prepared.path, decoder=prepared.facts,
-                      owned_folder=prepared.temporary)
+        # the engine compiles the derived form while its check against the export runs in a child process
+        runner = Runner(cls, model_path, prepared.options, engine_model=prepared.path, decoder=prepared.facts,
+                        owned_folder=prepared.temporary)
     except BaseException:
+        prepared.cancel()
         if prepared.temporary is not None:
             shutil.rmtree(prepared.temporary, ignore_errors=True)
         raise
+    try:
+        runner.decoder = replace(prepared.facts, verification=prepared.confirm())
+    except BaseException:
+        runner.close()  # (removes the temporary folder with it)
+        raise
+    return runner
 
 
 def backend_class(name: str) -> type[Backend] | None:

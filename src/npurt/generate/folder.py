@@ -46,6 +46,25 @@ class FolderConfigs:
         """The sampling settings generation_config.json ships (do_sample, temperature, top_k, top_p), those there."""
         return {k: self.generation_config[k] for k in SAMPLING_KEYS if k in self.generation_config}
 
+    @property
+    def cache_dims(self) -> dict[str, tuple[int, str]]:
+        """The KV cache's heads and head size as the configs give them ("kv_heads" / "head_dim" -> (value, the key
+        read)), for an export whose graph names those dims (the model builder's ``kv_cache_dim``): genai_config.json's
+        ``model.decoder`` first, then config.json (``head_dim``, else ``hidden_size / num_attention_heads``)."""
+        decoder = self.genai_config.get("model", {}).get("decoder") or {}
+        found: dict[str, tuple[int, str]] = {}
+        for what, keys in (("kv_heads", [(GENAI_CONFIG, decoder, "num_key_value_heads"),
+                                         (HF_CONFIG, self.config, "num_key_value_heads")]),
+                           ("head_dim", [(GENAI_CONFIG, decoder, "head_size"), (HF_CONFIG, self.config, "head_dim")])):
+            for source, values, key in keys:
+                if values.get(key) is not None:
+                    found[what] = (_positive(values[key], f"{source}: {key}"), f"{source}'s {key}")
+                    break
+        heads, hidden = self.config.get("num_attention_heads"), self.config.get("hidden_size")
+        if "head_dim" not in found and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+            found["head_dim"] = (hidden // heads, f"{HF_CONFIG}'s hidden_size / num_attention_heads")
+        return found
+
     def file(self, name: str) -> Path | None:
         """``name`` in the folder, where it is there (tokenizer.json and the like)."""
         path = self.folder / name

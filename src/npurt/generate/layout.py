@@ -6,7 +6,7 @@ form (``static_form``) is built from it; the runner and the Generator only need 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,8 @@ GQA_OP = "GroupQueryAttention"
 _NOT_UNDERSTOOD = ("MultiHeadAttention", "Attention", "PackedAttention", "PackedMultiHeadAttention",
                    "SparseAttention", "PagedAttention", "DecoderMaskedMultiHeadAttention",
                    "DecoderMaskedSelfAttention", "RotaryEmbedding", "LongformerAttention")
+KV_HEADS = "kv_heads"  # the cache dims, as ``read``'s cache_dims names them
+HEAD_DIM = "head_dim"
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
@@ -53,11 +55,14 @@ class Layout:
     attention: str = CONCAT  # CONCAT or GROUP_QUERY: how the export's presents are made
 
 
-def read(model: onnx.ModelProto, max_length: int, weight_dims: Mapping[str, tuple[int, ...]] | None = None
-         ) -> Layout:
+def read(model: onnx.ModelProto, max_length: int, weight_dims: Mapping[str, tuple[int, ...]] | None = None,
+         cache_dims: Mapping[str, tuple[int, str]] | None = None) -> Layout:
     """The export's layout (see Layout), checked; raises ValueError naming what does not fit it (no past / present,
     names that do not pair, a missing input, a max_length below 1, an attention operator not understood, rotary
-    tables shorter than max_length). ``weight_dims``: the dims of initializers left out of a weightless model."""
+    tables shorter than max_length, cache dims that nothing fixes). ``weight_dims``: the dims of initializers left
+    out of a weightless model. ``cache_dims``: ``KV_HEADS`` / ``HEAD_DIM`` -> (value, where it was read), for the
+    cache dims an export names instead of fixing (the model builder's ``kv_cache_dim``: its genai_config.json gives
+    ``head_size``); where the graph fixes a dim, the graph's is taken."""
     if max_length < 1:
         raise ValueError(f"max_length must be >= 1, not {max_length}")
     inputs = {v.name: v for v in graph_inputs(model.graph)}
@@ -69,6 +74,12 @@ def read(model: onnx.ModelProto, max_length: int, weight_dims: Mapping[str, tupl
     if LOGITS not in outputs:
         raise ValueError(f"not a decoder in ONNX Runtime GenAI's layout: it has no output 'logits' "
                          f"(outputs: {sorted(outputs)})")
+    known = dict(cache_dims or {})
+    # GroupQueryAttention fixes the KV heads in an attribute where the graph names that dim
+    gqa = next((n for n in model.graph.node if n.op_type == GQA_OP and n.domain == "com.microsoft"), None)
+    heads_attr = next((a.i for a in gqa.attribute if a.name == "kv_num_heads"), 0) if gqa is not None else 0
+    if heads_attr > 0:
+        known[KV_HEADS] = (heads_attr, f"{GQA_OP}'s kv_num_heads")  # (the graph wins over a config)
     pairs = []
     for name, value in inputs.items():
         match = _PAST.match(name)
@@ -78,18 +89,19 @@ def read(model: onnx.ModelProto, max_length: int, weight_dims: Mapping[str, tupl
         if present not in outputs:
             raise ValueError(f"past input {name!r} has no present output {present!r} to pair with")
         dims = value.type.tensor_type.shape.dim
-        if len(dims) != 4 or not (dims[1].HasField("dim_value") and dims[3].HasField("dim_value")):
-            raise ValueError(f"past input {name!r} is not [batch, kv_heads, past, head_dim] with kv_heads and "
-                             "head_dim fixed")
-        pairs.append(CachePair(name, present, (1, dims[1].dim_value, max_length, dims[3].dim_value),
-                               value.type.tensor_type.elem_type))
+        if len(dims) != 4:
+            raise ValueError(f"past input {name!r} is not [batch, kv_heads, past, head_dim]: its dims are "
+                             f"{_dims_text(dims)}")
+        kv_heads = _cache_dim(name, dims, 1, KV_HEADS, known)
+        head_dim = _cache_dim(name, dims, 3, HEAD_DIM, known)
+        pairs.append(CachePair(name, present, (1, kv_heads, max_length, head_dim), value.type.tensor_type.elem_type))
     if not pairs:
         raise ValueError("not a decoder with a KV cache: no past_key_values.{i}.key / .value inputs")
     orphans = sorted(o for o in outputs if o.startswith("present.") and o not in {p.present for p in pairs})
     if orphans:
         raise ValueError(f"present output {orphans[0]!r} has no past_key_values input to pair with")
-    known = {INPUT_IDS, ATTENTION_MASK, POSITION_IDS} | {p.past for p in pairs}
-    extra = sorted(set(inputs) - known)
+    feedable = {INPUT_IDS, ATTENTION_MASK, POSITION_IDS} | {p.past for p in pairs}
+    extra = sorted(set(inputs) - feedable)
     if extra:
         raise ValueError(f"decoder input {extra[0]!r} is not one npurt can feed (known: input_ids, attention_mask, "
                          "position_ids, past_key_values.{i}.key/value)")
@@ -132,6 +144,25 @@ def _attention(graph: onnx.GraphProto, pairs: tuple[CachePair, ...], max_length:
                                  f"max_length {max_length}: positions past {rows - 1} have no rotation (give a "
                                  f"max_length of at most {rows})")
     return GROUP_QUERY
+
+
+def _dims_text(dims: Sequence[onnx.TensorShapeProto.Dimension]) -> str:
+    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims) + "]"
+
+
+def _cache_dim(name: str, dims: Sequence[onnx.TensorShapeProto.Dimension], index: int, what: str,
+               known: Mapping[str, tuple[int, str]]) -> int:
+    """Dim ``index`` of past input ``name``: the graph's where it fixes it, else ``known``'s; ValueError naming the
+    dims found where neither gives it."""
+    dim = dims[index]
+    if dim.HasField("dim_value") and dim.dim_value > 0:
+        return int(dim.dim_value)
+    if what in known:
+        return known[what][0]
+    raise ValueError(f"past input {name!r} has dims {_dims_text(dims)}: its {what} (dim {index}, "
+                     f"{dim.dim_param or 'unnamed'!r}) is not fixed, and nothing beside the graph gives it "
+                     "(genai_config.json's model.decoder head_size / num_key_value_heads, config.json's head_dim / "
+                     "num_key_value_heads)")
 
 
 def _order(name: str) -> tuple[int, str]:

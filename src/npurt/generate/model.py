@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -32,14 +31,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .. import onnx_graph
+from .. import block_gather, onnx_graph
 from ..options import DecoderSpec, RunnerOptions
 from ..types import DecoderFacts, NpuError, NpuUnsupportedError, TensorDirection, TensorType
 from . import folder as folder_of
 from . import layout, merged, openvino_form, verify
-
-MAX_PROTOBUF = 2**31 - 2**20  # past this a model's weights go to external data (protobuf's 2 GB limit)
-_EXTERNAL_DATA = "decoder_static.onnx.data"  # the static form's weights past MAX_PROTOBUF
 
 
 @dataclass(frozen=True)
@@ -48,6 +44,10 @@ class PreparedDecoder:
     options: RunnerOptions  # the runner's options with what the decoder derives (state pairs, shapes, views)
     facts: DecoderFacts
     temporary: Path | None  # the derived form's folder where it goes with the runner (no cache_dir)
+    # the check against the export (running while the runner compiles): waits for its verdict, the text of it for
+    # DecoderFacts.verification; raises where the derived form is refused
+    confirm: Callable[[], str]
+    cancel: Callable[[], None]  # stops the check where the load failed before its verdict
 
 
 def _config_names(config: dict[str, Any]) -> None:
@@ -65,8 +65,9 @@ def _config_names(config: dict[str, Any]) -> None:
 
 def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) -> PreparedDecoder:
     """The decoder's derived form for ``backend_name`` (a model folder, or its model file: ``folder.resolve``),
-    written once (into ``cache_dir`` where there is one, else a folder that goes with the runner) and checked against
-    the export (``verify``), and the options the runner then runs with."""
+    written once (into ``cache_dir`` where there is one, else a folder that goes with the runner), its check against
+    the export started (``verify``; ``PreparedDecoder.confirm`` waits for it), and the options the runner then runs
+    with."""
     spec = options.decoder
     assert spec is not None
     try:
@@ -92,7 +93,8 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
         raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
     try:
         merged.resolve_cache_branch(weightless)
-        shape = layout.read(weightless, spec.max_length, {w.name: w.dims for w in skeleton.weights.values()})
+        shape = layout.read(weightless, spec.max_length, {w.name: w.dims for w in skeleton.weights.values()},
+                            found.cache_dims)
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
@@ -116,7 +118,8 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
     folder = _folder(model_path, spec, backend_name, options, external, pinned)
     try:
         if openvino:  # OpenVINO converts the export, or refuses naming what it cannot convert (openvino_form)
-            make, cache = openvino_form.form_of(contrib, partial(_onnx_file, sliced=True))
+            make, cache = openvino_form.form_of(contrib, partial(_onnx_file, sliced=True),
+                                                _standard_gather_file if block_gather.OP in contrib else None)
             path = _derived(make, model_path, shape, folder, options)
             # compiled fresh from the derived IR every load, never from a compiled-model cache: OpenVINO 2026.4's
             # export_model / import_model (and its own CACHE_DIR) of these stateful models gives NaN logits (measured:
@@ -124,7 +127,8 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             logits_view = {(TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
             derived = replace(options, cache_dir=None, tensor_types={**options.tensor_types, **logits_view})
         else:
-            make = _batch_file if spec.batch else partial(_onnx_file, sliced=not pinned)
+            make = partial(_onnx_file, batched=bool(spec.batch), sliced=not pinned and not spec.batch,
+                           copy_weights=pinned)
             path = _derived(make, model_path, shape, folder, options)
             views = {**options.tensor_types, (TensorDirection.OUTPUT, layout.LOGITS): TensorType.CPU}
             for pair in shape.pairs:
@@ -142,14 +146,19 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             cache = "stream buffers, written in place (past and present bound to one buffer)"
         pad = found.pad_token_id or 0
         engine = "openvino" if openvino else "onnxruntime"
-        verdict = verify.verified(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
-                                  int8_activations=int8_activations, batch=max(spec.batch, default=1),
-                                  engine_options=options.engine_options if openvino else None)
-        checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance {verdict['tolerance']:.2g}) "
-                   f"on {engine}, a {verdict['prompt_tokens']}-id prompt in one run and in chunks, then "
-                   f"{verdict['steps']} steps")
-        if max(spec.batch, default=1) > 1:
-            checked += f"; {max(spec.batch)} rows batched (one idle), each against the export alone"
+        check = verify.start(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
+                             int8_activations=int8_activations, batch=max(spec.batch, default=1),
+                             engine_options=options.engine_options if openvino else None)
+        batched = max(spec.batch, default=1)
+
+        def confirm() -> str:
+            verdict = check.verdict()
+            checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance "
+                       f"{verdict['tolerance']:.2g}) on {engine}, a {verdict['prompt_tokens']}-id prompt in one run "
+                       f"and in chunks, then {verdict['steps']} steps")
+            if batched > 1:
+                checked += f"; {batched} rows batched (one idle), each against the export alone"
+            return checked
         first = shape.pairs[0]
         facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=shape.vocab,
                              layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
@@ -157,12 +166,13 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
                              bos_token_id=found.bos_token_id,
                              pad_token_id=pad, pinned=pinned and not openvino,
                              cache=cache, config=", ".join(str(found.folder / n) for n in found.sources) or None,
-                             contrib_ops=contrib, attention=shape.attention, verification=checked, batch=spec.batch)
+                             contrib_ops=contrib, attention=shape.attention, batch=spec.batch)
     except BaseException:
         if options.cache_dir is None:  # (a temporary folder: no runner is there to remove it)
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    return PreparedDecoder(path, derived, facts, None if options.cache_dir is not None else folder)
+    return PreparedDecoder(path, derived, facts, None if options.cache_dir is not None else folder, confirm,
+                           check.cancel)
 
 
 def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, external: bool,
@@ -203,37 +213,54 @@ def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path
 _FOLDERS_LOCK = threading.Lock()
 _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
-_VERSION = 3  # of the derivation: a change to static_form makes new cache entries
+_VERSION = 4  # of the derivation: a change to static_form makes new cache entries
 
 
 def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bool = False, *,
-               sliced: bool = False) -> Path:
-    """The static form as an ONNX file in ``folder``, derived from the export (loaded whole) where it is not there;
-    ``batched``: the batch form, its batch dim open (``static_form.derive_batch``); ``sliced``: see
-    ``static_form.derive``."""
-    import onnx
-
+               sliced: bool = False, copy_weights: bool = False) -> Path:
+    """The static form as an ONNX file in ``folder``, derived from the export's graph without its weights where it is
+    not there: the form's weights are the export's own bytes, linked beside it (``onnx_external``); ``batched``: the
+    batch form, its batch dim open (``static_form.derive_batch``); ``sliced``: see ``static_form.derive``;
+    ``copy_weights``: the weights copied, not linked (see ``onnx_external.write``)."""
+    from .. import onnx_external
     from . import static_form  # onnx and the graph builder: imported only where a static form is made
 
     path = folder / ("decoder_batch.onnx" if batched else "decoder_static.onnx")
     if not path.exists():
         try:
-            model = onnx.load(str(model_path))
-        except Exception as e:  # noqa: BLE001 - onnx raises several types for a bad file
-            raise NpuError(f"cannot read ONNX model {model_path}: {type(e).__name__}: {e}") from None
+            skeleton = onnx_graph.read_skeleton(model_path)
+            model = skeleton.model
+        except ValueError as e:
+            raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
         merged.resolve_cache_branch(model)
-        form = static_form.derive(model, shape.max_length, batch=None if batched else 1, sliced=sliced)
-        del model
-        written = folder / f"{path.name}.{os.getpid()}.partial"  # (other processes may write theirs)
-        if form.model.ByteSize() > MAX_PROTOBUF:
-            (folder / _EXTERNAL_DATA).unlink(missing_ok=True)  # (a failed attempt's: onnx would append to it)
-            onnx.save_model(form.model, str(written), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=_EXTERNAL_DATA)
-        else:
-            written.write_bytes(form.model.SerializeToString())
-        written.replace(path)
+        first = shape.pairs[0].shape  # (the cache dims as read at load: the export may only name them)
+        dims = {layout.KV_HEADS: (first[1], "the layout read at load"), layout.HEAD_DIM: (first[3], "the same")}
+        weight_dims = {w.name: w.dims for w in skeleton.weights.values()}
+        form = static_form.derive(model, shape.max_length, weight_dims=weight_dims, batch=None if batched else 1,
+                                  sliced=sliced, cache_dims=dims)
+        try:
+            # (a runner that edits the graph for an NPU's views loads it with onnx, which takes no hard link)
+            onnx_external.write(form.model, skeleton, path, link=not copy_weights)
+        except ValueError as e:  # (an external data file the export names is not there)
+            raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
+        except OSError as e:
+            raise NpuError(f"cannot write the static form of {model_path.name} into {folder}: {e}") from None
     return path
 
 
-def _batch_file(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
-    return _onnx_file(model_path, shape, folder, batched=True)
+def _standard_gather_file(model_path: Path, folder: Path) -> Path:
+    """The export with its GatherBlockQuantized in standard operators (``block_gather``: OpenVINO's frontend does
+    not convert it), its weights the export's own, linked; verified with the form made from it."""
+    from .. import onnx_external
+
+    path = folder / "decoder_standard_gather.onnx"
+    try:
+        skeleton = onnx_graph.read_skeleton(model_path)
+        model = skeleton.model
+        block_gather.rewrite(model, {w.name: w.elem_type for w in skeleton.weights.values()})
+        onnx_external.write(model, skeleton, path)
+    except ValueError as e:  # (a GatherBlockQuantized of other settings; an external data file not there)
+        raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
+    except OSError as e:
+        raise NpuError(f"cannot write {path.name} into {folder}: {e}") from None
+    return path

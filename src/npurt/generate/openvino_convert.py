@@ -1,7 +1,9 @@
 """The child process of ``openvino_form``: a decoder export converted by OpenVINO's ONNX frontend, edited, made
-stateful and saved as IR. Run as ``python -m npurt.generate.openvino_convert SOURCE TARGET PAIRS_JSON FORM``
-(FORM: ``static`` or ``growing``); exit status 3 with a JSON list of reasons on stdout where operators did not
-convert (the frontend's report, naming them); 2 with one line on stderr where the form cannot be made.
+stateful and saved as IR. Run as
+``python -m npurt.generate.openvino_convert SOURCE TARGET PAIRS_JSON FORM DIMS_JSON`` (FORM: ``static`` or
+``growing``; DIMS_JSON: the cache's [kv_heads, head_dim]); exit status 3 with a JSON list of reasons on stdout where
+operators did not convert (the frontend's report, naming them); 2 with one line on stderr where the form cannot be
+made.
 
 The growing form replaces each GroupQueryAttention by standard operations, as ONNX Runtime computes it: the IR
 reader does not take OpenVINO's own GroupQueryAttention (an internal operation: "unsupported opset: extension"), so
@@ -165,7 +167,7 @@ def decompose_group_query_attention(model: ov.Model) -> None:
         _decompose_gqa(op)
 
 
-def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> int:
+def convert(source: str, target: str, pairs: dict[str, str], growing: bool, cache_dims: tuple[int, int]) -> int:
     frontend = FrontEndManager().load_by_framework("onnx")
     try:
         model = frontend.convert_partially(frontend.load(source))
@@ -182,11 +184,13 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> i
         _position_mask(model)
         _last_row_logits(model)
         # batch 1: the state starts as [1, Hkv, 0, D] (with the batch open it starts at batch 0 and the first Concat
-        # fails)
+        # fails); the heads and head size as the layout read them (the model builder names the head size's dim)
         for name in ("input_ids", *pairs):
             param = model.input(name).get_node()
             shape = param.get_partial_shape()
             shape[0] = 1
+            if name != "input_ids":
+                shape[1], shape[3] = cache_dims
             param.set_partial_shape(shape)
         try:
             decompose_group_query_attention(model)
@@ -200,8 +204,9 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool) -> i
 
 
 def main(argv: list[str]) -> int:
-    source, target, pairs, form = argv
-    return convert(source, target, json.loads(pairs), form == "growing")
+    source, target, pairs, form, dims = argv
+    kv_heads, head_dim = json.loads(dims)
+    return convert(source, target, json.loads(pairs), form == "growing", (kv_heads, head_dim))
 
 
 if __name__ == "__main__":

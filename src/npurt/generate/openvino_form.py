@@ -33,6 +33,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from .. import onnx_external
 from ..types import NpuError, NpuUnsupportedError
 from . import layout
 
@@ -43,42 +44,61 @@ _UNCONVERTED = 3  # openvino_convert.UNCONVERTED (not imported: it imports OpenV
 _CHILD = Path(__file__).with_name("openvino_convert.py")  # run as a script: OpenVINO's memory stays in the child
 
 
-def form_of(contrib_ops: tuple[str, ...], onnx_file: Callable[[Path, layout.Layout, Path], Path]
-            ) -> tuple[Callable[[Path, layout.Layout, Path], Path], str]:
+Source = Callable[[Path, Path], Path]  # (the export, the folder) -> the ONNX file OpenVINO's frontend reads
+
+
+def form_of(contrib_ops: tuple[str, ...], onnx_file: Callable[[Path, layout.Layout, Path], Path],
+            source: Source | None = None) -> tuple[Callable[[Path, layout.Layout, Path], Path], str]:
     """The form an export with these com.microsoft operators takes on OpenVINO: its maker (model_path, layout,
-    folder) -> the IR's path, and ``DecoderFacts.cache``. ``onnx_file`` writes npurt's static form as ONNX."""
+    folder) -> the IR's path, and ``DecoderFacts.cache``. ``onnx_file`` writes npurt's static form as ONNX;
+    ``source`` (where given) makes the file the frontend reads in place of the export (a copy in standard operators
+    where it has some the frontend does not convert), removed once converted."""
+    reads = source or (lambda model_path, folder: model_path)
     if GROWING_ATTENTION in contrib_ops:
-        return growing, GROWING
-    return partial(stateful, onnx_file), STATIC
+        return partial(growing, reads), GROWING
+    return partial(stateful, onnx_file, reads), STATIC
 
 
-def stateful(onnx_file: Callable[[Path, layout.Layout, Path], Path], model_path: Path, shape: layout.Layout,
-             folder: Path) -> Path:
+def stateful(onnx_file: Callable[[Path, layout.Layout, Path], Path], source: Source, model_path: Path,
+             shape: layout.Layout, folder: Path) -> Path:
     """The static form (written by ``onnx_file``) as OpenVINO IR with the cache as the model's variables; the ONNX
     form is removed once converted."""
     path = folder / "decoder_stateful.xml"
     if path.exists():
         return path
-    onnx_path = onnx_file(model_path, shape, folder)
+    read = source(model_path, folder)
+    onnx_path = onnx_file(read, shape, folder)
     _convert(onnx_path, path, shape, growing=False, named=model_path.name)
-    onnx_path.unlink(missing_ok=True)
-    onnx_path.with_name(onnx_path.name + ".data").unlink(missing_ok=True)  # its weights, where they were external
+    for made in (onnx_path, *([read] if read != model_path else [])):
+        _remove(made)
     return path
 
 
-def growing(model_path: Path, shape: layout.Layout, folder: Path) -> Path:
+def growing(source: Source, model_path: Path, shape: layout.Layout, folder: Path) -> Path:
     """The export itself as OpenVINO IR, ``position`` in place of its mask, the cache as variables that grow."""
     path = folder / "decoder_growing.xml"
     if not path.exists():
-        _convert(model_path, path, shape, growing=True, named=model_path.name)
+        read = source(model_path, folder)
+        _convert(read, path, shape, growing=True, named=model_path.name)
+        if read != model_path:
+            _remove(read)
     return path
+
+
+def _remove(onnx_path: Path) -> None:
+    """An ONNX file npurt wrote, and the export's weights linked (or copied) beside it."""
+    for linked in onnx_external.linked_files(onnx_path):
+        linked.unlink(missing_ok=True)
+    onnx_path.unlink(missing_ok=True)
 
 
 def _convert(source: Path, path: Path, shape: layout.Layout, *, growing: bool, named: str) -> None:
     draft = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
     pairs = json.dumps({p.past: p.present for p in shape.pairs})
+    first = shape.pairs[0].shape  # (the cache's heads and head size: an export may only name those dims)
     done = subprocess.run([sys.executable, str(_CHILD), str(source), str(draft), pairs,
-                           "growing" if growing else "static"], capture_output=True, text=True)
+                           "growing" if growing else "static", json.dumps([first[1], first[3]])],
+                          capture_output=True, text=True)
     if done.returncode == _UNCONVERTED:
         reasons: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
         raise NpuUnsupportedError(f"{named}: OpenVINO cannot convert it ({'; '.join(reasons)}): use an ONNX Runtime "

@@ -55,16 +55,17 @@ class StaticForm:
 
 def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
            weight_dims: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = 1, *,
-           sliced: bool = False) -> StaticForm:
+           sliced: bool = False, cache_dims: Mapping[str, tuple[int, str]] | None = None) -> StaticForm:
     """The static form of ``model`` (see the module) with a cache of ``max_length`` rows; ``sequence`` pins S
-    (None leaves it open). ``model`` is not changed; ``weight_dims``: see ``layout.read``. ``batch``: 1 (the form
-    above), or B rows of independent sequences (None: the batch dim open, named BATCH_DIM), see ``derive_batch``.
+    (None leaves it open). ``model`` is not changed; ``weight_dims``, ``cache_dims``: see ``layout.read``.
+    ``batch``: 1 (the form above), or B rows of independent sequences (None: the batch dim open, named BATCH_DIM),
+    see ``derive_batch``.
     ``sliced`` (one sequence over a Concat cache, for devices that take open shapes): the export reads the cache's
     first ``position`` rows only, so its attention covers the rows written, not max_length (a shape that changes
     every step: never for an NPU)."""
     if batch != 1:
-        return derive_batch(model, max_length, sequence, weight_dims, batch)
-    shape = read(model, max_length, weight_dims)
+        return derive_batch(model, max_length, sequence, weight_dims, batch, cache_dims)
+    shape = read(model, max_length, weight_dims, cache_dims)
     has_position_ids = shape.has_position_ids
     form, graph, b = _with_position(model, shape, 1, sequence)
 
@@ -88,7 +89,8 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
 
 
 def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
-                 weight_dims: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None) -> StaticForm:
+                 weight_dims: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None,
+                 cache_dims: Mapping[str, tuple[int, str]] | None = None) -> StaticForm:
     """The static form of B independent sequences, one per row of the batch (None: B open): ``input_ids`` [B, S],
     ``position`` [B] (each row's own), the cache [B, kv_heads, max_length, head_dim] (row b a sequence's cache),
     ``logits`` [B, 1, vocab] (each row's last). Per row as the module says for one:
@@ -101,7 +103,7 @@ def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None =
 
     A row with nothing to run (idle) runs a pad token at its own position: it writes the row of its cache there,
     which a later run writes again before any query reads it."""
-    shape = read(model, max_length, weight_dims)
+    shape = read(model, max_length, weight_dims, cache_dims)
     pairs, has_position_ids = shape.pairs, shape.has_position_ids
     form, graph, b = _with_position(model, shape, batch, sequence)
 

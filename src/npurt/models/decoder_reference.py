@@ -103,13 +103,22 @@ class _Ports:
     use_cache_branch: bool = False  # optimum's merged decoder: the bool input choosing the with-past branch
 
 
-def _ports(inputs: dict[str, Sequence[Any]], kv_dtype: type[np.floating[Any]] = np.float32) -> _Ports:
-    """The KV layout read from the model's inputs {name: shape}."""
+def _ports(inputs: dict[str, Sequence[Any]], kv_dtype: type[np.floating[Any]], model_path: str | Path) -> _Ports:
+    """The KV layout read from the model's inputs {name: shape}; a dim the graph names (the model builder's
+    ``kv_cache_dim``) from the configs beside the model, as onnxruntime-genai reads it (genai_config.json's
+    head_size)."""
+    from ..generate.folder import read_configs
+
     layers = sum(1 for name in inputs if name.startswith("past_key_values.") and name.endswith(".key"))
     if layers == 0 or PAST_KEY % 0 not in inputs:
         raise ValueError(f"not a decoder with {PAST_KEY % 0!r}: inputs {sorted(inputs)}")
     shape = inputs[PAST_KEY % 0]
-    return _Ports(layers, int(shape[1]), int(shape[3]), POSITION_IDS in inputs, kv_dtype, USE_CACHE_BRANCH in inputs)
+    dims = [d if isinstance(d, int) and d > 0 else None for d in (shape[1], shape[3])]
+    if None in dims:
+        given = read_configs(Path(model_path).parent).cache_dims
+        dims = [d if d is not None else given[what][0] for d, what in zip(dims, ("kv_heads", "head_dim"))]
+    return _Ports(layers, int(dims[0] or 0), int(dims[1] or 0), POSITION_IDS in inputs, kv_dtype,
+                  USE_CACHE_BRANCH in inputs)
 
 
 def _greedy(step: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], ports: _Ports,
@@ -156,7 +165,7 @@ class OnnxRuntimeDecoder:
         inputs = self.session.get_inputs()
         past_type = next((i.type for i in inputs if i.name == PAST_KEY % 0), "")
         self.ports = _ports({i.name: i.shape for i in inputs},
-                            np.float16 if past_type == "tensor(float16)" else np.float32)
+                            np.float16 if past_type == "tensor(float16)" else np.float32, model_path)
         self.names = [o.name for o in self.session.get_outputs()]
 
     def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -185,7 +194,7 @@ class SharedBufferDecoder:
         inputs = self.session.get_inputs()
         past_type = next((i.type for i in inputs if i.name == PAST_KEY % 0), "")
         self.ports = _ports({i.name: i.shape for i in inputs},
-                            np.float16 if past_type == "tensor(float16)" else np.float32)
+                            np.float16 if past_type == "tensor(float16)" else np.float32, model_path)
         if self.ports.has_position_ids or self.ports.use_cache_branch:
             raise ValueError("SharedBufferDecoder runs GroupQueryAttention exports (no position_ids input)")
         self.max_length = max_length
@@ -241,7 +250,8 @@ class OpenVinoDecoder:
         compiled = ov.Core().compile_model(str(model_path), "CPU", properties)
         past_type = next((p.get_element_type() for p in compiled.inputs if PAST_KEY % 0 in p.get_names()), None)
         self.ports = _ports({p.any_name: [d.get_length() if d.is_static else -1 for d in p.get_partial_shape()]
-                             for p in compiled.inputs}, np.float16 if past_type == ov.Type.f16 else np.float32)
+                             for p in compiled.inputs}, np.float16 if past_type == ov.Type.f16 else np.float32,
+                            model_path)
         self.request = compiled.create_infer_request()
         self.outputs = [(o, o.any_name) for o in compiled.outputs]
 

@@ -5,9 +5,10 @@ Llama, Qwen and Mistral are published for onnxruntime-genai. Same `DecoderShape`
 
 - inputs ``input_ids`` int64 [batch_size, sequence_length], ``attention_mask`` int64 [batch_size,
   total_sequence_length], ``past_key_values.{i}.key`` / ``.value`` [batch_size, num_kv_heads, past_sequence_length,
-  head_size]; no ``position_ids`` (the rotary embedding is fused into the attention, its positions come from the
-  mask). Outputs ``logits`` [batch_size, sequence_length, vocab_size] and ``present.{i}.key`` / ``.value``
-  [batch_size, num_kv_heads, total_sequence_length, head_size], the attention node's own outputs.
+  kv_cache_dim] (the head size named, not fixed: genai_config.json's ``head_size`` gives it); no ``position_ids``
+  (the rotary embedding is fused into the attention, its positions come from the mask). Outputs ``logits``
+  [batch_size, sequence_length, vocab_size] and ``present.{i}.key`` / ``.value``
+  [batch_size, num_kv_heads, total_sequence_length, kv_cache_dim], the attention node's own outputs.
 - nodes as the builder names and writes them: a Gather embedding; ``SimplifiedLayerNormalization`` (ONNX domain, as
   the builder emits it; ONNX Runtime implements it) for the first norm, then ``SkipSimplifiedLayerNormalization``
   (com.microsoft; output 3 = the residual sum, the next norm's root input) for every later one; Q / K / V MatMuls
@@ -65,6 +66,8 @@ COS_CACHE, SIN_CACHE = "cos_cache", "sin_cache"
 MASK_SUBGRAPH = "/model/attn_mask_reformat/attn_mask_subgraph"
 SEQLENS_K = f"{MASK_SUBGRAPH}/Sub/Cast/output_0"
 TOTAL_SEQ_LEN = f"{MASK_SUBGRAPH}/Gather/Cast/output_0"
+
+HEAD_SIZE_DIM = "kv_cache_dim"  # the builder's name for the cache's head size dim
 
 
 def rotary_head_ok(shape: DecoderShape) -> bool:
@@ -150,8 +153,9 @@ def build_builder_model(shape: DecoderShape | str, seed: int = 0, *, packed_qkv:
     if rotary_node:
         inputs.append(helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch_size", "sequence_length"]))
     outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch_size", "sequence_length", shape.vocab])]
-    past_dims: list[str | int | None] = ["batch_size", shape.kv_heads, "past_sequence_length", shape.head_dim]
-    present_dims: list[str | int | None] = ["batch_size", shape.kv_heads, "total_sequence_length", shape.head_dim]
+    # the head size's dim is named, not fixed, as the builder (0.18) writes it: genai_config.json's head_size gives it
+    past_dims: list[str | int | None] = ["batch_size", shape.kv_heads, "past_sequence_length", HEAD_SIZE_DIM]
+    present_dims: list[str | int | None] = ["batch_size", shape.kv_heads, "total_sequence_length", HEAD_SIZE_DIM]
 
     residual, skip = x, ""  # the running residual (root input) and the branch output to add to it (skip input)
     for i in range(shape.layers):
