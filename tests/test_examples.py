@@ -498,6 +498,22 @@ def test_generate_example_runs_a_decoder_on_two_backends(tmp_path):
     assert f"generator 0: {want}" in done.stdout and "generator 1: [" in done.stdout
 
 
+@pytest.mark.slow
+def test_chat_example_over_the_real_chat_model():
+    """examples/chat.py over SmolLM2-135M-Instruct built from its wheel (tools/real_models): the real model answers
+    (greedy, the builder's fp32 folder) as its reference does, and the second turn prefills only what is new."""
+    from tests.helpers.real_models import folder, reference
+
+    want = reference("smollm2-genai-fp32")["chats"][0]["text"]  # "The capital of France is Paris."
+    done = run_example("examples/chat.py", str(folder("smollm2-genai-fp32")), "--system", "",
+                       "--say", "What is the capital of France?", "--say", "And of Italy?", "--max-new-tokens", "16",
+                       timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in want and "Paris" in done.stdout
+    turns = re.findall(r"^\[prefilled (\d+) of (\d+) tokens", done.stdout, re.M)
+    assert len(turns) == 2 and int(turns[1][0]) < int(turns[1][1]) // 2, turns
+
+
 def test_chat_example_keeps_the_cache_across_turns():
     """examples/chat.py: the decoder and tokenizer it builds; turn 2 prefills fewer tokens than the conversation
     holds (the rest is the cache's)."""

@@ -216,7 +216,7 @@ def test_a_sequence_left_high_moves_down_once_the_free_rows_below_it_age(folder)
     in a run of 4 meanwhile), then close, and the long one moves down to run alone, its ids unchanged."""
     options = {"device": "CPU", "decoder": {**DECODER, "batch": [1, 2, 4]}}
     with RunnerFactory.create_runner("ONNXRUNTIME", folder / MODEL_FILE, options) as runner:
-        scheduler = Scheduler("m", runner, 4, 4)
+        scheduler = Scheduler("m", runner, 4, 4, prefix_reuse=True)  # (freed rows keep their ids only with reuse)
         try:
             got = Collector()
             for k in range(3):
@@ -234,9 +234,9 @@ def test_a_sequence_left_high_moves_down_once_the_free_rows_below_it_age(folder)
 
 
 def test_the_default_batch_sizes_per_backend_and_precision(tmp_path, folder):
-    """--batch auto: up to 8 rows on the ONNX Runtime backends (capped by --max-sequences), pools of 2 rows for int4
-    with int8 activations, none for a Concat cache past 512 rows, none on OpenVINO; --batch as given (capped), refused
-    on OpenVINO."""
+    """--batch auto: up to 8 rows on the ONNX Runtime backends (capped by --max-sequences), none for int4 with int8
+    activations (a batched step's logits are not a lone one's), none for a Concat cache past 512 rows, none on
+    OpenVINO; --batch as given (capped), refused on OpenVINO."""
     from npurt.models.decoder_forms import build_decoder_form
     from npurt.models.decoder_precision import Int4
     from npurt.serve.llm.model import batch_sizes, model_folder
@@ -252,13 +252,15 @@ def test_the_default_batch_sizes_per_backend_and_precision(tmp_path, folder):
         assert batch_sizes(fp32, GenerationSettings(max_sequences=3), backend)[0] == (1, 2, 4)
         assert batch_sizes(fp32, GenerationSettings(max_sequences=64), backend)[0] == (1, 2, 4, 8)
         assert batch_sizes(fp32, GenerationSettings(max_sequences=1), backend)[0] == ()
-        assert batch_sizes(level4, GenerationSettings(max_sequences=8), backend)[0] == (1, 2)
+        sizes, why = batch_sizes(level4, GenerationSettings(max_sequences=8), backend)
+        assert sizes == () and "int8 activations" in why and "--batch 1,2" in why
+        assert batch_sizes(level4, GenerationSettings(max_sequences=8, batch=(1, 2)), backend)[0] == (1, 2)
     # a Concat cache (this folder's) batches by default up to 512 rows of cache; GroupQueryAttention at any length
     assert batch_sizes(fp32, GenerationSettings(max_sequences=8, max_length=512), "onnxruntime")[0] == (1, 2, 4, 8)
     sizes, why = batch_sizes(fp32, GenerationSettings(max_sequences=8, max_length=1024), "onnxruntime")
     assert sizes == () and "Concat cache of 1024 rows" in why
     assert batch_sizes(fp32, GenerationSettings(max_length=1024, batch=(1, 2, 4)), "onnxruntime")[0] == (1, 2, 4)
-    assert batch_sizes(level4, GenerationSettings(max_sequences=8, max_length=1024), "onnxruntime")[0] == (1, 2)
+    assert batch_sizes(level4, GenerationSettings(max_sequences=8, max_length=1024), "onnxruntime")[0] == ()
     assert batch_sizes(fp32, GenerationSettings(max_sequences=8), "OPENVINO")[0] == ()
     assert batch_sizes(fp32, GenerationSettings(max_sequences=8, batch=(1, 4, 16)), "onnxruntime")[0] == (1, 4, 16)
     assert batch_sizes(fp32, GenerationSettings(max_sequences=4, batch=(1, 4, 16)), "onnxruntime")[0] == (1, 4)

@@ -35,8 +35,10 @@ ALTERNATING = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# --prefix-reuse: the served set-up takes a chat's earlier turns from a free cache (off by default: test_real_chat)
 SERVE = ["--backend", "onnxruntime", "--device", "CPU", "--threads", "1", "--max-length", str(MAX_LENGTH),
-         "--prefill-chunk", str(CHUNK), "--max-sequences", "4", "--max-queue", "16", "--max-output-tokens", "32"]
+         "--prefill-chunk", str(CHUNK), "--max-sequences", "4", "--max-queue", "16", "--max-output-tokens", "32",
+         "--prefix-reuse"]
 OPTIONS = {"device": "CPU", "num_threads": 1, "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": CHUNK}}
 
 

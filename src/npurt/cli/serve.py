@@ -88,15 +88,21 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
                    help="requests waiting for a free cache; more get 429 with Retry-After (default: %(default)s)")
     g.add_argument("--max-output-tokens", type=int, default=d.max_output_tokens, metavar="N",
                    help="ids a request that leaves max_tokens out may make, at most (default: %(default)s)")
-    g.add_argument("--no-prefix-reuse", action="store_true",
-                   help="always prefill a prompt whole (by default a free cache that holds the start of a prompt, "
-                        "e.g. a chat's earlier turns, is taken and only the rest is prefilled)")
+    reuse = g.add_mutually_exclusive_group()
+    reuse.add_argument("--prefix-reuse", action="store_true",
+                       help="take a free cache that holds the start of a prompt (e.g. a chat's earlier turns) and "
+                            "prefill only the rest: less prefill, but a prompt split into other runs gives other "
+                            "logits (fp32 ~3e-5, int4 at accuracy level 4 up to 0.58), so identical requests may "
+                            "answer differently; off by default")
+    reuse.add_argument("--no-prefix-reuse", action="store_true",
+                       help="prefill every prompt whole, in one run (the default)")
     batch = g.add_mutually_exclusive_group()
     batch.add_argument("--batch", default="auto", metavar="SIZES",
                        help="run the sequences' decode steps batched, in runs of these sizes (e.g. 1,2,4,8; the "
                             "largest is a pool's rows); 1: one sequence a run. Default auto: on the ONNX Runtime "
-                            "backends up to 8 rows (int4 with int8 activations: 2; a Concat cache only up to "
-                            "--max-length 512), off on OpenVINO")
+                            "backends up to 8 rows (a Concat cache only up to --max-length 512); off for int4 with "
+                            "int8 activations (a step batched with another row gives other logits, up to 0.43: "
+                            "--batch 1,2 still batches it, 1.2-1.8x) and on OpenVINO")
     batch.add_argument("--no-batch", action="store_true", help="one sequence's step a run (as --batch 1)")
 
 
@@ -110,6 +116,7 @@ def generation_settings(args: argparse.Namespace) -> Any:
                                      ("max_sequences", args.max_sequences, d.max_sequences),
                                      ("max_queue", args.max_queue, d.max_queue),
                                      ("max_output_tokens", args.max_output_tokens, d.max_output_tokens),
+                                     ("prefix_reuse", args.prefix_reuse, False),
                                      ("no_prefix_reuse", args.no_prefix_reuse, False),
                                      ("batch", args.batch, "auto"), ("no_batch", args.no_batch, False)):
             if value != default:
@@ -124,7 +131,7 @@ def generation_settings(args: argparse.Namespace) -> Any:
         raise CliError(f"--max-queue {args.max_queue}: must be 0 or more", EXIT_USAGE)
     return GenerationSettings(max_length=args.max_length, prefill_chunk=args.prefill_chunk,
                               max_sequences=args.max_sequences, max_queue=args.max_queue,
-                              max_output_tokens=args.max_output_tokens, prefix_reuse=not args.no_prefix_reuse,
+                              max_output_tokens=args.max_output_tokens, prefix_reuse=args.prefix_reuse,
                               batch=batch_flag(args))
 
 

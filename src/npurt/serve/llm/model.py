@@ -37,7 +37,10 @@ log = logging.getLogger("npurt.serve")
 MODEL_FILE = "model.onnx"
 BATCHING_BACKENDS = ("ONNXRUNTIME", "VAIML", "QNN")  # a decoder's cache pooled and bound in place
 DEFAULT_BATCH = (1, 2, 4, 8)  # fp32 / fp16: 3-6x one sequence's ids/s at 8 rows on the CPU (benchmarks/batch_steps)
-INT8_ACTIVATIONS_BATCH = (1, 2)  # int4 at accuracy level 4: 1.2-1.8x at 2 rows, no more at 4, less at 8
+# int4 at accuracy level 4 (1.2-1.8x at 2 rows, no more at 4, less at 8) is not batched by default: MatMulNBits runs
+# one row and several by other kernels, so a step batched with another sequence's row gives other logits (up to
+# 0.43 on SmolLM2's builder int4, measured with plain ONNX Runtime) and a request's answer would hang on the load
+INT8_ACTIVATIONS_BATCH = (1, 2)  # what --batch 1,2 gives it
 # a Concat cache's batch form attends over all max_length rows in every row (the plain form over the rows written):
 # on the benchmark decoder a step of 8 rows gave 2.1x one row's ids/s at 256 rows, 1.4x at 512, 0.8x at 1024
 CONCAT_BATCH_MAX_LENGTH = 512
@@ -94,7 +97,8 @@ def batch_sizes(folder: ModelFolder, settings: GenerationSettings, backend: str)
             return (), (f"a Concat cache of {max_length} rows: its batch form attends over all of them in every row "
                         f"(batched by default up to --max-length {CONCAT_BATCH_MAX_LENGTH}; --batch to force)")
         if int8:
-            sizes, why = INT8_ACTIVATIONS_BATCH, "--batch auto: int4 with int8 activations, pools of 2 rows"
+            return (), ("int4 with int8 activations: a step batched with other rows gives other logits than alone "
+                        f"(--batch {','.join(map(str, INT8_ACTIVATIONS_BATCH))} batches it anyway)")
         else:
             sizes, why = DEFAULT_BATCH, f"--batch auto on {name}"
     cap = next((b for b in sizes if b >= settings.max_sequences), None)

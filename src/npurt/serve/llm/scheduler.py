@@ -83,7 +83,7 @@ class Sequence:
 class Scheduler:
     """The sequences of one served decoder, run by one thread."""
 
-    def __init__(self, model: str, runner: Runner, max_sequences: int, max_queue: int, prefix_reuse: bool = True,
+    def __init__(self, model: str, runner: Runner, max_sequences: int, max_queue: int, prefix_reuse: bool = False,
                  observer: SequenceObserver | None = None) -> None:
         self.model, self.runner, self.observer = model, runner, observer
         self.max_sequences, self.max_queue = max_sequences, max_queue
