@@ -147,7 +147,8 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
         pad = found.pad_token_id or 0
         engine = "openvino" if openvino else "onnxruntime"
         check = verify.start(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
-                             int8_activations=int8_activations, batch=max(spec.batch, default=1),
+                             int8_activations=int8_activations, prepack="MatMulNBits" in contrib,
+                             batch=max(spec.batch, default=1),
                              engine_options=options.engine_options if openvino else None)
         batched = max(spec.batch, default=1)
 

@@ -76,11 +76,12 @@ class Check:
 
 
 def start(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, folder: Path,
-          pad_token_id: int, *, int8_activations: bool = False,
+          pad_token_id: int, *, int8_activations: bool = False, prepack: bool = False,
           engine_options: Mapping[str, Any] | None = None, batch: int = 1) -> Check:
     """The check of ``derived`` against ``export``: its verdict kept in ``folder``, else a child process started on
     it. ``engine_options``: the runner's (OpenVINO compiles the derived form with them, at f32). ``batch`` > 1: the
-    batch form, checked also with that many rows batched (``verify_child._batched``)."""
+    batch form, checked also with that many rows batched (``verify_child._batched``). ``prepack``: ONNX Runtime's
+    sessions there prepack the weights (int4 MatMulNBits needs it; elsewhere a check does not repay it)."""
     settings = json.dumps(dict(engine_options or {}), sort_keys=True, default=str)
     tag = "" if settings == "{}" else "-" + hashlib.sha256(settings.encode()).hexdigest()[:8]
     verdict_path = folder / f"verified-{engine}-c{chunk}{tag}{f'-b{batch}' if batch > 1 else ''}.json"
@@ -98,7 +99,7 @@ def start(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, f
     prompt = [(7 * i + 3) % vocab for i in range(length)]
     args = {"export": str(export), "derived": str(derived), "engine": engine, "prompt": prompt, "steps": STEPS,
             "chunk": min(chunk, length), "max_length": shape.max_length, "pad": pad_token_id,
-            "tolerance": tolerance, "engine_options": json.loads(settings), "batch": batch,
+            "tolerance": tolerance, "engine_options": json.loads(settings), "batch": batch, "prepack": prepack,
             "kv_heads": shape.pairs[0].shape[1], "head_dim": shape.pairs[0].shape[3]}
     child = subprocess.Popen([sys.executable, str(_CHILD), json.dumps(args)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -63,13 +63,19 @@ def _dtype(onnx_type: str) -> Any:
     return {"tensor(float)": np.float32, "tensor(float16)": np.float16}.get(onnx_type, np.float32)
 
 
+PREPACK = {"on": True}  # main() sets it from the arguments
+
+
 def _options() -> Any:
-    """Sessions without weight prepacking: a check's few runs do not repay it (a 540 MB export's session in 0.56 s
-    against 1.46 s, measured), and it holds a second copy of each MatMul's weights."""
+    """Sessions without weight prepacking where the export has no int4 MatMulNBits: a check's few runs do not repay
+    it (a 540 MB fp32 export's session in 0.56 s against 1.46 s, measured), and it holds a second copy of each MatMul's
+    weights. MatMulNBits without its prepacked weights dequantizes them every run (a 37-id run of SmolLM2's int4 in
+    1.06 s against 0.21 s): there it stays on."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.add_session_config_entry("session.disable_prepacking", "1")
+    if not PREPACK["on"]:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     return options
 
 
@@ -193,6 +199,7 @@ def _consecutive_chunks(sequence: list[int], chunk: int, run: Run, pad: int) -> 
 
 def main(argv: list[str]) -> int:
     args = json.loads(argv[1])
+    PREPACK["on"] = bool(args.get("prepack", True))
     prompt, steps, chunk = args["prompt"], args["steps"], args["chunk"]
     fed, want = _reference(args["export"], prompt, steps, args["kv_heads"], args["head_dim"])
     batched = (_batched(args["export"], args["derived"], args["max_length"], prompt, steps, args["batch"],

@@ -1,0 +1,191 @@
+"""The real chat model: SmolLM2-135M-Instruct's builder folders (fp32, int4; tools/real_models), npurt's ONNX
+Runtime backend against onnxruntime-genai on the same folder, in fresh processes, alternating (issue 57).
+
+Each run is a fresh Python process (``npurt.bench.fresh``): it loads the folder and generates greedily from the first
+reference chat's prompt (37 ids) to 64 new ids (no eos stop: both sides run the same number of steps), and reports
+its load time, time to first token, decode ids/s after the first, and its memory (peak RSS added over the imports;
+npurt's check against the export runs in a child process beside the load, whose peak is reported too). The sides:
+
+- ``onnxruntime-genai``: ``og.Model(folder)``, ``append_tokens``, ``generate_next_token`` (its defaults);
+- ``npurt cold``: ``RunnerFactory.create_runner("VAIML", folder, {"decoder": ...})`` without a cache: the derived
+  form written and checked against the export at every load;
+- ``npurt cached``: the same with ``cache_dir`` (filled by one untimed load): the derived form and its verdict read;
+- at one engine thread each (``--threads 1``): npurt ``num_threads=1``, onnxruntime-genai with
+  ``session_options.intra_op_num_threads`` 1 in a copy of the folder's genai_config.json (the model files linked).
+
+Targets (issue 57): load cold <= 1.5x onnxruntime-genai's, cached <= 1.0x; peak memory <= 1.3x (npurt's process and
+its check's child together, as they run at once); decode ids/s >= 1.0x; time to first token <= 1.0x. Ratios are the
+medians of the rounds' ratios (each round runs every side once, the order turned each round).
+
+    python -m benchmarks.real_chat [--runs N] [--precisions fp32,int4] [--threads N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+NEW_TOKENS = 64
+MAX_LENGTH = 256
+TARGETS = {"load cold": 1.5, "load cached": 1.0, "peak memory": 1.3, "decode": 1.0, "first token": 1.0}
+
+
+def _child_peak_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def npurt_side(probe: Any, folder: str, prompt: list[int], cache_dir: str | None, threads: int | None
+               ) -> dict[str, Any]:
+    """npurt's VAIML backend (ONNX Runtime's CPU provider) over the folder: load, then 64 greedy ids."""
+    from npurt import Generator, RunnerFactory
+
+    probe.baseline()
+    options: dict[str, Any] = {"device": "CPU", "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": 16}}
+    if cache_dir:
+        options["cache_dir"] = cache_dir
+    if threads:
+        options["num_threads"] = threads
+    start = time.perf_counter()
+    runner = probe.keep(RunnerFactory.create_runner("VAIML", folder, options))
+    load_ms = (time.perf_counter() - start) * 1e3
+    generator = probe.keep(Generator(runner))
+    ids = generator.generate(prompt, NEW_TOKENS, eos_token_id=[])
+    stats = generator.stats
+    return {"load_ms": load_ms, "first_inference_ms": stats["time_to_first_token_s"] * 1e3,
+            "decode_per_s": stats["decode_tokens_per_s"], "ids": ids, "child_peak_mib": _child_peak_mib()}
+
+
+def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
+    """onnxruntime-genai over the folder: load, then 64 greedy ids, timed as npurt's Generator times itself."""
+    import onnxruntime_genai as og
+
+    probe.baseline()
+    start = time.perf_counter()
+    model = probe.keep(og.Model(folder))
+    load_ms = (time.perf_counter() - start) * 1e3
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + NEW_TOKENS, min_length=len(prompt) + NEW_TOKENS)
+    generator = og.Generator(model, params)
+    began = time.perf_counter()
+    generator.append_tokens(prompt)
+    generator.generate_next_token()
+    first = time.perf_counter()
+    ids = [int(generator.get_next_tokens()[0])]
+    while len(ids) < NEW_TOKENS and not generator.is_done():
+        generator.generate_next_token()
+        ids.append(int(generator.get_next_tokens()[0]))
+    end = time.perf_counter()
+    return {"load_ms": load_ms, "first_inference_ms": (first - began) * 1e3,
+            "decode_per_s": (len(ids) - 1) / (end - first) if len(ids) > 1 else 0.0, "ids": ids,
+            "child_peak_mib": 0.0}
+
+
+def _one_thread_folder(folder: Path, into: Path) -> Path:
+    """A copy of the folder whose genai_config.json gives the decoder's session one intra-op thread (the model files
+    hard-linked, or copied across file systems)."""
+    import shutil
+
+    into.mkdir(parents=True, exist_ok=True)
+    for item in folder.iterdir():
+        if item.name == "genai_config.json" or not item.is_file():
+            continue
+        try:
+            os.link(item, into / item.name)
+        except OSError:
+            shutil.copyfile(item, into / item.name)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = 1
+    (into / "genai_config.json").write_text(json.dumps(config))
+    return into
+
+
+def run(precision: str, runs: int, threads: int | None, scratch: Path) -> dict[str, Any]:
+    from tools import real_models
+
+    from npurt.bench.fresh import in_fresh_process
+
+    folder = real_models.path(f"smollm2-genai-{precision}")
+    prompt = real_models.reference(f"smollm2-genai-{precision}")["chats"][0]["prompt_ids"]  # type: ignore[index]
+    genai_folder = _one_thread_folder(folder, scratch / f"og-{precision}") if threads == 1 else folder
+    cache = scratch / f"cache-{precision}-{threads}"
+    me = "benchmarks.real_chat"
+    sides = {
+        "onnxruntime-genai": (f"{me}:genai_side", {"folder": str(genai_folder), "prompt": prompt}),
+        "npurt cold": (f"{me}:npurt_side", {"folder": str(folder), "prompt": prompt, "cache_dir": None,
+                                             "threads": threads}),
+        "npurt cached": (f"{me}:npurt_side", {"folder": str(folder), "prompt": prompt, "cache_dir": str(cache),
+                                               "threads": threads}),
+    }
+    in_fresh_process(sides["npurt cached"][0], **sides["npurt cached"][1])  # fills the cache (untimed)
+    rounds: list[dict[str, Any]] = []
+    for k in range(runs):
+        order = list(sides) if k % 2 == 0 else list(reversed(sides))
+        got = {}
+        for name in order:
+            target, kwargs = sides[name]
+            done = in_fresh_process(target, **kwargs)
+            got[name] = {**done.value, "peak_mib": done.peak_added_mib + done.value["child_peak_mib"],
+                         "process_peak_mib": done.peak_added_mib}
+        rounds.append(got)
+    same = all(r[n]["ids"] == r["onnxruntime-genai"]["ids"] for r in rounds for n in sides)
+
+    def median(name: str, key: str) -> float:
+        return float(statistics.median(r[name][key] for r in rounds))
+
+    def ratio(name: str, key: str, anchor: str = "onnxruntime-genai", inverse: bool = False) -> float:
+        values = [(r[anchor][key] / r[name][key]) if inverse else (r[name][key] / r[anchor][key]) for r in rounds]
+        return float(statistics.median(values))
+
+    figures = {name: {key: median(name, key) for key in ("load_ms", "first_inference_ms", "decode_per_s", "peak_mib",
+                                                          "process_peak_mib", "child_peak_mib")} for name in sides}
+    ratios = {"load cold": ratio("npurt cold", "load_ms"), "load cached": ratio("npurt cached", "load_ms"),
+              "peak memory": ratio("npurt cold", "peak_mib"),
+              "decode": ratio("npurt cached", "decode_per_s"),
+              "first token": ratio("npurt cached", "first_inference_ms")}
+    return {"precision": precision, "threads": threads or "defaults", "runs": runs, "same_ids": same,
+            "figures": figures, "ratios": ratios}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.real_chat", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--precisions", default="fp32,int4")
+    p.add_argument("--threads", type=int, default=None, help="engine threads on both sides (default: each side's own)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="npurt-real-chat-") as scratch:
+        for precision in args.precisions.split(","):
+            results.append(run(precision, args.runs, args.threads, Path(scratch)))
+    missed = []
+    for result in results:
+        label = f"SmolLM2-135M {result['precision']}, threads {result['threads']}, {result['runs']} runs (CPU provider)"
+        print(label)
+        for name, f in result["figures"].items():
+            print(f"  {name:18} load {f['load_ms']:7.0f} ms  first token {f['first_inference_ms']:6.1f} ms  "
+                  f"decode {f['decode_per_s']:6.1f} ids/s  peak {f['peak_mib']:6.0f} MiB "
+                  f"(process {f['process_peak_mib']:.0f}, check {f['child_peak_mib']:.0f})")
+        print(f"  same ids every run, every side: {result['same_ids']}")
+        for name, value in result["ratios"].items():
+            target = TARGETS[name]
+            ok = value >= target if name == "decode" else value <= target
+            print(f"  {name:12} npurt / onnxruntime-genai {value:5.2f}  target {'>=' if name == 'decode' else '<='} "
+                  f"{target}  {'met' if ok else 'MISSED'}")
+            if not ok:
+                missed.append(f"{result['precision']} {name}")
+    if args.json:
+        print(json.dumps(results))
+    return 1 if missed or not all(r["same_ids"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
