@@ -24,6 +24,7 @@ tolerance is smaller): within it, either engine may pick either token.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -212,3 +213,23 @@ def test_the_npu_stays_refused_with_its_reason(root):
     path = build_decoder_form(root / "builder-npu", "kv3", form="builder")
     with pytest.raises(NpuUnsupportedError, match="NPUW"):
         RunnerFactory.create_runner("OPENVINO", path, {"device": "NPU", "decoder": DECODER})
+
+
+def test_a_refusal_names_only_the_operators_that_fail_themselves(root, tmp_path):
+    """An operator the frontend cannot convert makes it fail the converted operators it feeds too (the builder's int4
+    embedding, a GatherBlockQuantized, named the two normalizations after it): the refusal names the first only."""
+    import subprocess
+    import sys
+
+    model = build_form_model("kv3", form="builder")
+    embedding = next(n for n in model.graph.node if n.op_type == "Gather")
+    embedding.op_type, embedding.domain = "FancyUnknownOp", "com.microsoft"
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    path = save_model(model, tmp_path / "model.onnx")
+    done = subprocess.run([sys.executable, str(Path(openvino_form.__file__).with_name("openvino_convert.py")),
+                           str(path), str(tmp_path / "out.xml"), "{}", "growing", "[1, 64]"],
+                          capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr
+    reasons = json.loads(done.stdout.strip().splitlines()[-1])
+    assert any("FancyUnknownOp" in r for r in reasons), reasons
+    assert not any("Normalization" in r for r in reasons), reasons

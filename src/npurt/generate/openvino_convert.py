@@ -47,20 +47,60 @@ class Refused(Exception):
 def _unconverted(frontend: Any, model: ov.Model, source: str) -> list[str]:
     """What the frontend left unconverted, as its own report says it ("No conversion rule found for operations:
     com.microsoft.X", "Conversion is failed for: ..."): a framework node's own attributes may name no operator."""
-    nodes = [op for op in model.get_ordered_ops() if op.get_type_name() in _FRAMEWORK_NODES]
-    if not nodes:
+    roots = _failing_first(model)
+    if not roots:
         return []
+    named = _onnx_names(source, roots)
+    types = {name.rpartition(".")[2] for name in named}
     try:
         frontend.convert(frontend.load(source))
     except Exception as e:  # noqa: BLE001 - the report comes as the conversion's error
         text = str(e)
         summary = text.split("Summary:", 1)[1] if "Summary:" in text else ""
-        lines = [line.strip().removeprefix("-- ") for line in summary.splitlines() if line.strip().startswith("--")]
+        lines = []
+        for line in summary.splitlines():
+            if not line.strip().startswith("--"):
+                continue
+            head, _, listed = line.strip().removeprefix("-- ").partition(": ")
+            # the operators that fail themselves: one whose input comes from an unconverted one fails for that alone
+            kept = [item for item in listed.split(", ") if item.split("-")[0].rpartition(".")[2] in types]
+            if kept:
+                lines.append(f"{head}: {', '.join(kept)}")
         if lines:
             return lines
-    named = {f"{op.get_attributes().get('ONNX_META_domain') or 'ai.onnx'}."
-             f"{op.get_attributes().get('ONNX_META_type') or op.get_friendly_name()}" for op in nodes}
     return [f"operations not converted: {', '.join(sorted(named))}"]
+
+
+def _onnx_names(source: str, ops: list[Any]) -> set[str]:
+    """domain.type of each framework node, from the ONNX graph (a framework node's own attributes may not read), by
+    the node's name or its first output's; the friendly name where neither is found."""
+    import onnx
+
+    graph = onnx.load(source, load_external_data=False).graph
+    types: dict[str, str] = {}
+    for node in graph.node:
+        name = f"{node.domain or 'ai.onnx'}.{node.op_type}"
+        types.setdefault(node.name, name)
+        if node.output:
+            types.setdefault(node.output[0], name)
+    return {types.get(op.get_friendly_name(), op.get_friendly_name()) for op in ops}
+
+
+def _failing_first(model: ov.Model) -> list[Any]:
+    """The unconverted (framework) nodes none of whose inputs come, directly or not, from another unconverted node:
+    the frontend also fails a node it converts elsewhere when its input is an unconverted one's (the builder's int4
+    embedding named the two normalizations after it)."""
+    downstream: set[str] = set()
+    roots = []
+    for op in model.get_ordered_ops():
+        fed = any(i.get_source_output().get_node().get_name() in downstream for i in op.inputs())
+        if op.get_type_name() in _FRAMEWORK_NODES:
+            if not fed:
+                roots.append(op)
+            downstream.add(op.get_name())
+        elif fed:
+            downstream.add(op.get_name())
+    return roots
 
 
 def _const(value: Any, dtype: Any = np.int64) -> Any:
