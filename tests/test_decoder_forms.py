@@ -114,8 +114,9 @@ def test_builder_layout(root):
     outputs = {v.name: dims(v) for v in model.graph.output}
     assert "position_ids" not in inputs and len(inputs) == 2 + 2 * shape.layers
     assert inputs["attention_mask"] == ["batch_size", "total_sequence_length"]
-    assert inputs["past_key_values.1.key"] == ["batch_size", 2, "past_sequence_length", 16]
-    assert outputs["present.1.value"] == ["batch_size", 2, "total_sequence_length", 16]
+    # the head size named, as the builder (0.18) writes it
+    assert inputs["past_key_values.1.key"] == ["batch_size", 2, "past_sequence_length", "kv_cache_dim"]
+    assert outputs["present.1.value"] == ["batch_size", 2, "total_sequence_length", "kv_cache_dim"]
     assert outputs["logits"] == ["batch_size", "sequence_length", 512]
     nodes = model.graph.node
     ops = [(n.domain or "", n.op_type) for n in nodes]
