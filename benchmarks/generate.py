@@ -617,10 +617,13 @@ def main() -> int:
     p.add_argument("--prefill-chunk", type=int, default=32, help="npurt's option decoder.prefill_chunk")
     p.add_argument("--threads", type=int, default=1, help="engine threads, the same for every side (default 1: "
                                                           "the engines' own defaults differ, and on the shared "
-                                                          "2-core VM two threads halve every side)")
+                                                          "2-core VM two threads halve every side; 0: each "
+                                                          "side's own default)")
     p.add_argument("--ovgenai-python", default=os.environ.get("NPURT_OVGENAI_PYTHON"),
                    help="the python of a venv with openvino-genai (default: $NPURT_OVGENAI_PYTHON)")
     args = p.parse_args()
+    if args.threads == 0:  # each side's own default (onnxruntime-genai's 0 would be ONNX Runtime's, not its own)
+        args.threads = None
     shapes = (args.shapes or ("gqa,bench" if args.quick else f"gqa,mha,nopos,bench,{BUILDER_INT4}")).split(",")
     if not args.ovgenai_python and importlib.util.find_spec("openvino_genai") is not None:
         args.ovgenai_python = sys.executable  # (the test extra installs it beside the OpenVINO it pins)
@@ -637,7 +640,8 @@ def main() -> int:
     if not args.raw_only and not npurt_available():
         report.notes.append("npurt.Generator does not exist yet: npurt's rows are left out (as --raw-only)")
         args.raw_only = True
-    report.notes.append(f"threads: {args.threads} on every side; medians of {args.runs} "
+    threads = args.threads if args.threads is not None else "each engine's own default"
+    report.notes.append(f"threads: {threads} on every side; medians of {args.runs} "
                         "alternating rounds after a warm-up; ratios: above 1 is npurt faster")
     table = Table(["model", "side", "first token ms", "decode tokens/s", "first token: raw / npurt",
                    "decode: npurt / raw", "tokens", "prefill chunks", "copies / step"],

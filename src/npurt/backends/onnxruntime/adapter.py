@@ -37,7 +37,7 @@ from ...engine import Backend, Engine, OpenedModel
 from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Remember, Signature, onnx_port_specs
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
 from .engine import OrtEngine
-from .options import OPTIMIZATION, SESSION_FIELDS, SPINNING, read_session_options
+from .options import OPTIMIZATION, SESSION_FIELDS, SPINNING, decoder_threads, read_session_options
 from .placement import ModelNodes, Placement
 from .providers import CPU_EP, ExecutionProvider
 from .sessions import cpu_session
@@ -403,11 +403,17 @@ class OrtBackend(Backend):
 
     def intra_op_threads(self) -> int | None:
         """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
-        else ONNX Runtime's default (every physical core for one run)."""
+        a decoder (option decoder), onnxruntime-genai's count (``decoder_threads``); else ONNX Runtime's default
+        (every physical core for one run)."""
         if self.options.num_threads is not None:
             return self.options.num_threads
         if self.options.performance_hint == "THROUGHPUT":
             return max(1, cores() // (self.options.max_concurrent_runs or 2))
+        if self.options.decoder is not None:
+            # onnxruntime-genai's default (src/models/model.cpp, CreateSessionOptionsFromConfig), of the CPUs this
+            # process may use: ONNX Runtime's own (both cores of the 2-core VM, spinning) decoded at 0.5-0.65x
+            # onnxruntime-genai's tokens/s whenever anything else ran there
+            return decoder_threads(cores())
         return None
 
     def _spinning_off(self) -> bool:

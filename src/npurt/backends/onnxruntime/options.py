@@ -25,6 +25,13 @@ SESSION_FIELDS = (*_COUNTS, *_SWITCHES, "execution_mode")  # set on SessionOptio
 OPTIMIZATION = "graph_optimization_level"  # kept as given: the adapter reads it (its own names, and the cache key's)
 
 
+def decoder_threads(cpus: int) -> int:
+    """A decoder session's intra-op threads where nothing sets them: onnxruntime-genai's default for its decoder
+    session, half the CPUs, 1 to 16 (onnxruntime-genai src/models/model.cpp, Model::CreateSessionOptionsFromConfig:
+    ``std::min(std::max(1, hardware_concurrency() / 2), 16)``; 1 thread on a 2-core machine)."""
+    return max(1, min(cpus // 2, 16))
+
+
 def read_session_options(given: Mapping[str, Any]) -> dict[str, Any]:
     """The session's engine options as read: SESSION_FIELDS as their types, config entries as text (SPINNING as
     "1" / "0", the only spellings ONNX Runtime tells apart), the optimization level as given. ValueError for a bad
