@@ -290,7 +290,8 @@ def test_the_batch_check_catches_rows_that_share_a_position(root, tmp_path):
     batched check (each row against the export alone): the check this runner's verdict rests on can fail."""
     folder = form_folder(root, "gqa", "standard")
     model = onnx.load(str(folder / MODEL_FILE))
-    form = static_form.derive(model, 48, batch=None).model
+    derived = static_form.derive(model, 48, batch=None)
+    form, form_layout = derived.model, derived.layout
     graph = form.graph
     same = "position__first_row"  # what every node reads instead of the position input
     for node in graph.node:
@@ -305,7 +306,8 @@ def test_the_batch_check_catches_rows_that_share_a_position(root, tmp_path):
     bad.write_bytes(form.SerializeToString())
     prompt = [(7 * i + 3) % 512 for i in range(7)]
     args = {"export": str(folder / MODEL_FILE), "derived": str(bad), "engine": "onnxruntime", "prompt": prompt,
-            "steps": 4, "chunk": 4, "max_length": 48, "pad": 0, "tolerance": 1e-3, "engine_options": {}}
+            "steps": 4, "chunk": 4, "max_length": 48, "pad": 0, "tolerance": 1e-3, "engine_options": {},
+            "kv_heads": form_layout.pairs[0].shape[1], "head_dim": form_layout.pairs[0].shape[3]}
     verdicts = {}
     for batch in (1, 4):
         done = subprocess.run([sys.executable, verify_child.__file__, json.dumps({**args, "batch": batch})],
