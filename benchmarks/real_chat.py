@@ -1,8 +1,8 @@
 """The real chat model: SmolLM2-135M-Instruct's builder folders (fp32, int4; tools/real_models), npurt's ONNX
 Runtime backend against onnxruntime-genai on the same folder, in fresh processes, alternating (issue 57).
 
-Each run is a fresh Python process (``npurt.bench.fresh``): it loads the folder and generates greedily from the first
-reference chat's prompt (37 ids) to 64 new ids (no eos stop: both sides run the same number of steps), and reports
+Each run is a fresh Python process (``npurt.bench.fresh``): it loads the folder and generates greedily from the second
+reference chat's prompt (38 ids) to 64 new ids (no eos stop: both sides run the same number of steps), and reports
 its load time (from the engine's import to the model loaded: onnxruntime-genai's import loads ONNX Runtime, npurt's
 only as it loads a model), time to first token, decode ids/s after the first, and its memory (peak RSS added over
 the imports; npurt's check against the export runs in a child process beside the load, whose peak is reported too).
@@ -114,7 +114,9 @@ def run(precision: str, runs: int, threads: int | None, scratch: Path) -> dict[s
     from npurt.bench.fresh import in_fresh_process
 
     folder = real_models.path(f"smollm2-genai-{precision}")
-    prompt = real_models.reference(f"smollm2-genai-{precision}")["chats"][0]["prompt_ids"]  # type: ignore[index]
+    # the poem's prompt (38 ids): its answer runs 64 ids without an eos on both precisions, so that both sides make the
+    # same ids (onnxruntime-genai's min_length suppresses an eos, npurt's eos_token_id=[] does not)
+    prompt = real_models.reference(f"smollm2-genai-{precision}")["chats"][1]["prompt_ids"]  # type: ignore[index]
     genai_folder = _one_thread_folder(folder, scratch / f"og-{precision}") if threads == 1 else folder
     cache = scratch / f"cache-{precision}-{threads}"
     me = "benchmarks.real_chat"
