@@ -175,3 +175,18 @@ def test_an_unwritable_default_cache_runs_without_one(folders, tmp_path, capsys,
     assert f"npurt: no cache: cannot write {blocker / 'cache'}" in err
     code, _, err = generate(capsys, str(folders["chat"]), "--prompt-ids", "1,17,42", "--cache-dir", str(blocker))
     assert code == 2 and f"--cache-dir {blocker}: not a directory" in err
+
+
+def test_cache_clear_removes_the_decoders_derived_forms(tmp_path, capsys):
+    """`npurt cache clear` empties the decoders' folder of the cache too (their derived forms and verdicts; the
+    weights there are links to the exports' files, which stay); --stale keeps them (they are never stale, only
+    unused)."""
+    from npurt.cli import main
+
+    derived = tmp_path / "decoders" / "0123"
+    derived.mkdir(parents=True)
+    (derived / "decoder_static.onnx").write_bytes(b"x")
+    assert main(["cache", "clear", "--stale", "--cache-dir", str(tmp_path)]) == 0
+    assert derived.is_dir()
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    assert not derived.exists() and "1 decoders' derived forms" in capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,17 @@ def run(args: argparse.Namespace) -> int:
         leftovers = cache.leftovers(LEFTOVER_AGE_S if args.stale else 0.0)
         for path in leftovers:
             cache.remove_leftover(path)
-        print(json.dumps({"removed": removed, "leftovers_removed": [str(p) for p in leftovers]}, indent=2)
+        # the decoders' derived forms and verdicts (option decoder): whole folders, keyed by the export's path, size
+        # and time, so an entry is never stale, only unused; --stale keeps them (their weights are links to the
+        # exports' files, so removing them frees only what npurt wrote)
+        decoders = [] if args.stale else sorted(p for p in (root / "decoders").glob("*") if p.is_dir())
+        for folder in decoders:
+            shutil.rmtree(folder, ignore_errors=True)
+        print(json.dumps({"removed": removed, "leftovers_removed": [str(p) for p in leftovers],
+                          "decoders_removed": [str(p) for p in decoders]}, indent=2)
               if args.json else f"removed {len(removed)} of {len(rows)} entries from {root}" +
-              (f" and {len(leftovers)} files an interrupted compile left" if leftovers else ""))
+              (f" and {len(leftovers)} files an interrupted compile left" if leftovers else "") +
+              (f", and {len(decoders)} decoders' derived forms" if decoders else ""))
         return 0
     if args.json:
         print(json.dumps({"cache_dir": str(root), "entries": [row for _, row in rows]}, indent=2))
