@@ -14,6 +14,7 @@ SHA-256, its venv's key, its recipe's text and the keys of the products it is ma
 parallel builds wait for each other. The cache is ``$NPURT_REAL_MODELS`` (default ``~/.cache/npurt/real``).
 
     python -m tools.real_models build smollm2        # every SmolLM2 folder (about 10 minutes on 2 cores, cold)
+    python -m tools.real_models build minilm         # all-MiniLM-L6-v2's two ONNX folders (a minute, its venv made)
     python -m tools.real_models path smollm2-genai-int4
 
 Weights are never committed: only this code is.
@@ -91,6 +92,12 @@ VENVS = {v.name: v for v in (
                  "accelerate==1.16.0", "onnx==1.23.2", "onnxruntime==1.32.0", "tokenizers==0.22.2",
                  "numpy==2.4.6"),
          "GGUF -> Hugging Face folder, transformers' reference ids, optimum's export"),
+    # the encoders' references and exports: sentence-transformers (5.7: its ONNX backend exports through optimum) and
+    # CTranslate2 (the whisper model's own runtime), beside optimum-onnx, which takes transformers < 4.58
+    Venv("encoders", (TORCH, "transformers==4.57.6", "sentence-transformers==5.7.0", "ctranslate2==4.8.5",
+                      "optimum-onnx==0.1.0", "optimum==2.1.0", "onnx==1.23.2", "onnxruntime==1.32.0",
+                      "tokenizers==0.22.2", "numpy==2.4.6"),
+         "sentence-transformers' and optimum's exports of the embedding model, its torch reference; CTranslate2"),
     # ONNX Runtime GenAI's model builder needs transformers 5, and onnx_ir for its int4 quantizer
     Venv("genai", (TORCH, "transformers==5.25.0", "onnxruntime-genai==0.18.0", "onnxruntime==1.32.0",
                    "onnx==1.23.2", "onnx-ir==1.1.0", "tokenizers==0.23.3", "numpy==2.4.6", "protobuf==7.36.2",
@@ -107,12 +114,19 @@ PRODUCTS = {p.name: p for p in (
     Product("smollm2-genai-int4", "genai", "genai_builder.py", inputs=("smollm2-hf",), args={"precision": "int4"},
             description="the builder's int4 (MatMulNBits, a tied GatherBlockQuantized embedding), as it writes it; "
                         "onnxruntime-genai's ids"),
+    Product("minilm-st", "encoders", "minilm.py", wheel="minilm", args={"form": "sentence-transformers"},
+            description="all-MiniLM-L6-v2 as sentence-transformers' ONNX backend saves it (onnx/model.onnx beside the "
+                        "folder's modules); sentence-transformers' torch embeddings in reference.json"),
+    Product("minilm-optimum", "encoders", "minilm.py", wheel="minilm", args={"form": "optimum"},
+            description="all-MiniLM-L6-v2 as optimum's feature-extraction export (pooling and normalisation in the "
+                        "graph: output sentence_embedding); the same reference"),
     Product("smollm2-optimum", "hf4", "optimum_decoder.py", inputs=("smollm2-hf",),
             description="optimum's text-generation-with-past export (one model.onnx); its ids checked equal to "
                         "transformers' (reference.json of smollm2-hf, carried over)"),
 )}
 
-GROUPS = {"smollm2": ("smollm2-hf", "smollm2-genai-fp32", "smollm2-genai-int4", "smollm2-optimum")}
+GROUPS = {"smollm2": ("smollm2-hf", "smollm2-genai-fp32", "smollm2-genai-int4", "smollm2-optimum"),
+          "minilm": ("minilm-st", "minilm-optimum")}
 
 
 class Missing(LookupError):
