@@ -22,6 +22,8 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
+    from .onnx_build import GraphBuilder
+
 OP = "GatherBlockQuantized"
 DOMAIN = "com.microsoft"
 _PREFIX = "__npurt_block_gather"
@@ -53,21 +55,13 @@ def rewrite(model: onnx.ModelProto, weight_types: Mapping[str, int] | None = Non
         data, indices, scales = node.input[0], node.input[1], node.input[2]
         zero_points = node.input[3] if len(node.input) > 3 and node.input[3] else ""
         b.nodes.clear()
-        rows = b.node("Cast", [b.node("Gather", [data, indices], axis=0)], to=TensorProto.FLOAT)  # [..., K/2]
-        high = b.node("Floor", [b.node("Div", [rows, b.const(np.array(16, np.float32))])])
-        low = b.node("Sub", [rows, b.node("Mul", [high, b.const(np.array(16, np.float32))])])
-        pairs = b.node("Concat", [b.node("Unsqueeze", [low, b.const([-1])]),
-                                  b.node("Unsqueeze", [high, b.const([-1])])], axis=-1)  # [..., K/2, 2]
+        pairs = _unpacked(b, b.node("Gather", [data, indices], axis=0))  # [..., K/2, 2]
         scale = b.node("Unsqueeze", [b.node("Gather", [scales, indices], axis=0), b.const([-1])])  # [..., K/B, 1]
         lead = b.node("Shape", [indices])
         flat = b.node("Reshape", [pairs, b.node("Concat", [lead, b.const([-1, block])], axis=0)])  # [..., K/B, B]
         if zero_points:
-            zero = b.node("Cast", [b.node("Gather", [zero_points, indices], axis=0)], to=TensorProto.FLOAT)
             # (packed zero points: two a byte, as the values are)
-            zero_high = b.node("Floor", [b.node("Div", [zero, b.const(np.array(16, np.float32))])])
-            zero_low = b.node("Sub", [zero, b.node("Mul", [zero_high, b.const(np.array(16, np.float32))])])
-            zero_pairs = b.node("Concat", [b.node("Unsqueeze", [zero_low, b.const([-1])]),
-                                           b.node("Unsqueeze", [zero_high, b.const([-1])])], axis=-1)
+            zero_pairs = _unpacked(b, b.node("Gather", [zero_points, indices], axis=0))
             zero_flat = b.node("Reshape", [zero_pairs, b.node("Concat", [lead, b.const([-1, 1])], axis=0)])
             centred = b.node("Sub", [flat, zero_flat])
         else:
@@ -82,3 +76,14 @@ def rewrite(model: onnx.ModelProto, weight_types: Mapping[str, int] | None = Non
     del graph.node[:]
     graph.node.extend(kept)
     return len(nodes)
+
+
+def _unpacked(b: GraphBuilder, packed: str) -> str:
+    """``packed`` (uint8, two 4-bit values a byte) as floats [..., 2]: the low nibble, then the high one."""
+    from onnx import TensorProto
+
+    rows = b.node("Cast", [packed], to=TensorProto.FLOAT)
+    high = b.node("Floor", [b.node("Div", [rows, b.const(np.array(16, np.float32))])])
+    low = b.node("Sub", [rows, b.node("Mul", [high, b.const(np.array(16, np.float32))])])
+    return b.node("Concat", [b.node("Unsqueeze", [low, b.const([-1])]), b.node("Unsqueeze", [high, b.const([-1])])],
+                  axis=-1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -140,9 +140,12 @@ class AutoLoadError(NpuError):
 
 
 def create_auto(model_path: str | Path, options: Mapping[str, Any] | None = None,
-                classes: dict[str, type[Backend]] | None = None) -> tuple[Runner, AutoChoice]:
+                classes: dict[str, type[Backend]] | None = None,
+                options_for: Callable[[str], Mapping[str, Any]] | None = None) -> tuple[Runner, AutoChoice]:
     """RunnerType.AUTO with its reasons: try the backends in ``auto_order()`` and return the first runner that
-    loads, with how it was chosen. ValueError (a bad argument) stops at once; AutoLoadError when none loads."""
+    loads, with how it was chosen. ValueError (a bad argument) stops at once; AutoLoadError when none loads.
+    ``options_for`` (in place of ``options``): each backend's own options by its name (a decoder's batch sizes on
+    the backends that batch); a ValueError it raises is that backend's failure, and the next is tried."""
     classes = _registry.classes() if classes is None else classes
     order = tuple(auto_order(classes))
     if not order:
@@ -152,7 +155,12 @@ def create_auto(model_path: str | Path, options: Mapping[str, Any] | None = None
     failures: list[tuple[str, str]] = []
     for name, _ in order:
         try:
-            runner = make_runner(classes[name], model_path, options)
+            chosen = options if options_for is None else options_for(name)
+        except ValueError as e:  # settings this backend does not take: the next may
+            failures.append((name, str(e)))
+            continue
+        try:
+            runner = make_runner(classes[name], model_path, chosen)
         except ValueError:
             raise  # a bad argument is bad for every backend
         except Exception as e:  # noqa: BLE001 - try the next backend, report all at the end

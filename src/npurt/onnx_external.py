@@ -16,7 +16,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from .onnx_graph import Skeleton, Weight
 
@@ -47,15 +47,15 @@ def write(model: onnx.ModelProto, skeleton: Skeleton, path: Path, *, link: bool 
         for weight in skeleton.weights.values():
             if weight.name in present:
                 continue
-            tensor = _message(export, weight)
-            if weight.external:
-                entries = {e.key: e.value for e in tensor.external_data}
-                source = _external_file(skeleton.path, entries.get("location", ""))
-                _set_external(tensor, beside(source), entries.get("offset"), entries.get("length"))
-            elif weight.offset >= 0:
+            if weight.offset >= 0 and not weight.external:  # its bytes inline in the export: named there
                 tensor = _header(weight)
                 _set_external(tensor, beside(skeleton.path), str(weight.offset), str(weight.length))
-            # (else: values in a typed field other than raw / packed float data: kept inline, as parsed)
+            else:  # (values in a typed field other than raw / packed float data stay inline, as parsed)
+                tensor = _message(export, weight)
+                if weight.external:
+                    entries = {e.key: e.value for e in tensor.external_data}
+                    source = _external_file(skeleton.path, entries.get("location", ""))
+                    _set_external(tensor, beside(source), entries.get("offset"), entries.get("length"))
             model.graph.initializer.append(tensor)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_bytes(model.SerializeToString())
@@ -68,16 +68,15 @@ def linked_files(path: Path) -> Iterator[Path]:
     return (p for p in path.parent.glob(f"{path.name}.w*") if p.name[len(path.name) + 2:].isdigit())
 
 
-def _message(export: object, weight: Weight) -> onnx.TensorProto:
-    """The weight's TensorProto as the file has it; for inline bytes only its header is read (not its data)."""
+def _message(export: BinaryIO, weight: Weight) -> onnx.TensorProto:
+    """The weight's TensorProto as the file has it (an external one's is small: where its bytes are)."""
     import onnx
 
     tensor = onnx.TensorProto()
-    if weight.external or weight.offset < 0:
-        start, end = weight.message
-        tensor.ParseFromString(os.pread(export.fileno(), end - start, start))  # type: ignore[attr-defined]
-        if not tensor.name:  # (a Constant node's value: named by the node's output)
-            tensor.name = weight.name
+    start, end = weight.message
+    tensor.ParseFromString(os.pread(export.fileno(), end - start, start))
+    if not tensor.name:  # (a Constant node's value: named by the node's output)
+        tensor.name = weight.name
     return tensor
 
 

@@ -54,6 +54,19 @@ class Layout:
     vocab: int | None
     attention: str = CONCAT  # CONCAT or GROUP_QUERY: how the export's presents are made
 
+    @property
+    def kv_heads(self) -> int:
+        return self.pairs[0].shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.pairs[0].shape[3]
+
+    @property
+    def cache_dims(self) -> dict[str, tuple[int, str]]:
+        """The cache dims as ``read`` read them, for reading the export again (it may only name them)."""
+        return {KV_HEADS: (self.kv_heads, "the layout read at load"), HEAD_DIM: (self.head_dim, "the same")}
+
 
 def read(model: onnx.ModelProto, max_length: int, weight_dims: Mapping[str, tuple[int, ...]] | None = None,
          cache_dims: Mapping[str, tuple[int, str]] | None = None) -> Layout:

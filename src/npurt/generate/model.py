@@ -146,11 +146,10 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             cache = "stream buffers, written in place (past and present bound to one buffer)"
         pad = found.pad_token_id or 0
         engine = "openvino" if openvino else "onnxruntime"
-        check = verify.start(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
-                             int8_activations=int8_activations, prepack="MatMulNBits" in contrib,
-                             batch=max(spec.batch, default=1),
-                             engine_options=options.engine_options if openvino else None)
         batched = max(spec.batch, default=1)
+        check = verify.start(model_path, path, shape, engine, spec.prefill_chunk, path.parent, pad,
+                             int8_activations=int8_activations, prepack="MatMulNBits" in contrib, batch=batched,
+                             engine_options=options.engine_options if openvino else None)
 
         def confirm() -> str:
             verdict = check.verdict()
@@ -160,9 +159,8 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             if batched > 1:
                 checked += f"; {batched} rows batched (one idle), each against the export alone"
             return checked
-        first = shape.pairs[0]
         facts = DecoderFacts(max_length=spec.max_length, prefill_chunk=spec.prefill_chunk, vocab_size=shape.vocab,
-                             layers=len(shape.pairs) // 2, kv_heads=first.shape[1], head_dim=first.shape[3],
+                             layers=len(shape.pairs) // 2, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                              context_length=context, eos_token_ids=found.eos_token_ids,
                              bos_token_id=found.bos_token_id,
                              pad_token_id=pad, pinned=pinned and not openvino,
@@ -234,11 +232,9 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bo
         except ValueError as e:
             raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
         merged.resolve_cache_branch(model)
-        first = shape.pairs[0].shape  # (the cache dims as read at load: the export may only name them)
-        dims = {layout.KV_HEADS: (first[1], "the layout read at load"), layout.HEAD_DIM: (first[3], "the same")}
         weight_dims = {w.name: w.dims for w in skeleton.weights.values()}
         form = static_form.derive(model, shape.max_length, weight_dims=weight_dims, batch=None if batched else 1,
-                                  sliced=sliced, cache_dims=dims)
+                                  sliced=sliced, cache_dims=shape.cache_dims)
         try:
             # (a runner that edits the graph for an NPU's views loads it with onnx, which takes no hard link)
             onnx_external.write(form.model, skeleton, path, link=not copy_weights)

@@ -95,9 +95,8 @@ def _remove(onnx_path: Path) -> None:
 def _convert(source: Path, path: Path, shape: layout.Layout, *, growing: bool, named: str) -> None:
     draft = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
     pairs = json.dumps({p.past: p.present for p in shape.pairs})
-    first = shape.pairs[0].shape  # (the cache's heads and head size: an export may only name those dims)
     done = subprocess.run([sys.executable, str(_CHILD), str(source), str(draft), pairs,
-                           "growing" if growing else "static", json.dumps([first[1], first[3]])],
+                           "growing" if growing else "static", json.dumps([shape.kv_heads, shape.head_dim])],
                           capture_output=True, text=True)
     if done.returncode == _UNCONVERTED:
         reasons: list[str] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -29,13 +29,13 @@ import numpy as np
 Run = Callable[[list[int], int], np.ndarray]  # (ids, position) -> the last row's logits
 
 
-def _reference(export: str, prompt: list[int], steps: int, kv_heads: int, head_dim: int
+def _reference(export: str, prompt: list[int], steps: int, kv_heads: int, head_dim: int, prepack: bool
                ) -> tuple[list[int], list[np.ndarray]]:
     """The export's greedy ids after the prompt, and the logits each run ended with (its cache [1, kv_heads, rows,
     head_dim]: the export may name those dims)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(export, _options(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(export, _options(prepack), providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     past = {name: np.zeros((1, kv_heads, 0, head_dim), _dtype(i.type))
@@ -63,10 +63,7 @@ def _dtype(onnx_type: str) -> Any:
     return {"tensor(float)": np.float32, "tensor(float16)": np.float16}.get(onnx_type, np.float32)
 
 
-PREPACK = {"on": True}  # main() sets it from the arguments
-
-
-def _options() -> Any:
+def _options(prepack: bool) -> Any:
     """Sessions without weight prepacking where the export has no int4 MatMulNBits: a check's few runs do not repay
     it (a 540 MB fp32 export's session in 0.56 s against 1.46 s, measured), and it holds a second copy of each MatMul's
     weights. MatMulNBits without its prepacked weights dequantizes them every run (a 37-id run of SmolLM2's int4 in
@@ -74,15 +71,15 @@ def _options() -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    if not PREPACK["on"]:
+    if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     return options
 
 
-def _onnxruntime(derived: str, max_length: int) -> Callable[[], Run]:
+def _onnxruntime(derived: str, max_length: int, prepack: bool) -> Callable[[], Run]:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(derived, _options(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(derived, _options(prepack), providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
 
     def fresh() -> Run:
@@ -108,14 +105,14 @@ def _onnxruntime(derived: str, max_length: int) -> Callable[[], Run]:
 
 
 def _batched(export: str, derived: str, max_length: int, prompt: list[int], steps: int, rows: int, pad: int,
-             vocab: int) -> list[tuple[str, float, float]]:
+             vocab: int, prepack: bool) -> list[tuple[str, float, float]]:
     """The batch form (``rows`` rows): each row but the last a sequence of its own (prompts of other ids and
     lengths, so other positions), prefilled alone in its row of one pooled cache (a run of one row bound to that
     row's memory), then ``steps`` steps of all rows at once, the last row idle (a pad id at position 0). Each
     active row's logits against the export run on that sequence alone: (where, difference, reference scale)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(derived, _options(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(derived, _options(prepack), providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     pasts = [name for name in inputs if name.startswith("past_key_values.")]
     pool = {name: np.zeros((rows, int(inputs[name].shape[1]), max_length, int(inputs[name].shape[3])),
@@ -140,7 +137,7 @@ def _batched(export: str, derived: str, max_length: int, prompt: list[int], step
     prompts = [[(7 * i + 3 + 11 * r) % vocab for i in range(max(1, len(prompt) - 2 * r))] for r in range(active)]
     results: list[tuple[str, float, float]] = []
     kv_heads, head_dim = pool[pasts[0]].shape[1], pool[pasts[0]].shape[3]
-    refs = [_reference(export, p, steps, kv_heads, head_dim) for p in prompts]
+    refs = [_reference(export, p, steps, kv_heads, head_dim, prepack) for p in prompts]
     for r, (p, (_, alone)) in enumerate(zip(prompts, refs)):
         got = run(bound(r, r + 1), [p], [0])[0]
         results.append((f"row {r}'s prompt alone in its row", float(np.abs(got - alone[0]).max()),
@@ -199,17 +196,17 @@ def _consecutive_chunks(sequence: list[int], chunk: int, run: Run, pad: int) -> 
 
 def main(argv: list[str]) -> int:
     args = json.loads(argv[1])
-    PREPACK["on"] = bool(args.get("prepack", True))
     prompt, steps, chunk = args["prompt"], args["steps"], args["chunk"]
-    fed, want = _reference(args["export"], prompt, steps, args["kv_heads"], args["head_dim"])
+    prepack = bool(args.get("prepack", True))
+    fed, want = _reference(args["export"], prompt, steps, args["kv_heads"], args["head_dim"], prepack)
     batched = (_batched(args["export"], args["derived"], args["max_length"], prompt, steps, args["batch"],
-                        args["pad"], int(want[0].shape[0])) if args.get("batch", 1) > 1 else [])
+                        args["pad"], int(want[0].shape[0]), prepack) if args.get("batch", 1) > 1 else [])
     scale = max(1.0, max(float(np.abs(r).max()) for r in want), *(s for _, _, s in batched))
     tolerance = args["tolerance"] * scale
     if args["engine"] == "openvino":
         fresh, chunked = _openvino(args["derived"], args["engine_options"]), _consecutive_chunks
     else:
-        fresh, chunked = _onnxruntime(args["derived"], args["max_length"]), _pinned_chunks
+        fresh, chunked = _onnxruntime(args["derived"], args["max_length"], prepack), _pinned_chunks
     # the largest difference, and where the first one past the tolerance was (else where the largest was)
     worst: dict[str, Any] = {"ok": True, "where": "", "max_diff": 0.0, "tolerance": tolerance}
     ways: list[tuple[str, Callable[[Run], np.ndarray]]] = [

@@ -37,7 +37,7 @@ from ...engine import Backend, Engine, OpenedModel
 from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Remember, Signature, onnx_port_specs
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
 from .engine import OrtEngine
-from .options import OPTIMIZATION, SESSION_FIELDS, SPINNING, decoder_threads, read_session_options
+from .options import OPTIMIZATION, SESSION_FIELDS, SPINNING, intra_op_threads, read_session_options, spinning_off
 from .placement import ModelNodes, Placement
 from .providers import CPU_EP, ExecutionProvider
 from .sessions import cpu_session
@@ -373,7 +373,7 @@ class OrtBackend(Backend):
         threads = self.intra_op_threads()
         if threads is not None:
             so.intra_op_num_threads = threads
-        if self._spinning_off() and SPINNING not in self._session_options:  # (an entry added twice: a warning)
+        if spinning_off(self.options) and SPINNING not in self._session_options:  # (an entry added twice: a warning)
             so.add_session_config_entry(SPINNING, "0")
         level = self._optimization_level()
         for key, value in self._session_options.items():  # (read at open: read_session_options)
@@ -402,31 +402,15 @@ class OrtBackend(Backend):
         return name
 
     def intra_op_threads(self) -> int | None:
-        """Intra-op threads per run: option num_threads; with THROUGHPUT, the cores shared by the concurrent runs;
-        a decoder (option decoder), onnxruntime-genai's count (``decoder_threads``); else ONNX Runtime's default
-        (every physical core for one run)."""
-        if self.options.num_threads is not None:
-            return self.options.num_threads
-        if self.options.performance_hint == "THROUGHPUT":
-            return max(1, cores() // (self.options.max_concurrent_runs or 2))
-        if self.options.decoder is not None:
-            # onnxruntime-genai's default (src/models/model.cpp, CreateSessionOptionsFromConfig), of the CPUs this
-            # process may use: ONNX Runtime's own (both cores of the 2-core VM, spinning) decoded at 0.5-0.65x
-            # onnxruntime-genai's tokens/s whenever anything else ran there
-            return decoder_threads(cores())
-        return None
-
-    def _spinning_off(self) -> bool:
-        # Idle intra-op threads spin-wait for work; with several runs at once they steal each other's cores. One run
-        # at a time keeps ONNX Runtime's default (spinning): its threads wait for that run's next parallel section.
-        return self.options.performance_hint == "THROUGHPUT" and (self.options.max_concurrent_runs or 2) > 1
+        """Intra-op threads per run (``options.intra_op_threads``, over the CPUs this process may use)."""
+        return intra_op_threads(self.options, cores())
 
     def engine_settings(self) -> dict[str, str]:
         """What the sessions run with: the threads and spinning in effect (engine_options win, as on the session),
         the hint, and every other session option as read (``read_session_options``)."""
         given = self._session_options
         threads = given["intra_op_num_threads"] if "intra_op_num_threads" in given else self.intra_op_threads()
-        spinning = given.get(SPINNING, "0" if self._spinning_off() else "1")
+        spinning = given.get(SPINNING, "0" if spinning_off(self.options) else "1")
         settings = {"intra_op_num_threads": str(threads) if threads else "0 (every physical core)",
                     "allow_spinning": str(spinning)}
         if self.options.performance_hint:

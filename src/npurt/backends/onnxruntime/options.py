@@ -15,6 +15,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from ...options import RunnerOptions
 from ...types import NpuError
 
 SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's config entry: "1" spins, anything else does not
@@ -30,6 +31,27 @@ def decoder_threads(cpus: int) -> int:
     session, half the CPUs, 1 to 16 (onnxruntime-genai src/models/model.cpp, Model::CreateSessionOptionsFromConfig:
     ``std::min(std::max(1, hardware_concurrency() / 2), 16)``; 1 thread on a 2-core machine)."""
     return max(1, min(cpus // 2, 16))
+
+
+def intra_op_threads(options: RunnerOptions, cpus: int) -> int | None:
+    """Intra-op threads per run: option num_threads; with THROUGHPUT, the ``cpus`` shared by the concurrent runs; a
+    decoder (option decoder), onnxruntime-genai's count (``decoder_threads``); else None, ONNX Runtime's default
+    (every physical core for one run)."""
+    if options.num_threads is not None:
+        return options.num_threads
+    if options.performance_hint == "THROUGHPUT":
+        return max(1, cpus // (options.max_concurrent_runs or 2))
+    if options.decoder is not None:
+        # ONNX Runtime's own (both cores of the 2-core VM, spinning) decoded at 0.5-0.65x onnxruntime-genai's
+        # tokens/s whenever anything else ran there
+        return decoder_threads(cpus)
+    return None
+
+
+def spinning_off(options: RunnerOptions) -> bool:
+    """Whether idle intra-op threads stop spin-waiting: with several runs at once they steal each other's cores. One
+    run at a time keeps ONNX Runtime's default (spinning): its threads wait for that run's next parallel section."""
+    return options.performance_hint == "THROUGHPUT" and (options.max_concurrent_runs or 2) > 1
 
 
 def read_session_options(given: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import onnx_graph
-from ...factory import AutoChoice, AutoLoadError, RunnerFactory, auto_order, make_runner
+from ...factory import RunnerFactory, auto_order, create_auto
 from ...generate.folder import ModelFolder, resolve
 from ...runner import Runner
 from ...text.tokenizer import Tokenizer
@@ -127,36 +127,17 @@ def load_runner(folder: ModelFolder, settings: GenerationSettings, base: dict[st
                 ) -> tuple[Runner, str]:
     """The decoder's runner, and why its steps are batched or not (``batch_sizes``), decided by the backend that
     loads it. Under AUTO each backend is tried in AUTO's order (``factory.auto_order``) with the options that
-    backend takes (``runner_options``: batch sizes on the ONNX Runtime backends, none on OpenVINO), as
-    ``factory.create_auto`` tries them: a decoder that OpenVINO cannot load (e.g. on its NPU) runs batched on the
-    ONNX Runtime backend that takes it. ValueError for a bad setting; AutoLoadError where no backend loads it."""
+    backend takes (``runner_options``: batch sizes on the ONNX Runtime backends, none on OpenVINO), by
+    ``factory.create_auto``: a decoder that OpenVINO cannot load (e.g. on its NPU) runs batched on the ONNX Runtime
+    backend that takes it. ValueError for a bad setting; AutoLoadError where no backend loads it."""
     name = backend.upper()
     if name != "AUTO":
         options = runner_options(folder, settings, base, name)
         return RunnerFactory.create_runner(name, folder.model, options), batch_sizes(folder, settings, name)[1]
-    classes = RunnerFactory.available_backends()
-    order = tuple(auto_order(classes))
-    failures: list[tuple[str, str]] = []
-    for tried, _ in order:
-        try:
-            options = runner_options(folder, settings, base, tried)
-        except ValueError as e:  # --batch where this backend does not batch: the next may
-            failures.append((tried, str(e)))
-            continue
-        try:
-            runner = make_runner(classes[tried], folder.model, options)
-        except ValueError:
-            raise  # a bad argument is bad for every backend
-        except Exception as e:  # noqa: BLE001 - try the next backend, as create_auto does; all named at the end
-            failures.append((tried, str(e)))
-            continue
-        log.info("decoder %s: --backend auto: %s%s", folder.model, AutoChoice(order, tried, tuple(failures)).explain(),
-                 "".join(f"; {n} could not load it: {why}" for n, why in failures))
-        return runner, batch_sizes(folder, settings, tried)[1]
-    if not order:
-        raise AutoLoadError("no npurt backend is installed")
-    raise AutoLoadError(f"no backend could run the decoder {folder.model}: "
-                        + "; ".join(f"{n}: {why}" for n, why in failures), tuple(failures))
+    runner, choice = create_auto(folder.model, options_for=lambda tried: runner_options(folder, settings, base, tried))
+    log.info("decoder %s: --backend auto: %s%s", folder.model, choice.explain(),
+             "".join(f"; {n} could not load it: {why}" for n, why in choice.failures))
+    return runner, batch_sizes(folder, settings, choice.backend)[1]
 
 
 def load_tokenizer(path: Path) -> Tokenizer | None:
