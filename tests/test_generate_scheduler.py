@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from npurt import Generator, RunnerFactory
-from npurt.serve.llm.errors import ApiError
 from npurt.serve.llm.params import Sampling
 from npurt.serve.llm.pools import KEEP_STEPS, BatchPool
 from npurt.serve.llm.scheduler import Scheduler, Sequence
+from npurt.serve.openai.errors import ApiError
 from tests.helpers.decoders import MODEL_FILE, decoder_folder
 
 DECODER = {"max_length": 96, "prefill_chunk": 4}

@@ -367,25 +367,41 @@ def served_defaults(args: argparse.Namespace, models: dict[str, Path]) -> dict[s
             for name in models}
 
 
+def language_models(args: argparse.Namespace) -> Any:
+    """--generate: decoder folders, OpenAI's completions and chat and Triton's generate (a ``ModelKind``)."""
+    from ..serve.openai.kinds import ModelKind
+
+    folders = _models(args.generate, "--generate")
+    for name, path in folders.items():
+        if not path.exists():
+            raise CliError(f"--generate {name}={path}: no such folder or file")
+    settings = generation_settings(args)
+    options = decoder_options(args) if folders else {}
+
+    def load(backend: str, registry: Any) -> Any:
+        from ..serve.llm.kind import load_language_models
+
+        return load_language_models(folders, settings, options, backend, registry)
+
+    return ModelKind("--generate", folders, load, "language models")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..serve.protocol import default_socket_path
     from ..serve.readiness import announce_ready, announce_stopping
     from ..serve.server import Limits, Service
 
     models = _models(args.model)
-    generate = _models(args.generate, "--generate")
-    if not models and not generate:
-        raise CliError("give a model to serve: --model NAME=PATH (or --generate NAME=MODEL_DIR)", EXIT_USAGE)
     for name, path in models.items():
         if not path.is_file():
             raise CliError(f"--model {name}={path}: file not found")
-    for name, path in generate.items():
-        if not path.exists():
-            raise CliError(f"--generate {name}={path}: no such folder or file")
-    if generate and not args.http:
-        raise CliError("--generate serves language models over HTTP: give --http HOST:PORT (e.g. 127.0.0.1:8000)",
-                       EXIT_USAGE)
-    settings = generation_settings(args)
+    kinds = [language_models(args)]  # each kind served over OpenAI's API on --http
+    if not models and not any(kind.folders for kind in kinds):
+        raise CliError("give a model to serve: --model NAME=PATH (or --generate NAME=MODEL_DIR)", EXIT_USAGE)
+    for kind in kinds:
+        if kind.folders and not args.http:
+            raise CliError(f"{kind.flag} serves {kind.what} over HTTP: give --http HOST:PORT (e.g. 127.0.0.1:8000)",
+                           EXIT_USAGE)
     defaults = served_defaults(args, models)
     backend = resolve_backend(args.backend)
     for value, flag in ((args.max_clients, "--max-clients"), (args.max_jobs_per_client, "--max-jobs-per-client"),
@@ -407,8 +423,7 @@ def run(args: argparse.Namespace) -> int:
     oip = oip_config(args)
     socket_path = Path(args.socket) if args.socket else default_socket_path()
     try:
-        service = Service(socket_path, models, backend, defaults, limits, args.workers, args.group, oip, generate,
-                          settings, decoder_options(args) if generate else base_options(args))
+        service = Service(socket_path, models, backend, defaults, limits, args.workers, args.group, oip, kinds)
     except ValueError as e:
         raise CliError(one_line(e), EXIT_USAGE) from e
 
@@ -428,6 +443,6 @@ def run(args: argparse.Namespace) -> int:
     oip_server = service.oip
     http = oip_server.http_address if oip_server is not None else ""
     grpc = oip_server.grpc_address if oip_server is not None else ""
-    service.serve_forever(lambda: announce_ready(str(socket_path), args.ready_fd, sorted({*models, *generate}), http,
-                                                 grpc))
+    names = sorted({*models, *(name for kind in kinds for name in kind.names)})
+    service.serve_forever(lambda: announce_ready(str(socket_path), args.ready_fd, names, http, grpc))
     return 0

@@ -18,7 +18,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +32,10 @@ from .served import ServedModel
 from .session import Session
 
 if TYPE_CHECKING:
-    from .llm.front import GenerationFront
-    from .llm.settings import GenerationSettings
     from .oip.metrics import ServeMetrics
     from .oip.server import OipConfig, OipServer
     from .oip.shm import SharedMemoryRegions
+    from .openai.kinds import ModelKind, ServedKind
 
 log = logging.getLogger("npurt.serve")
 
@@ -49,20 +48,20 @@ class Service:
     def __init__(self, socket_path: str | Path, models: Mapping[str, str | Path], backend: str = "AUTO",
                  options: Mapping[str, Mapping[str, Any]] | None = None, limits: Limits | None = None,
                  workers: int | None = None, group: str | int | None = None, oip: OipConfig | None = None,
-                 generate: Mapping[str, str | Path] | None = None, generation: GenerationSettings | None = None,
-                 generate_options: Mapping[str, Any] | None = None) -> None:
-        if not models and not generate:
-            raise ValueError("npurt serve needs at least one model (--model NAME=PATH or --generate NAME=MODEL_DIR)")
-        self.generate = {str(n): Path(m) for n, m in (generate or {}).items()}
-        if self.generate and (oip is None or oip.http is None):
-            raise ValueError("--generate serves language models over HTTP (OpenAI's API, Triton's generate): give "
-                             "--http HOST:PORT")
-        clash = sorted(set(self.generate) & {str(n) for n in models})
-        if clash:
-            raise ValueError(f"the names {clash} are given to --model and to --generate")
-        self.generation_settings = generation
-        self.generate_options = dict(generate_options or {})
-        self.generation: GenerationFront | None = None
+                 kinds: Sequence[ModelKind] = ()) -> None:
+        self.kinds = tuple(k for k in kinds if k.folders)
+        if not models and not self.kinds:
+            raise ValueError("npurt serve needs at least one model (--model NAME=PATH, or --generate, --embed or "
+                             "--transcribe NAME=DIR)")
+        seen: dict[str, str] = {str(n): "--model" for n in models}
+        for kind in self.kinds:
+            if oip is None or oip.http is None:
+                raise ValueError(f"{kind.flag} serves {kind.what} over HTTP (OpenAI's API): give --http HOST:PORT")
+            for name in kind.names:
+                if name in seen:
+                    raise ValueError(f"the name {name!r} is given to {seen[name]} and to {kind.flag}")
+                seen[name] = kind.flag
+        self.served_kinds: list[ServedKind] = []  # loaded at start
         self.socket_path = Path(socket_path)
         self.models = {str(n): Path(m) for n, m in models.items()}
         self.backend = backend.upper()
@@ -132,34 +131,16 @@ class Service:
                      raw or "(defaults)", slots)
             return served
 
-    def _language_models(self) -> GenerationFront:
-        """The --generate models, each a decoder runner (compiled now) with its scheduler."""
-        from .llm.front import GenerationFront
-        from .llm.metrics import GenerationMetrics
-        from .llm.model import LanguageModel, load_runner, model_folder
-        from .llm.settings import GenerationSettings
-
-        settings = self.generation_settings or GenerationSettings()
-        front = GenerationFront({})
-        metrics = None
-        if self.metrics is not None:
-            metrics = front.metrics = GenerationMetrics(self.metrics.registry, front.counts)
+    def _load_kinds(self) -> None:
+        """Each --generate / --embed / --transcribe kind's models, compiled now (before READY)."""
+        registry = self.metrics.registry if self.metrics is not None else None
         try:
-            for name, path in self.generate.items():
-                if metrics is not None:
-                    metrics.add_model(name)
-                folder = model_folder(path)
-                # (under AUTO, batched steps are decided by the backend that loads the decoder: load_runner)
-                runner, batching = load_runner(folder, settings, self.generate_options, self.backend)
-                try:
-                    front.models[name] = LanguageModel(name, path, runner, settings, metrics, folder, batching)
-                except BaseException:
-                    runner.close()
-                    raise
+            for kind in self.kinds:
+                self.served_kinds.append(kind.load(self.backend, registry))
         except BaseException:
-            front.close("the server failed to start")
+            for served in self.served_kinds:
+                served.close("the server failed to start")
             raise
-        return front
 
     def _create_runner(self, path: Path, options: dict[str, Any]) -> Runner:
         if self.backend == "AUTO":
@@ -188,18 +169,18 @@ class Service:
         for name in self.models:
             self.served(name, {})
         extra = None
-        if self.generate:
-            self.generation = self._language_models()
-            from .llm.routes import GenerationRoutes
+        if self.kinds:
+            self._load_kinds()
+            from .openai.routes import OpenAiRoutes
 
-            extra = GenerationRoutes(self.generation)
+            extra = OpenAiRoutes(self.served_kinds)
         self._listener = self._listen()
         if self.oip_config is not None:
             from .oip.server import OipServer
 
             assert self.regions is not None
             oip = OipServer(self.oip_config, {n: self.served(n, {}) for n in self.models}, self.metrics, self.regions,
-                            extra, tuple(self.generate))
+                            extra, tuple(name for kind in self.kinds for name in kind.names))
             try:
                 oip.start()
             except BaseException:
@@ -343,8 +324,8 @@ class Service:
         deadline = time.monotonic() + SHUTDOWN_GRACE_S + self.limits.drain_timeout_s
         if self.oip is not None:
             self.oip.refuse_new()  # new requests get 503 from now on; those in flight finish
-        if self.generation is not None:
-            self.generation.refuse_new()
+        for kind in self.served_kinds:
+            kind.refuse_new("the server is shutting down: it takes no new requests")
         sessions = self.sessions()
         for s in sessions:
             s.notify({"shutdown": reason})
@@ -352,11 +333,11 @@ class Service:
         for s in sessions:
             if not s.drain(deadline):
                 break
-        if self.generation is not None:
-            if not self.generation.drain(deadline):
-                log.warning("%d sequences still running or queued at the end of the drain: they end with an error",
-                            self.generation.active)
-            self.generation.close(f"the server shut down ({reason}) before the sequence ended")
+        for kind in self.served_kinds:
+            if not kind.drain(deadline):
+                log.warning("%d requests still running or queued at the end of the drain: they end with an error",
+                            kind.active)
+            kind.close(f"the server shut down ({reason}) before the request ended")
         if self.oip is not None:
             self.oip.drain(deadline)
             self.oip.stop()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ApiError
+from ..openai.errors import ApiError
 from .metrics import GenerationMetrics
 from .model import LanguageModel
 from .params import GenerationRequest

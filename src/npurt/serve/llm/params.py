@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ApiError
+from ..openai.errors import ApiError
 
 MAX_STOPS = 16
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -1,7 +1,8 @@
-"""The language models' HTTP routes, on the ``--http`` listener beside the Open Inference Protocol's:
+"""The language models' HTTP routes, on the ``--http`` listener beside the Open Inference Protocol's (``GET
+/v1/models`` lists them with the other kinds': ``npurt.serve.openai.routes``):
 
-- OpenAI's ``GET /v1/models`` (``/v1/models/{model}``), ``POST /v1/completions`` and ``POST
-  /v1/chat/completions``: whole answers, or server-sent events (a role chunk, deltas, a finish chunk, with
+- OpenAI's ``POST /v1/completions`` and ``POST /v1/chat/completions``:
+  whole answers, or server-sent events (a role chunk, deltas, a finish chunk, with
   ``stream_options.include_usage`` a usage chunk with no choices, then ``data: [DONE]``). Errors in OpenAI's error
   object, with its statuses.
 - Triton's generate extension: ``POST /v2/models/{model}/generate`` and ``.../generate_stream`` (server-sent
@@ -22,22 +23,14 @@ from typing import Any
 
 from aiohttp import web
 
+from ..openai.errors import ApiError
+from ..openai.routes import JSON, dumps, openai_error
 from .bridge import Running, Watch
-from .errors import ApiError
 from .front import GenerationFront, Prepared, now
 from .params import GenerationRequest, chat_request, completion_request, generate_request
 
-JSON = {"Content-Type": "application/json"}
 SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MODEL_VERSION = "1"
-
-
-def _dumps(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def openai_error(e: ApiError) -> web.Response:
-    return web.Response(status=e.status, body=e.body(), headers=e.headers())
 
 
 def triton_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -64,31 +57,13 @@ class GenerationRoutes:
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
-        r.add_get("/v1/models", self.list_models)
-        r.add_get("/v1/models/{model}", self.get_model)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
         for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_post(base + "/generate", self.generate)
             r.add_post(base + "/generate_stream", self.generate_stream)
 
-    def error_response(self, path: str, status: int, message: str) -> web.Response | None:
-        """The server's own errors (authentication, unknown routes, bodies too large) on OpenAI's routes."""
-        if path.startswith("/v1/") or path == "/v1":
-            return openai_error(ApiError(status, message))
-        return None
-
     # -- OpenAI ---------------------------------------------------------------------------------------------
-    async def list_models(self, request: web.Request) -> web.Response:
-        return web.Response(body=_dumps(self.front.models_doc()), headers=JSON)
-
-    async def get_model(self, request: web.Request) -> web.Response:
-        try:
-            model = self.front.model(request.match_info["model"])
-        except ApiError as e:
-            return openai_error(e)
-        return web.Response(body=_dumps(self.front.model_doc(model)), headers=JSON)
-
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._openai(request, completion_request)
 
@@ -108,7 +83,7 @@ class GenerationRoutes:
             if answer.error is not None:
                 raise answer.error
             ok = True
-            return web.Response(body=_dumps(_openai_whole(prepared, answer)), headers=JSON)
+            return web.Response(body=dumps(_openai_whole(prepared, answer)), headers=JSON)
         except ApiError as e:
             return openai_error(e)
         finally:
@@ -233,7 +208,7 @@ class GenerationRoutes:
             if answer.error is not None:
                 raise answer.error
             ok = True
-            return web.Response(body=_dumps({**head, "text_output": "".join(answer.text), "output_ids": answer.ids,
+            return web.Response(body=dumps({**head, "text_output": "".join(answer.text), "output_ids": answer.ids,
                                               "finish_reason": answer.finish_reason,
                                               "usage": _usage(prepared, len(answer.ids))}), headers=JSON)
         except ApiError as e:
@@ -253,7 +228,7 @@ class GenerationRoutes:
 
 def _event(doc: Any) -> bytes:
     """One Server-Sent Event carrying ``doc`` as JSON."""
-    return b"data: " + _dumps(doc) + b"\n\n"
+    return b"data: " + dumps(doc) + b"\n\n"
 
 
 async def _json(request: web.Request) -> Any:
@@ -284,4 +259,4 @@ def _openai_whole(prepared: Prepared, answer: _Answer) -> dict[str, Any]:
             "system_fingerprint": None, "choices": [choice], "usage": _usage(prepared, len(answer.ids))}
 
 
-__all__ = ["GenerationRoutes", "openai_error", "triton_error"]
+__all__ = ["GenerationRoutes", "triton_error"]

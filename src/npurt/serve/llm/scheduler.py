@@ -34,7 +34,7 @@ import numpy as np
 
 from ...generate.generator import Generator, Sampler
 from ...runner import Runner
-from .errors import ApiError
+from ..openai.errors import ApiError
 from .params import Sampling
 from .pools import BatchPool, GeneratorPool
 from .textout import TextStream

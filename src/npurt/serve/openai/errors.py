@@ -1,5 +1,5 @@
-"""Errors of the language-model routes, in OpenAI's error object: ``{"error": {"message", "type", "param",
-"code"}}`` with the HTTP status OpenAI's clients map to their exceptions (400 BadRequestError, 401
+"""Errors of the OpenAI routes (every kind of served model), in OpenAI's error object: ``{"error": {"message",
+"type", "param", "code"}}`` with the HTTP status OpenAI's clients map to their exceptions (400 BadRequestError, 401
 AuthenticationError, 404 NotFoundError, 429 RateLimitError, 503 / 500 InternalServerError)."""
 
 from __future__ import annotations

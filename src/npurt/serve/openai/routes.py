@@ -1,0 +1,61 @@
+"""The OpenAI routes over every served kind (``npurt.serve.oip.http``'s extra routes): each kind's own, and
+``GET /v1/models`` (``/v1/models/{model}``) listing them all. The server's own errors on ``/v1/`` paths (401, an
+unknown route, a body too large) in OpenAI's error object, which OpenAI's clients read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from .errors import ApiError
+from .kinds import ServedKind
+
+JSON = {"Content-Type": "application/json"}
+
+
+def openai_error(e: ApiError) -> web.Response:
+    return web.Response(status=e.status, body=e.body(), headers=e.headers())
+
+
+def dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class OpenAiRoutes:
+    """The served kinds' routes on one listener."""
+
+    def __init__(self, kinds: Sequence[ServedKind]) -> None:
+        self.kinds = tuple(kinds)
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/v1/models/{model}", self.get_model)
+        for kind in self.kinds:
+            kind.add_routes(app)
+
+    def error_response(self, path: str, status: int, message: str) -> web.Response | None:
+        if path.startswith("/v1/") or path == "/v1":
+            return openai_error(ApiError(status, message))
+        return None
+
+    def _docs(self) -> list[dict[str, Any]]:
+        return [doc for kind in self.kinds for doc in kind.model_docs()]
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.Response(body=dumps({"object": "list", "data": self._docs()}), headers=JSON)
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        docs = self._docs()
+        doc = next((d for d in docs if d["id"] == name), None)
+        if doc is None:
+            return openai_error(ApiError(404, f"The model '{name[:120]}' does not exist: this server's models are "
+                                              f"{sorted(d['id'] for d in docs)}", param="model",
+                                         code="model_not_found"))
+        return web.Response(body=dumps(doc), headers=JSON)
+
+
+__all__ = ["JSON", "OpenAiRoutes", "dumps", "openai_error"]
