@@ -60,3 +60,43 @@ def test_embeddings_equal_sentence_transformers(name, backend):
                 plain = dict(zip([o.name for o in raw.get_outputs()], raw.run(None, feeds)))
                 for key, value in got.items():
                     np.testing.assert_array_equal(value, plain[key])
+
+
+@pytest.mark.parametrize("backend", ["VAIML", "OPENVINO"])  # (ONNXRUNTIME: tests/test_embed.py)
+@pytest.mark.parametrize("name", ["minilm-st", "minilm-optimum"])
+def test_embedder_equals_sentence_transformers(name, backend):
+    """npurt.Embedder over each folder, all texts in one call (ragged, sorted, padded to the batch's longest): the
+    reference's embeddings within 1e-5 (OpenVINO: cosine >= 0.99999), truncated where sentence-transformers
+    truncates. The sentence-transformers folder says its maximum length itself (tokenizer_config.json's
+    model_max_length, 256: the ONNX save writes no max_seq_length); optimum's export says 512 (model_max_length,
+    bounded by max_position_embeddings), so the reference's 256 is passed there."""
+    from npurt import Embedder
+
+    ref = reference(name)
+    want = np.asarray(ref["embeddings"], np.float64)
+    given = {} if name == "minilm-st" else {"max_length": ref["max_seq_length"]}
+    with Embedder(folder(name), backend, "CPU", **given) as embedder:
+        assert embedder.max_length == ref["max_seq_length"] and embedder.dimension == ref["dimension"]
+        assert [len(ids) for ids in embedder.tokenize(ref["texts"])] == ref["tokens"]
+        got = embedder.encode(ref["texts"]).astype(np.float64)
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() >= 0.99999, (name, backend, cosine.min())
+    assert np.abs(got - want).max() <= (1e-5 if backend != "OPENVINO" else 1e-4), (name, backend)
+    if name == "minilm-optimum" and backend == "VAIML":
+        with Embedder(folder(name), backend, "CPU") as own:
+            assert own.max_length == 512
+            longest = int(np.argmax(ref["tokens"]))
+            assert len(own.tokenize(ref["texts"][longest])[0]) > ref["max_seq_length"]
+
+
+def test_embedder_buckets_equal_sentence_transformers():
+    """Pinned shapes, verified at load, on the real model: the reference's embeddings, bucket by bucket."""
+    from npurt import Embedder
+
+    ref = reference("minilm-st")
+    with Embedder(folder("minilm-st"), "VAIML", "CPU", buckets=[(4, 16), (2, 256)]) as embedder:
+        assert all(c.ok for c in embedder.bucket_checks) and len(embedder.bucket_checks) == 2
+        got = embedder.encode(ref["texts"])
+        assert {b.shape for b in embedder.last_batches} <= {(4, 16), (1, 16), (2, 256), (1, 256)}
+        assert all(b.bucket for b in embedder.last_batches)
+    assert np.abs(got - np.asarray(ref["embeddings"], np.float32)).max() <= 1e-5
