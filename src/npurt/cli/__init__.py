@@ -1,4 +1,4 @@
-"""The npurt command: devices, info, run, generate, chat, bench, cache and serve (one module each).
+"""The npurt command: devices, info, run, generate, chat, embed, transcribe, bench, cache and serve (one module each).
 
 Every mistake a user can make (a missing file, a file that is no model, an unknown backend or device, a dynamic
 model whose sizes cannot be guessed, a bad --input) ends in one line ``npurt: error: ...`` and a non-zero exit
@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from . import bench, cache, chat, devices, generate, info, run, serve
+from . import bench, cache, chat, devices, embed, generate, info, run, serve, transcribe
 from .common import EXIT_ERROR, EXIT_USAGE, CliError, one_line, parse_device
 
 EXIT_INTERRUPTED = 130
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                      description="npurt: one VART-ML style runtime for NPUs, over OpenVINO and ONNX Runtime.")
     parser.add_argument("--version", action="version", version=f"npurt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for command in (devices, info, run, generate, chat, bench, cache, serve):
+    for command in (devices, info, run, generate, chat, embed, transcribe, bench, cache, serve):
         command.add_parser(sub, common)
     return parser
 
