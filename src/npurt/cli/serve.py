@@ -38,6 +38,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "passed by fd; with --http / --grpc, over KServe's Open Inference Protocol too.")
     _add_models(p)
     _add_generate(p)
+    _add_embed(p)
+    _add_transcribe(p)
     _add_socket_limits(p)
     _add_oip(p)
     p.add_argument("--ready-fd", type=int, metavar="FD", help="write READY=1 to this inherited fd once listening")
@@ -106,15 +108,72 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     batch.add_argument("--no-batch", action="store_true", help="one sequence's step a run (as --batch 1)")
 
 
+def _add_embed(p: argparse.ArgumentParser) -> None:
+    """Embedding models: OpenAI's /v1/embeddings on the --http listener."""
+    from ..serve.embed.settings import EmbedSettings  # no aiohttp there: --help needs no 'serve' extra
+
+    d = EmbedSettings()
+    g = p.add_argument_group("embedding models (OpenAI's /v1/embeddings on --http; see docs/serve.md)")
+    g.add_argument("--embed", action="append", default=[], metavar="NAME=MODEL_DIR",
+                   help="serve an embedding folder (sentence-transformers' with onnx/model.onnx, or optimum's "
+                        "feature-extraction export) under NAME (repeatable); --backend, --device and --threads apply")
+    g.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens, metavar="T",
+                   help="tokens one run gathers from the requests waiting (default: %(default)s)")
+    g.add_argument("--max-inputs", type=int, default=d.max_inputs, metavar="N",
+                   help="inputs one request may carry (default: %(default)s, as OpenAI)")
+    g.add_argument("--auto-truncate", action="store_true",
+                   help="cut an input past the model's maximum length there, as sentence-transformers does "
+                        "(default: 400, as OpenAI answers an input past its context)")
+
+
+def _add_transcribe(p: argparse.ArgumentParser) -> None:
+    """Speech models: OpenAI's /v1/audio/transcriptions (and translations) on the --http listener."""
+    g = p.add_argument_group("speech models (OpenAI's /v1/audio/transcriptions on --http; see docs/speech.md)")
+    g.add_argument("--transcribe", action="append", default=[], metavar="NAME=MODEL_DIR",
+                   help="serve a Whisper folder (optimum's export) under NAME (repeatable); --backend, --device and "
+                        "--threads apply, and --max-sequences (transcriptions at once) and --max-queue (waiting)")
+    g.add_argument("--max-audio-seconds", type=float, default=3600.0, metavar="S",
+                   help="longer audio is refused before it is decoded (default: %(default)s)")
+
+
+def speech_settings(args: argparse.Namespace) -> Any:
+    from ..serve.speech.settings import SpeechSettings
+
+    if not args.max_audio_seconds > 0:
+        raise CliError(f"--max-audio-seconds {args.max_audio_seconds}: must be more than 0", EXIT_USAGE)
+    if not args.transcribe and args.max_audio_seconds != 3600.0:
+        raise CliError("--max-audio-seconds is for speech models: give --transcribe NAME=MODEL_DIR", EXIT_USAGE)
+    return SpeechSettings(max_active=args.max_sequences, max_queue=args.max_queue,
+                          max_audio_seconds=args.max_audio_seconds)
+
+
+def embed_settings(args: argparse.Namespace) -> Any:
+    from ..serve.embed.settings import EmbedSettings
+
+    d = EmbedSettings()
+    if not args.embed:
+        for flag, value, default in (("max_batch_tokens", args.max_batch_tokens, d.max_batch_tokens),
+                                     ("max_inputs", args.max_inputs, d.max_inputs),
+                                     ("auto_truncate", args.auto_truncate, False)):
+            if value != default:
+                raise CliError(f"--{flag.replace('_', '-')} is for embedding models: give --embed NAME=MODEL_DIR",
+                               EXIT_USAGE)
+    for value, flag in ((args.max_batch_tokens, "--max-batch-tokens"), (args.max_inputs, "--max-inputs")):
+        if value < 1:
+            raise CliError(f"{flag} {value}: must be 1 or more", EXIT_USAGE)
+    return EmbedSettings(max_batch_tokens=args.max_batch_tokens, max_inputs=args.max_inputs,
+                         auto_truncate=args.auto_truncate)
+
+
 def generation_settings(args: argparse.Namespace) -> Any:
     from ..serve.llm.settings import GenerationSettings
 
     if not args.generate:  # a flag of --generate's without it would be ignored: refused, as the OIP's are
         d = GenerationSettings()
+        shared = () if args.transcribe else (("max_sequences", args.max_sequences, d.max_sequences),
+                                             ("max_queue", args.max_queue, d.max_queue))
         for flag, value, default in (("max_length", args.max_length, None),
-                                     ("prefill_chunk", args.prefill_chunk, d.prefill_chunk),
-                                     ("max_sequences", args.max_sequences, d.max_sequences),
-                                     ("max_queue", args.max_queue, d.max_queue),
+                                     ("prefill_chunk", args.prefill_chunk, d.prefill_chunk), *shared,
                                      ("max_output_tokens", args.max_output_tokens, d.max_output_tokens),
                                      ("prefix_reuse", args.prefix_reuse, False),
                                      ("no_prefix_reuse", args.no_prefix_reuse, False),
@@ -386,6 +445,44 @@ def language_models(args: argparse.Namespace) -> Any:
     return ModelKind("--generate", folders, load, "language models")
 
 
+def embedding_models(args: argparse.Namespace) -> Any:
+    """--embed: embedding folders, OpenAI's /v1/embeddings (a ``ModelKind``)."""
+    from ..serve.openai.kinds import ModelKind
+
+    folders = _models(args.embed, "--embed")
+    for name, path in folders.items():
+        if not path.is_dir():
+            raise CliError(f"--embed {name}={path}: no such folder")
+    settings = embed_settings(args)
+    options = base_options(args) if folders else {}
+
+    def load(backend: str, registry: Any) -> Any:
+        from ..serve.embed.kind import load_embedding_models
+
+        return load_embedding_models(folders, settings, options, backend)
+
+    return ModelKind("--embed", folders, load, "embedding models")
+
+
+def speech_models(args: argparse.Namespace) -> Any:
+    """--transcribe: Whisper folders, OpenAI's /v1/audio/transcriptions and translations (a ``ModelKind``)."""
+    from ..serve.openai.kinds import ModelKind
+
+    folders = _models(args.transcribe, "--transcribe")
+    for name, path in folders.items():
+        if not path.is_dir():
+            raise CliError(f"--transcribe {name}={path}: no such folder")
+    settings = speech_settings(args)
+    options = base_options(args) if folders else {}
+
+    def load(backend: str, registry: Any) -> Any:
+        from ..serve.speech.kind import load_speech_models
+
+        return load_speech_models(folders, settings, options, backend)
+
+    return ModelKind("--transcribe", folders, load, "speech models")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..serve.protocol import default_socket_path
     from ..serve.readiness import announce_ready, announce_stopping
@@ -395,9 +492,10 @@ def run(args: argparse.Namespace) -> int:
     for name, path in models.items():
         if not path.is_file():
             raise CliError(f"--model {name}={path}: file not found")
-    kinds = [language_models(args)]  # each kind served over OpenAI's API on --http
+    kinds = [language_models(args), embedding_models(args), speech_models(args)]  # served over OpenAI's API on --http
     if not models and not any(kind.folders for kind in kinds):
-        raise CliError("give a model to serve: --model NAME=PATH (or --generate NAME=MODEL_DIR)", EXIT_USAGE)
+        raise CliError("give a model to serve: --model NAME=PATH (or --generate, --embed or --transcribe "
+                       "NAME=MODEL_DIR)", EXIT_USAGE)
     for kind in kinds:
         if kind.folders and not args.http:
             raise CliError(f"{kind.flag} serves {kind.what} over HTTP: give --http HOST:PORT (e.g. 127.0.0.1:8000)",

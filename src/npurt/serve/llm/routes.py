@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from ..openai.errors import ApiError
-from ..openai.routes import JSON, dumps, openai_error
+from ..openai.routes import JSON, dumps, openai_error, read_json
 from .bridge import Running, Watch
 from .front import GenerationFront, Prepared, now
 from .params import GenerationRequest, chat_request, completion_request, generate_request
@@ -73,7 +73,7 @@ class GenerationRoutes:
     async def _openai(self, request: web.Request, parse: Callable[[Any], GenerationRequest]) -> web.StreamResponse:
         name, api, ok = "", "", False
         try:
-            req = parse(await _json(request))
+            req = parse(await read_json(request))
             name, api = req.model, req.api
             prepared = await self._prepare(req)
             if req.stream:
@@ -199,7 +199,7 @@ class GenerationRoutes:
             if name not in self.front.models:
                 raise ApiError(404, f"Request for unknown model: '{name[:120]}' is not found; the language models "
                                     f"here are {sorted(self.front.models)}")
-            prepared = await self._prepare(generate_request(await _json(request), name, stream))
+            prepared = await self._prepare(generate_request(await read_json(request), name, stream))
             head = {"model_name": name, "model_version": MODEL_VERSION}
             if stream:
                 response, ok = await self._triton_stream(request, prepared, head)
@@ -229,14 +229,6 @@ class GenerationRoutes:
 def _event(doc: Any) -> bytes:
     """One Server-Sent Event carrying ``doc`` as JSON."""
     return b"data: " + dumps(doc) + b"\n\n"
-
-
-async def _json(request: web.Request) -> Any:
-    body = await request.read()
-    try:
-        return json.loads(body)
-    except ValueError as e:
-        raise ApiError(400, f"the request body is not JSON: {str(e)[:200]}") from None
 
 
 def _usage(prepared: Prepared, made: int) -> dict[str, int]:

@@ -24,6 +24,15 @@ def dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+async def read_json(request: web.Request) -> Any:
+    """The request's body as JSON (ApiError 400 where it is not; a body over the server's cap is 413 before)."""
+    body = await request.read()
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not JSON: {str(e)[:200]}") from None
+
+
 class OpenAiRoutes:
     """The served kinds' routes on one listener."""
 
@@ -58,4 +67,4 @@ class OpenAiRoutes:
         return web.Response(body=dumps(doc), headers=JSON)
 
 
-__all__ = ["JSON", "OpenAiRoutes", "dumps", "openai_error"]
+__all__ = ["JSON", "OpenAiRoutes", "dumps", "openai_error", "read_json"]

@@ -1,0 +1,129 @@
+"""Requests' inputs gathered into runs by tokens: one thread per served model takes the requests waiting, in the
+order they came, while their tokens fit ``max_batch_tokens`` (the first always), runs them as one call and hands
+each request its rows. Concurrent clients thus share a run, as text-embeddings-inference batches them; a run's
+result rows are the rows each input gives alone (the Embedder pads within a batch with the mask: exact)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..openai.errors import ApiError
+
+log = logging.getLogger("npurt.serve")
+
+RECENT_RUNS = 64  # the sizes of the last runs, kept for /v1/models and the tests
+
+
+@dataclass
+class _Job:
+    ids: list[list[int]]
+    tokens: int
+    future: Future[np.ndarray] = field(default_factory=Future)
+
+
+class TokenBatcher:
+    """Runs ``run(ids) -> [n, dim]`` over the inputs of the requests submitted, gathered by tokens."""
+
+    def __init__(self, name: str, run: Callable[[Sequence[Sequence[int]]], np.ndarray], max_batch_tokens: int,
+                 max_queue: int) -> None:
+        self.name, self._run = name, run
+        self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
+        self._queue: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._refusing = ""
+        self._closed = False
+        self.runs = 0
+        self.recent: deque[tuple[int, int]] = deque(maxlen=RECENT_RUNS)  # (requests, inputs) of each run
+        self._thread = threading.Thread(target=self._loop, name=f"npurt-embed-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, ids: list[list[int]]) -> Future[np.ndarray]:
+        """The request's rows, once its run has run (ApiError 429 / 503 where it is refused)."""
+        job = _Job(ids, sum(len(i) for i in ids))
+        with self._cond:
+            if self._refusing:
+                raise ApiError(503, self._refusing, retry_after=1)
+            if len(self._queue) >= self.max_queue:
+                raise ApiError(429, f"model {self.name!r} has {len(self._queue)} requests waiting, its limit "
+                                    "(--max-queue): try again shortly", retry_after=1)
+            self._queue.append(job)
+            self._cond.notify()
+        return job.future
+
+    @property
+    def active(self) -> int:
+        with self._cond:
+            return len(self._queue) + int(self._busy)
+
+    def _take(self) -> list[_Job] | None:
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            jobs = [self._queue.popleft()]
+            tokens = jobs[0].tokens
+            while self._queue and tokens + self._queue[0].tokens <= self.max_batch_tokens:
+                tokens += self._queue[0].tokens
+                jobs.append(self._queue.popleft())
+            self._busy = True
+            return jobs
+
+    def _loop(self) -> None:
+        while (jobs := self._take()) is not None:
+            jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
+            try:
+                if jobs:
+                    rows = self._run([ids for job in jobs for ids in job.ids])
+                    self.runs += 1
+                    self.recent.append((len(jobs), len(rows)))
+                    start = 0
+                    for job in jobs:
+                        job.future.set_result(rows[start:start + len(job.ids)])
+                        start += len(job.ids)
+            except Exception as e:  # noqa: BLE001 - every request of the run is told; the thread goes on
+                log.exception("embedding model %s: a run of %d requests failed", self.name, len(jobs))
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(e)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def refuse_new(self, why: str) -> None:
+        with self._cond:
+            self._refusing = why
+
+    def drain(self, deadline: float) -> bool:
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def close(self, why: str) -> None:
+        with self._cond:
+            self._closed = True
+            self._refusing = self._refusing or why
+            waiting = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for job in waiting:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(ApiError(503, why))
+        self._thread.join(timeout=30)
+
+
+__all__ = ["TokenBatcher"]
