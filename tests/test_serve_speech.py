@@ -172,3 +172,32 @@ def test_many_clients_over_the_limits_get_429_with_retry_after_not_a_hang(server
     statuses = sorted(s for s, _ in answers)
     assert set(statuses) == {200, 429} and statuses.count(200) >= 4, statuses
     assert all(h.get("Retry-After") for s, h in answers if s == 429)
+
+
+def _speech_model(svc) -> dict:
+    conn = http.client.HTTPConnection(*svc.http_address.rsplit(":", 1), timeout=30)
+    conn.request("GET", "/v1/models")
+    docs = json.loads(conn.getresponse().read())["data"]
+    conn.close()
+    return next(d for d in docs if d["id"] == "tiny")
+
+
+def test_a_client_that_goes_away_mid_stream_frees_its_transcription(server):
+    """The 51-s passage streamed: the client reads its first window's text and hangs up; the server ends the
+    transcription at its next id (counted as cancelled) instead of decoding the second window for nobody."""
+    before = _speech_model(server)
+    body, content_type = _multipart({"model": "tiny", "stream": "true", "temperature": "0"},
+                                    _clip("passage").read_bytes())
+    conn = http.client.HTTPConnection(*server.http_address.rsplit(":", 1), timeout=120)
+    conn.request("POST", "/v1/audio/transcriptions", body, {"Content-Type": content_type})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.readline().startswith(b"data: ")  # the first window's delta (chunked: decoded by readline)
+    conn.sock.close()
+    conn.close()
+    for _ in range(200):
+        now = _speech_model(server)
+        if now["running"] == 0 and now["cancelled"] > before["cancelled"]:
+            break
+        threading.Event().wait(0.05)
+    assert now["cancelled"] == before["cancelled"] + 1 and now["running"] == 0, now

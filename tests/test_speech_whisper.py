@@ -74,6 +74,9 @@ def test_greedy_ids_equal_ctranslate2_on_every_clip(backend: str) -> None:
     # a file in gives what its samples give
     first = clips()[0]
     assert list(t.transcribe(first["path"]).ids) == expected[first["name"]]
+    # no host copies: the features, ids and the engine's cache arrays reach the engine as they are
+    runners = {id(r): r for r in (t.model.encoder, t.model.decoder, t.model.decoder_with_past)}.values()
+    assert all(r.stats["copies"] == 0 for r in runners), [r.stats for r in runners]
 
 
 def test_features_equal_the_extractor_s() -> None:

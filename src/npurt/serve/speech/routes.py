@@ -47,13 +47,16 @@ class SpeechModel:
         self.created = int(time.time())
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(settings.max_active)
-        self.waiting = 0
+        self.waiting = 0  # admitted and not yet ended (running included)
         self.running = 0
         self.done = 0
+        self.cancelled = 0  # ended early because their client went away
 
     def doc(self) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "npurt",
-                "multilingual": self.transcriber.multilingual, "backend": self.transcriber.backend}
+                "multilingual": self.transcriber.multilingual, "backend": self.transcriber.backend,
+                "running": self.running, "waiting": self.waiting - self.running, "transcriptions": self.done,
+                "cancelled": self.cancelled}
 
     def admit(self) -> None:
         """A place in the queue (ApiError 429 where it is full)."""
@@ -75,6 +78,10 @@ class SpeechModel:
                     self.running += 1
                 try:
                     return self._transcribe(req, gone, on_segment)
+                except Gone:
+                    with self._lock:
+                        self.cancelled += 1
+                    raise
                 finally:
                     with self._lock:
                         self.running -= 1
