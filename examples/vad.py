@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from infer import Infer, ort_infer, output, ov_infer
+from npurt.speech.vad import SpeechSegmenter
 
 __all__ = ["CHUNK", "CONTEXT", "SAMPLE_RATE", "Segmenter", "SileroVad", "chunks", "ort_infer", "ov_infer",
            "speech_probabilities", "speech_segments", "stream_segments"]
@@ -77,83 +78,20 @@ def chunks(audio: np.ndarray) -> Iterator[np.ndarray]:
         yield chunk
 
 
-class Segmenter:
-    """Speech segments from per-chunk speech probabilities, as silero-vad's ``get_speech_timestamps`` finds them
-    (without its ``max_speech_duration_s`` splitting), but pushed one probability at a time.
+class Segmenter(SpeechSegmenter):
+    """npurt's silero-vad segmenter (``npurt.speech.vad.SpeechSegmenter``: silero's ``get_speech_timestamps`` rules,
+    pushed one probability at a time) with its segments in seconds."""
 
-    A chunk whose probability reaches ``threshold`` starts speech; speech ends at the first chunk below
-    ``neg_threshold`` (default ``threshold - 0.15``) that silence then lasts ``min_silence_ms`` from; segments
-    not longer than ``min_speech_ms`` are dropped; kept ones are padded by ``speech_pad_ms`` each side (or meet
-    half-way). ``push`` returns the segments decided by that chunk, at most ``2 * speech_pad_ms`` after the
-    silence that ended them; ``finish`` the rest.
-    """
+    def push(self, prob: float) -> list[Segment]:  # type: ignore[override]
+        return [_seconds(span) for span in super().push(prob)]
 
-    def __init__(self, threshold: float = 0.5, neg_threshold: float | None = None, min_speech_ms: float = 250,
-                 min_silence_ms: float = 100, speech_pad_ms: float = 30) -> None:
-        self.threshold = threshold
-        self.neg_threshold = max(threshold - 0.15, 0.01) if neg_threshold is None else neg_threshold
-        self.min_speech = SAMPLE_RATE * min_speech_ms / 1000
-        self.min_silence = SAMPLE_RATE * min_silence_ms / 1000
-        self.pad = SAMPLE_RATE * speech_pad_ms / 1000
-        self.samples = 0  # samples pushed so far
-        self._triggered = False
-        self._start = 0
-        self._temp_end = 0  # where the current silence inside speech began (0: none)
-        self._pending: tuple[int, int] | None = None  # a kept segment: padded start, raw end (its end pad waits)
-
-    def push(self, prob: float) -> list[Segment]:
-        at, self.samples = self.samples, self.samples + CHUNK
-        decided: list[Segment] = []
-        if prob >= self.threshold and self._temp_end:
-            self._temp_end = 0
-        if prob >= self.threshold and not self._triggered:
-            self._triggered, self._start = True, at
-        elif prob < self.neg_threshold and self._triggered:
-            if not self._temp_end:
-                self._temp_end = at
-            if at - self._temp_end >= self.min_silence:
-                if self._temp_end - self._start > self.min_speech:
-                    decided += self._keep(self._start, self._temp_end)
-                self._triggered, self._temp_end = False, 0
-        # No later segment can start within 2 pads of the pending one's end: its end pad is decided.
-        if self._pending is not None and (self._start if self._triggered else at) >= self._pending[1] + 2 * self.pad:
-            start, end = self._pending
-            decided.append(self._seconds(start, int(end + self.pad)))
-            self._pending = None
-        return decided
-
-    def finish(self, total_samples: int | None = None) -> list[Segment]:
+    def finish(self, total_samples: int | None = None) -> list[Segment]:  # type: ignore[override]
         """The segments still open at the end of the stream (``total_samples``: its length before padding)."""
-        length = self.samples if total_samples is None else total_samples
-        decided: list[Segment] = []
-        if self._triggered and length - self._start > self.min_speech:
-            decided += self._keep(self._start, length)
-        if self._pending is not None:
-            start, end = self._pending
-            decided.append(self._seconds(start, int(min(length, end + self.pad))))
-        self._triggered, self._temp_end, self._pending = False, 0, None
-        return decided
+        return [_seconds(span) for span in super().finish(total_samples)]
 
-    def _keep(self, start: int, end: int) -> list[Segment]:
-        """A segment that passed the minimum duration: settle the previous one's end pad against it."""
-        decided: list[Segment] = []
-        if self._pending is None:
-            padded_start = int(max(0, start - self.pad))
-        else:
-            previous_start, previous_end = self._pending
-            gap = start - previous_end
-            if gap < 2 * self.pad:  # too close to pad both: meet half-way
-                decided.append(self._seconds(previous_start, previous_end + gap // 2))
-                padded_start = int(max(0, start - gap // 2))
-            else:
-                decided.append(self._seconds(previous_start, int(previous_end + self.pad)))
-                padded_start = int(max(0, start - self.pad))
-        self._pending = (padded_start, end)
-        return decided
 
-    @staticmethod
-    def _seconds(start: int, end: int) -> Segment:
-        return start / SAMPLE_RATE, end / SAMPLE_RATE
+def _seconds(span: tuple[int, int]) -> Segment:
+    return span[0] / SAMPLE_RATE, span[1] / SAMPLE_RATE
 
 
 def speech_probabilities(infer: Infer, audio: np.ndarray, takes_sr: bool = True) -> np.ndarray:

@@ -351,6 +351,15 @@ def _models(items: list[str], flag: str = "--model") -> dict[str, Path]:
     return models
 
 
+def _folders(items: list[str], flag: str) -> dict[str, Path]:
+    """``flag``'s NAME=DIR pairs, each DIR an existing folder."""
+    folders = _models(items, flag)
+    for name, path in folders.items():
+        if not path.is_dir():
+            raise CliError(f"{flag} {name}={path}: no such folder")
+    return folders
+
+
 def base_options(args: argparse.Namespace) -> dict[str, Any]:
     """The runner options every served model takes from the flags (device, threads, cache...)."""
     base: dict[str, Any] = {}
@@ -449,10 +458,7 @@ def embedding_models(args: argparse.Namespace) -> Any:
     """--embed: embedding folders, OpenAI's /v1/embeddings (a ``ModelKind``)."""
     from ..serve.openai.kinds import ModelKind
 
-    folders = _models(args.embed, "--embed")
-    for name, path in folders.items():
-        if not path.is_dir():
-            raise CliError(f"--embed {name}={path}: no such folder")
+    folders = _folders(args.embed, "--embed")
     settings = embed_settings(args)
     options = base_options(args) if folders else {}
 
@@ -468,10 +474,7 @@ def speech_models(args: argparse.Namespace) -> Any:
     """--transcribe: Whisper folders, OpenAI's /v1/audio/transcriptions and translations (a ``ModelKind``)."""
     from ..serve.openai.kinds import ModelKind
 
-    folders = _models(args.transcribe, "--transcribe")
-    for name, path in folders.items():
-        if not path.is_dir():
-            raise CliError(f"--transcribe {name}={path}: no such folder")
+    folders = _folders(args.transcribe, "--transcribe")
     settings = speech_settings(args)
     options = base_options(args) if folders else {}
 

@@ -60,12 +60,19 @@ class SileroVad:
 
 
 class SpeechSegmenter:
-    """Speech segments (start, end sample) from per-chunk probabilities, pushed one at a time (silero's rules)."""
+    """Speech segments (start, end sample) from per-chunk probabilities, as silero-vad's ``get_speech_timestamps``
+    finds them (without its ``max_speech_duration_s`` splitting), but pushed one probability at a time.
+
+    A chunk whose probability reaches ``threshold`` starts speech; speech ends at the first chunk below
+    ``neg_threshold`` (default ``threshold - 0.15``) that silence then lasts ``min_silence_ms`` from; segments not
+    longer than ``min_speech_ms`` are dropped; kept ones are padded by ``speech_pad_ms`` each side (or meet
+    half-way). ``push`` returns the segments decided by that chunk, at most ``2 * speech_pad_ms`` after the silence
+    that ended them; ``finish`` the rest."""
 
     def __init__(self, threshold: float = 0.5, min_speech_ms: float = 250, min_silence_ms: float = 100,
-                 speech_pad_ms: float = 30) -> None:
+                 speech_pad_ms: float = 30, neg_threshold: float | None = None) -> None:
         self.threshold = threshold
-        self.neg_threshold = max(threshold - 0.15, 0.01)
+        self.neg_threshold = max(threshold - 0.15, 0.01) if neg_threshold is None else neg_threshold
         self.min_speech = SAMPLE_RATE * min_speech_ms / 1000
         self.min_silence = SAMPLE_RATE * min_silence_ms / 1000
         self.pad = SAMPLE_RATE * speech_pad_ms / 1000
