@@ -146,3 +146,40 @@ def test_feature_settings_from_the_folder(tmp_path: Path) -> None:
     (tmp_path / "preprocessor_config.json").write_text('{"feature_extractor_type": "Wav2Vec2FeatureExtractor"}')
     with pytest.raises(ValueError, match="WhisperFeatureExtractor"):
         FeatureSettings.read(tmp_path)
+
+
+_AFTER_QNN = r"""
+import sys
+from pathlib import Path
+from npurt import RunnerFactory
+from npurt.models import DEFAULT_MODEL
+from npurt.speech import audio
+if sys.argv[1] == "decoder-first":
+    audio.load_decoder()  # what Transcriber does before it makes its runners
+runner = RunnerFactory.create_runner("QNN", DEFAULT_MODEL, {"device": "NPU", "log_level": "ERROR"})
+try:
+    print(len(audio.load(Path(sys.argv[2]))))
+except audio.AudioError as e:
+    print("AudioError:", e)
+"""
+
+
+@pytest.mark.parametrize("order", ["decoder-first", "qnn-first"])
+def test_audio_after_the_qnn_ep_is_read_or_refused_never_a_crash(order: str, tmp_path: Path) -> None:
+    """libsndfile loaded after onnxruntime-qnn's EP crashes the process in sf_open (its HTP emulator on x86-64):
+    loaded first (as Transcriber does), files read; otherwise the read is an AudioError saying why, not a crash."""
+    import subprocess
+    import sys
+
+    from tests.helpers.qnn import require_qnn
+
+    require_qnn()
+    path = tmp_path / "tone.wav"
+    path.write_bytes(_encoded(_tone(0.5), 16000, "WAV", "PCM_16"))
+    run = subprocess.run([sys.executable, "-c", _AFTER_QNN, order, str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    if order == "decoder-first":
+        assert run.stdout.strip() == "8000"
+    else:
+        assert run.stdout.startswith("AudioError: libsndfile (the audio decoder) cannot be loaded after Qualcomm's")

@@ -475,6 +475,10 @@ def speech_models(args: argparse.Namespace) -> Any:
     from ..serve.openai.kinds import ModelKind
 
     folders = _folders(args.transcribe, "--transcribe")
+    if folders:  # libsndfile before any model's engine: loaded after the QNN EP it crashes (speech/audio.py)
+        from ..speech.audio import load_decoder
+
+        load_decoder()
     settings = speech_settings(args)
     options = base_options(args) if folders else {}
 

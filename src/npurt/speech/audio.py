@@ -8,6 +8,11 @@ signal's features, which grow with it).
 
 Every bad input is a ``AudioError`` (a ValueError) naming what is wrong: no samples, a rate of 0, bytes that are no
 audio libsndfile knows, a truncated or damaged file, samples that are not finite.
+
+libsndfile must be loaded before Qualcomm's QNN execution provider: loaded after it (onnxruntime-qnn's HTP emulator
+on x86-64 in the process), it crashes the process in its first ``sf_open``. ``load_decoder()`` loads it;
+``Transcriber`` calls it before it makes its runners, and a read that would load it after the QNN EP is an
+AudioError saying so instead of a crash.
 """
 
 from __future__ import annotations
@@ -70,9 +75,29 @@ def load(audio: AudioInput, sample_rate: int | None = None, *,
     raise AudioError(f"audio: a path, bytes, a binary file or samples, got {type(audio).__name__}")
 
 
-def _read(source: Any, name: str, max_seconds: float | None) -> np.ndarray:
+def load_decoder() -> Any:
+    """``soundfile`` with libsndfile loaded (at the latest here; see the module on why before the QNN EP)."""
+    import sys
+
+    if "soundfile" not in sys.modules and _qnn_loaded():
+        raise AudioError("libsndfile (the audio decoder) cannot be loaded after Qualcomm's QNN execution provider in "
+                         "one process: it crashes there. Make the Transcriber, or import npurt.speech.audio and call "
+                         "load_decoder(), before any QNN runner; or pass samples with their sample_rate")
     import soundfile  # type: ignore[import-untyped]
 
+    return soundfile
+
+
+def _qnn_loaded() -> bool:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return any("libonnxruntime_providers_qnn" in line for line in maps)
+    except OSError:  # not Linux: nothing to tell
+        return False
+
+
+def _read(source: Any, name: str, max_seconds: float | None) -> np.ndarray:
+    soundfile = load_decoder()
     try:
         with soundfile.SoundFile(source) as f:
             rate = f.samplerate

@@ -64,6 +64,7 @@ class Transcriber:
 
         self.folder = Path(folder)
         self.max_audio_seconds = max_audio_seconds
+        audio_in.load_decoder()  # before the runners: libsndfile loaded after the QNN EP crashes (see audio)
         self.feature_settings = feats.FeatureSettings.read(self.folder) if self.folder.is_dir() else \
             feats.FeatureSettings()
         self.model = WhisperModel(self.folder, backend, {**(options or {}), "device": device})
