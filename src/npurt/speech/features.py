@@ -103,6 +103,7 @@ def log_mel(samples: np.ndarray, settings: FeatureSettings = FeatureSettings(), 
     n = settings.n_samples
     if pad:
         signal = signal[:n]
+    heard = len(signal)  # samples before the padding
     if len(signal) < n:
         signal = np.concatenate([signal, np.full(n - len(signal), settings.padding_value)])
     n_fft, hop = settings.n_fft, settings.hop_length
@@ -112,12 +113,16 @@ def log_mel(samples: np.ndarray, settings: FeatureSettings = FeatureSettings(), 
     frames = np.lib.stride_tricks.as_strided(padded, (count, n_fft), (padded.strides[0] * hop, padded.strides[0]),
                                              writeable=False)
     filters = mel_filters(1 + n_fft // 2, settings.feature_size, settings.sampling_rate)
-    mel = np.empty((settings.feature_size, count), np.float64)
+    mel = np.zeros((settings.feature_size, count), np.float64)
+    # Frames that start past the audio and its reflection hold only zero padding: their power is exactly 0, so
+    # they are left at 0 instead of transformed (most of a short utterance's 30 s window)
+    reached = count if settings.padding_value != 0.0 else min(count, (heard + n_fft // 2 + hop - 1) // hop)
     block = 4096  # frames per FFT: bounded scratch memory for long audio
-    for at in range(0, count, block):
-        spectrum = np.fft.rfft(frames[at:at + block] * window, axis=1)
+    for at in range(0, reached, block):
+        upto = min(at + block, reached)
+        spectrum = np.fft.rfft(frames[at:upto] * window, axis=1)
         power = spectrum.real ** 2 + spectrum.imag ** 2
-        mel[:, at:at + block] = (power @ filters).T
+        mel[:, at:upto] = (power @ filters).T
     log_spec = np.log10(np.maximum(mel[:, :-1], 1e-10))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     out: np.ndarray = ((log_spec + 4.0) / 4.0).astype(np.float32)
