@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..modelinfo import ModelFileError, inspect_model
+from ..text.files import read_json
 
 MODEL_FILES = ("onnx/model.onnx", "model.onnx")  # where each form keeps its graph, in the order looked at
 TOKEN_OUTPUTS = ("token_embeddings", "last_hidden_state")
@@ -85,15 +86,8 @@ class EmbeddingFolder:
 
 
 def _json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: a JSON object was expected, found {type(value).__name__}")
-    return value
+    """The JSON object in ``path``, or {} where the folder has no such file."""
+    return read_json(path) if path.is_file() else {}
 
 
 def _positive_int(value: Any, what: str) -> int | None:
