@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from aiohttp import web
 
-from ..openai.errors import ApiError
+from ..openai.errors import ApiError, served_model
 from ..openai.routes import JSON, dumps, openai_error, read_json
 from .batcher import TokenBatcher
 from .params import EmbeddingRequest, embedding_request
@@ -83,11 +83,7 @@ class EmbeddingRoutes:
         self.draining = ""
 
     def model(self, name: str) -> EmbeddingModel:
-        model = self.models.get(name)
-        if model is None:
-            raise ApiError(404, f"The model '{name[:120]}' does not exist: this server's embedding models are "
-                                f"{sorted(self.models)}", param="model", code="model_not_found")
-        return model
+        return served_model(self.models, name, "embedding")
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/embeddings", self.embeddings)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from aiohttp import web
 
+from ..openai.routes import client_gone
 from .front import GenerationFront, Prepared
 from .scheduler import Event, Sequence
 
@@ -108,8 +109,7 @@ class Watch:
         while self.running:
             await asyncio.sleep(WATCH_S)
             for r in list(self.running):
-                transport = r.request.transport
-                if transport is None or transport.is_closing():
+                if client_gone(r.request):
                     r.cancel()
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..openai.errors import ApiError
+from ..openai.errors import ApiError, served_model
 from .metrics import GenerationMetrics
 from .model import LanguageModel
 from .params import GenerationRequest
@@ -42,11 +42,7 @@ class GenerationFront:
         return {n: (m.scheduler.active, m.scheduler.queued) for n, m in self.models.items()}
 
     def model(self, name: str) -> LanguageModel:
-        model = self.models.get(name)
-        if model is None:
-            raise ApiError(404, f"The model '{name[:120]}' does not exist: this server's language models are "
-                                f"{sorted(self.models)}", param="model", code="model_not_found")
-        return model
+        return served_model(self.models, name, "language")
 
     def models_doc(self) -> dict[str, Any]:
         """GET /v1/models: OpenAI's list, each with its context (``max_model_len``, as vLLM names it)."""

@@ -24,12 +24,11 @@ from typing import Any
 from aiohttp import web
 
 from ..openai.errors import ApiError
-from ..openai.routes import JSON, dumps, openai_error, read_json
+from ..openai.routes import JSON, SSE, dumps, openai_error, read_json, sse_event
 from .bridge import Running, Watch
 from .front import GenerationFront, Prepared, now
 from .params import GenerationRequest, chat_request, completion_request, generate_request
 
-SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MODEL_VERSION = "1"
 
 
@@ -130,17 +129,17 @@ class GenerationRoutes:
             doc = {**head, "choices": [choice]}
             if req.include_usage:
                 doc["usage"] = None
-            return _event(doc)
+            return sse_event(doc)
 
         def end(held: list[int], finish: str, made: int) -> bytes:
             out = chunk(None if chat else "", held, finish)
             if req.include_usage:
-                out += _event({**head, "choices": [], "usage": _usage(prepared, made)})
+                out += sse_event({**head, "choices": [], "usage": _usage(prepared, made)})
             return out + b"data: [DONE]\n\n"
 
         return await self._sse(request, prepared, opening=chunk(None, [], None, role=True) if chat else b"",
                                delta=lambda text, ids: chunk(text, ids, None), end=end,
-                               error=lambda status, message: _event(ApiError(status, message).doc())
+                               error=lambda status, message: sse_event(ApiError(status, message).doc())
                                + b"data: [DONE]\n\n")
 
     async def _sse(self, request: web.Request, prepared: Prepared, opening: bytes,
@@ -220,15 +219,10 @@ class GenerationRoutes:
                              ) -> tuple[web.StreamResponse, bool]:
         return await self._sse(
             request, prepared, opening=b"",
-            delta=lambda text, ids: _event({**head, "text_output": text, "output_ids": ids}),
-            end=lambda ids, finish, made: _event({**head, "text_output": "", "output_ids": ids,
+            delta=lambda text, ids: sse_event({**head, "text_output": text, "output_ids": ids}),
+            end=lambda ids, finish, made: sse_event({**head, "text_output": "", "output_ids": ids,
                                                   "finish_reason": finish, "usage": _usage(prepared, made)}),
-            error=lambda status, message: _event({"error": message}))
-
-
-def _event(doc: Any) -> bytes:
-    """One Server-Sent Event carrying ``doc`` as JSON."""
-    return b"data: " + dumps(doc) + b"\n\n"
+            error=lambda status, message: sse_event({"error": message}))
 
 
 def _usage(prepared: Prepared, made: int) -> dict[str, int]:

@@ -5,7 +5,10 @@ AuthenticationError, 404 NotFoundError, 429 RateLimitError, 503 / 500 InternalSe
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+Served = TypeVar("Served")
 
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
@@ -43,4 +46,13 @@ class ApiError(Exception):
         return headers
 
 
-__all__ = ["ApiError"]
+def served_model(models: Mapping[str, Served], name: str, kind: str) -> Served:
+    """The served model called ``name``; ApiError 404 (OpenAI's ``model_not_found``) naming ``kind``'s models."""
+    model = models.get(name)
+    if model is None:
+        raise ApiError(404, f"The model '{name[:120]}' does not exist: this server's {kind} models are "
+                            f"{sorted(models)}", param="model", code="model_not_found")
+    return model
+
+
+__all__ = ["ApiError", "served_model"]

@@ -14,6 +14,7 @@ from .errors import ApiError
 from .kinds import ServedKind
 
 JSON = {"Content-Type": "application/json"}
+SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def openai_error(e: ApiError) -> web.Response:
@@ -22,6 +23,17 @@ def openai_error(e: ApiError) -> web.Response:
 
 def dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sse_event(doc: Any) -> bytes:
+    """One Server-Sent Event carrying ``doc`` as JSON."""
+    return b"data: " + dumps(doc) + b"\n\n"
+
+
+def client_gone(request: web.Request) -> bool:
+    """The client has closed its connection (a streamed or long request ends early for it)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 async def read_json(request: web.Request) -> Any:

@@ -9,7 +9,6 @@ kept), then ``transcript.text.done``. A client that goes away ends its transcrip
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -18,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..openai.errors import ApiError
-from ..openai.routes import JSON, dumps, openai_error
+from ..openai.errors import ApiError, served_model
+from ..openai.routes import JSON, SSE, client_gone, dumps, openai_error, sse_event
 from .formats import rendered
 from .params import TranscriptionRequest, transcription_request
 from .settings import SpeechSettings
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("npurt.serve")
 
-SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 WATCH_S = 0.25  # how often a transcription's client is looked at (gone: its transcription ends)
 FALLBACK = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # OpenAI's temperature 0: openai-whisper's fallback from greedy
 
@@ -120,11 +118,7 @@ class SpeechRoutes:
         self.draining = ""
 
     def model(self, name: str) -> SpeechModel:
-        model = self.models.get(name)
-        if model is None:
-            raise ApiError(404, f"The model '{name[:120]}' does not exist: this server's speech models are "
-                                f"{sorted(self.models)}", param="model", code="model_not_found")
-        return model
+        return served_model(self.models, name, "speech")
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/audio/transcriptions", self.transcriptions)
@@ -156,7 +150,7 @@ class SpeechRoutes:
             work = loop.run_in_executor(None, model.run, req, gone)
             while not work.done():
                 await asyncio.wait({work}, timeout=WATCH_S)
-                if _gone(request):
+                if client_gone(request):
                     gone.set()  # its transcription ends at its next id
             try:
                 result = work.result()
@@ -196,7 +190,7 @@ class SpeechRoutes:
                 try:
                     kind, value = await asyncio.wait_for(queue.get(), WATCH_S)
                 except asyncio.TimeoutError:
-                    if _gone(request):
+                    if client_gone(request):
                         break
                     continue
                 if not response.prepared:
@@ -204,12 +198,12 @@ class SpeechRoutes:
                         return openai_error(value)
                     await response.prepare(request)
                 if kind == "segment":
-                    await response.write(_event({"type": "transcript.text.delta", "delta": value}))
+                    await response.write(sse_event({"type": "transcript.text.delta", "delta": value}))
                 elif kind == "done":
-                    await response.write(_event({"type": "transcript.text.done", "text": value}))
+                    await response.write(sse_event({"type": "transcript.text.done", "text": value}))
                     break
                 else:
-                    await response.write(_event(value.doc()))
+                    await response.write(sse_event(value.doc()))
                     break
             if response.prepared:
                 await response.write_eof()
@@ -220,15 +214,6 @@ class SpeechRoutes:
                 gone.set()
             await worker
         return response if response.prepared else web.Response(status=499)
-
-
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
-def _event(doc: Any) -> bytes:
-    return b"data: " + json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
 __all__ = ["SpeechModel", "SpeechRoutes"]
