@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from npurt import StatusCode
@@ -57,3 +57,37 @@ def onnxruntime_session(path: str | os.PathLike[str], settings: Mapping[str, str
     options.intra_op_num_threads = int(values["intra_op_num_threads"].split()[0])
     options.add_session_config_entry("session.intra_op.allow_spinning", values["allow_spinning"])
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def openai_clients(address: str, count: int, clients: int, request: Callable[[Any, int], Any],
+                   timeout: float = 120.0) -> tuple[float, list[Any]]:
+    """``clients`` threads, each with its own official ``openai.OpenAI`` client of the server at ``address``, making
+    requests ``0 .. count - 1`` dealt round-robin, one at a time (``request(client, i)``): the wall seconds and the
+    results in order. The first error is raised once every thread has ended."""
+    import threading
+    import time
+
+    import openai
+
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+    made = [openai.OpenAI(base_url=f"http://{address}/v1", api_key="none", max_retries=0, timeout=timeout)
+            for _ in range(clients)]
+
+    def work(k: int) -> None:
+        try:
+            for i in range(k, count, clients):
+                results[i] = request(made[k], i)
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return seconds, results

@@ -26,48 +26,25 @@ import json
 import os
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks import openai_clients
 from benchmarks.embeddings import sentences
 
 CLIENTS = 8
 TARGETS = {"eight_over_one": 1.3, "eight_over_in_process": 0.8}
 
 
-def _client(address: str) -> Any:
-    import openai
-
-    return openai.OpenAI(base_url=f"http://{address}/v1", api_key="none", max_retries=0, timeout=120)
-
-
 def served(address: str, texts: list[str], clients: int) -> tuple[float, np.ndarray]:
     """Seconds to embed ``texts`` with ``clients`` clients, one sentence a request; the vectors in order."""
-    vectors: list[Any] = [None] * len(texts)
-    errors: list[BaseException] = []
-    made = [_client(address) for _ in range(clients)]
+    def embed(client: Any, i: int) -> np.ndarray:  # base64 on the wire: the client's default
+        return np.asarray(client.embeddings.create(model="minilm", input=texts[i]).data[0].embedding, np.float32)
 
-    def work(k: int) -> None:
-        try:
-            for i in range(k, len(texts), clients):
-                got = made[k].embeddings.create(model="minilm", input=texts[i])  # base64 on the wire: the default
-                vectors[i] = np.asarray(got.data[0].embedding, np.float32)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
-    if errors:
-        raise errors[0]
+    seconds, vectors = openai_clients(address, len(texts), clients, embed)
     return seconds, np.stack(vectors)
 
 

@@ -21,10 +21,10 @@ import argparse
 import json
 import statistics
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import openai_clients
 
 CLIENTS = 4
 TARGET = 2.0
@@ -32,31 +32,12 @@ TARGET = 2.0
 
 def served(address: str, clips: list[tuple[Path, float]], clients: int) -> tuple[float, list[str]]:
     """Seconds to transcribe ``clips`` with ``clients`` clients, one file a request; the texts in order."""
-    import openai
+    def transcribe(client: Any, i: int) -> str:
+        with open(clips[i][0], "rb") as f:
+            text: str = client.audio.transcriptions.create(model="tiny", file=f, temperature=0).text
+            return text
 
-    texts: list[str] = [""] * len(clips)
-    errors: list[BaseException] = []
-    made = [openai.OpenAI(base_url=f"http://{address}/v1", api_key="none", max_retries=0, timeout=300)
-            for _ in range(clients)]
-
-    def work(k: int) -> None:
-        try:
-            for i in range(k, len(clips), clients):
-                with open(clips[i][0], "rb") as f:
-                    texts[i] = made[k].audio.transcriptions.create(model="tiny", file=f, temperature=0).text
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return seconds, texts
+    return openai_clients(address, len(clips), clients, transcribe, timeout=300)
 
 
 def run(runs: int, repeat: int, threads: int) -> dict[str, Any]:
