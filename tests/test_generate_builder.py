@@ -52,7 +52,7 @@ def test_tokens_equal_onnxruntime_genai(root, shape, backend):
     assert reference.tokens == want  # the two anchors agree (no near-tie on these prompts)
     with runner(backend, folder) as r:
         assert r.decoder.attention == layout.GROUP_QUERY
-        assert "on onnxruntime" in r.decoder.verification
+        assert r.decoder.verification.startswith("by its parts on onnxruntime")  # (verify_parts: no second model)
         g = Generator(r)
         tokens = g.generate(PROMPT, NEW_TOKENS)
         assert_tokens_agree(tokens, reference, f"npurt {backend} builder {shape}")
@@ -165,3 +165,38 @@ def test_a_form_that_is_not_the_export_is_refused(root, tmp_path, monkeypatch):
     assert len(verdicts) == 1 and json.loads(verdicts[0].read_text())["ok"] is False
     with pytest.raises(NpuUnsupportedError, match="does not give the export's logits"):
         runner("VAIML", form_folder(root, "gqa", "builder"), cache_dir=str(cache), static_shapes=True)
+
+
+def test_a_form_whose_ports_are_wrong_is_refused_by_its_parts(root, monkeypatch):
+    """The check by parts runs npurt's head on the engine: a static form whose mask hides the first row (the export's
+    subgraph then gives GroupQueryAttention a seqlens_k one short: wrong tokens) is refused before anything runs,
+    naming the port and the position."""
+    from npurt.generate import static_form
+
+    derive = static_form.derive
+
+    def hiding_the_first_row(*args, **kwargs):
+        form = derive(*args, **kwargs)
+        graph = form.model.graph
+        compare = next(n for n in graph.node if n.op_type == "GreaterOrEqual" and n.name.startswith("__npurt"))
+        one = static_form.PREFIX + "_one"
+        graph.initializer.append(onnx.numpy_helper.from_array(np.array(1, np.int64), one))
+        compare.input[1] = one
+        return form
+    monkeypatch.setattr(static_form, "derive", hiding_the_first_row)
+    with pytest.raises(NpuUnsupportedError, match=r"does not give the export's logits \(first at npurt's ports at "
+                                                  r"position 0 with 7 new: attention_mask \[\[0, 1, 1"):
+        runner("VAIML", form_folder(root, "gqa", "builder"))
+
+
+def test_a_cache_read_outside_the_attention_gets_the_full_check(root, tmp_path):
+    """The parts prove a form whose cache only GroupQueryAttention reads; an export that reads a past elsewhere too
+    (here a node that takes its shape, used by nothing) is checked by running both models instead, and still loads."""
+    folder = form_folder(root, "gqa", "builder")
+    model = onnx.load(str(folder / MODEL_FILE))
+    model.graph.node.append(onnx.helper.make_node("Shape", ["past_key_values.0.key"], ["past_shape"]))
+    (tmp_path / MODEL_FILE).write_bytes(model.SerializeToString())
+    (tmp_path / "genai_config.json").write_text((folder / "genai_config.json").read_text())
+    with runner("VAIML", tmp_path) as r:
+        assert "a 7-id prompt in one run and in chunks" in r.decoder.verification
+        assert Generator(r).generate(PROMPT, 8) == greedy_onnxruntime(folder / MODEL_FILE, PROMPT, 8).tokens

@@ -63,6 +63,29 @@ def write(model: onnx.ModelProto, skeleton: Skeleton, path: Path, *, link: bool 
     return written
 
 
+def places(skeleton: Skeleton) -> dict[str, tuple[Path, int, int] | None]:
+    """Each weight's file, offset and length of its little-endian bytes (in the model's own file, or its external
+    data file, links followed to the file they name); None where its values are in a typed field. ValueError where
+    an external data file the model names is not in its folder."""
+    found: dict[str, tuple[Path, int, int] | None] = {}
+    files: dict[str, Path] = {}
+    with open(skeleton.path, "rb") as model:
+        for weight in skeleton.weights.values():
+            if weight.offset >= 0 and not weight.external:
+                found[weight.name] = (skeleton.path, weight.offset, weight.length)
+            elif not weight.external:
+                found[weight.name] = None
+            else:
+                entries = {e.key: e.value for e in _message(model, weight).external_data}
+                location = entries.get("location", "")
+                if location not in files:
+                    files[location] = _external_file(skeleton.path, location).resolve()
+                offset = int(entries.get("offset", 0))
+                length = int(entries["length"]) if "length" in entries else files[location].stat().st_size - offset
+                found[weight.name] = (files[location], offset, length)
+    return found
+
+
 def linked_files(path: Path) -> Iterator[Path]:
     """The weight files ``write`` put beside ``path``."""
     return (p for p in path.parent.glob(f"{path.name}.w*") if p.name[len(path.name) + 2:].isdigit())

@@ -153,6 +153,12 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
 
         def confirm() -> str:
             verdict = check.verdict()
+            if verdict.get("proof") == "parts":
+                return (f"by its parts on {engine}: the export's nodes and weights unchanged, the cache read by "
+                        f"GroupQueryAttention alone, npurt's ports exact, and the attention's "
+                        f"{verdict['configurations']} configuration(s) with past and present in one buffer within "
+                        f"{verdict['max_diff']:.2g} of a growing past (tolerance {verdict['tolerance']:.2g}) on "
+                        f"{verdict['shapes']} prompt, chunk and step shapes")
             checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance "
                        f"{verdict['tolerance']:.2g}) on {engine}, a {verdict['prompt_tokens']}-id prompt in one run "
                        f"and in chunks, then {verdict['steps']} steps")

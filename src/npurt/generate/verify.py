@@ -8,6 +8,11 @@ The verdict is kept beside the derived form (``verified-<engine>-c<chunk>.json``
 once; without it, every load checks. The child runs while the runner compiles the derived form (``start``, then
 ``Check.verdict`` once the runner is made), and its sessions skip ONNX Runtime's weight prepacking except for int4
 MatMulNBits (``verify_child._options``: measured on a 540 MB fp32 export, 0.56 s to a session against 1.46 s).
+
+A GroupQueryAttention form on ONNX Runtime (one sequence: ONNX Runtime GenAI's builder folders) is proved by its
+parts in the runner's own process instead (``verify_parts``: the export's nodes and weights unchanged, the cache read
+by the attention alone, npurt's ports and the attention's shared buffer run on the engine), which costs no second
+model; a form those parts do not cover falls back to the full check.
 """
 
 from __future__ import annotations
@@ -56,11 +61,7 @@ class Check:
                                f"{tail[-1] if tail else f'exit status {self._child.returncode}'}")
             verdict: dict[str, object] = json.loads(lines[-1])
             verdict["prompt_tokens"], verdict["steps"] = self._prompt_tokens, STEPS
-            # (runners made at once over one cache_dir each check and write theirs)
-            partial = self._path.with_name(f"{self._path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-            partial.write_text(json.dumps(verdict))
-            partial.replace(self._path)
-            self._verdict = verdict
+            self._verdict = _kept(self._path, verdict)
         if not self._verdict.get("ok"):
             raise NpuUnsupportedError(
                 f"{self._export.name}: npurt's derived form for {self._engine} does not give the export's logits "
@@ -96,6 +97,14 @@ def start(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, f
     if length < 1:
         raise NpuUnsupportedError(f"{export.name}: max_length {shape.max_length} leaves no room to check the derived "
                                   f"form against the export (a prompt and {STEPS} steps)")
+    if engine == "onnxruntime" and batch == 1:  # a GroupQueryAttention form: proved by its parts, in ~0.1 s
+        from . import verify_parts
+
+        half = any(p.elem_type != 1 for p in shape.pairs)  # (the attention's own precision: no int8 activations)
+        verdict = verify_parts.check(export, derived, shape, min(chunk, length),
+                                     TOLERANCE_F16 if half else TOLERANCE_F32)
+        if verdict is not None:
+            return Check(export, engine, verdict_path, _kept(verdict_path, verdict))
     prompt = [(7 * i + 3) % vocab for i in range(length)]
     args = {"export": str(export), "derived": str(derived), "engine": engine, "prompt": prompt, "steps": STEPS,
             "chunk": min(chunk, length), "max_length": shape.max_length, "pad": pad_token_id,
@@ -104,3 +113,12 @@ def start(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, f
     child = subprocess.Popen([sys.executable, str(_CHILD), json.dumps(args)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     return Check(export, engine, verdict_path, None, child, length)
+
+
+def _kept(path: Path, verdict: dict[str, object]) -> dict[str, object]:
+    """The verdict, written beside the derived form (runners made at once over one cache_dir each check and write
+    theirs)."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    partial.write_text(json.dumps(verdict))
+    partial.replace(path)
+    return verdict
