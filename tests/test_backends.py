@@ -537,3 +537,14 @@ def test_infer_queue_fed_one_array_again_sees_its_new_values_and_shape(backend):
         assert queue.wait_all(60)
         np.testing.assert_array_equal(got[-1], raw(backend, "ocr_cls", buffer, static=True))
         assert not np.array_equal(got[-1], before)
+
+
+def test_npurts_own_backends_are_its_entry_points():
+    """factory.BUILT_IN finds npurt's own backends without reading every distribution's metadata: it must name what
+    pyproject.toml's entry points name, or a load would take another class than AUTO and the listings take."""
+    from importlib import metadata
+
+    from npurt import factory
+
+    installed = {ep.name.upper(): ep.value for ep in metadata.entry_points(group=factory.ENTRY_POINT_GROUP)}
+    assert {name: installed.get(name) for name in factory.BUILT_IN} == factory.BUILT_IN

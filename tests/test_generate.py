@@ -341,10 +341,29 @@ def test_a_closed_runner_leaves_no_temporary_folder(models, tmp_path, monkeypatc
         runner.close()  # idempotent
 
 
+def test_a_load_from_the_cache_reads_no_graph(models, tmp_path):
+    """A second load from cache_dir takes the derived form, the export's facts and the verdict from the cache: a
+    fresh process opens it without importing onnx (~0.15 s) or reading the export's graph, and loads no backend
+    through the installed distributions' metadata."""
+    import subprocess
+    import sys
+
+    with decoder_runner("VAIML", models["gqa"], cache_dir=str(tmp_path)):
+        pass
+    code = (f"import sys; from npurt import RunnerFactory; RunnerFactory.create_runner('VAIML', "
+            f"{str(models['gqa'] / MODEL_FILE)!r}, {{'device': 'CPU', 'decoder': {DECODER!r}, "
+            f"'cache_dir': {str(tmp_path)!r}}}); print(sorted(m for m in ('onnx', 'importlib.metadata') "
+            f"if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp_path):
     """The static form's weights are the export's own file, hard-linked beside it (no copy: the same inode): each
     backend generates the reference's tokens from it, and OpenVINO's cache entry keeps its IR alone (the ONNX form and
-    its link went once converted), with the verdict of the check against the export."""
+    its link went once converted), with the verdict of the check against the export and the facts read from its graph
+    (a load from the cache reads no graph)."""
     import os
 
     for backend in ("VAIML", "OPENVINO"):
@@ -352,9 +371,10 @@ def test_the_cache_keeps_only_the_files_the_engine_opens(models, references, tmp
         with decoder_runner(backend, models["gqa"], cache_dir=str(cache)) as r:
             assert Generator(r).generate(PROMPT, 8) == references["gqa"].tokens[:8]
         files = sorted(p.name for p in (cache / "decoders").glob("*/*"))
-        assert files == (["decoder_stateful.bin", "decoder_stateful.xml", "verified-openvino-c4.json"]
+        assert files == (["decoder_stateful.bin", "decoder_stateful.xml", "export.json", "verified-openvino-c4.json"]
                          if backend == "OPENVINO" else
-                         ["decoder_static.onnx", "decoder_static.onnx.w0", "verified-onnxruntime-c4.json"])
+                         ["decoder_static.onnx", "decoder_static.onnx.w0", "export.json",
+                          "verified-onnxruntime-c4.json"])
         if backend == "VAIML":
             linked = next((cache / "decoders").glob("*/decoder_static.onnx.w0"))
             assert os.path.samefile(linked, models["gqa"]) or os.path.samefile(linked, models["gqa"] / MODEL_FILE)

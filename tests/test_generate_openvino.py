@@ -160,15 +160,16 @@ def test_two_generators_interleaved_each_with_its_own_growing_state(root):
 
 
 def test_the_cache_dir_keeps_the_growing_form_alone(root, tmp_path):
-    """With cache_dir the growing form's IR is kept (nothing else but the verdict of its check against the export:
-    the export is converted directly), and a second runner opens it without converting or checking again."""
+    """With cache_dir the growing form's IR is kept (nothing else but the facts read from the export's graph and the
+    verdict of its check against the export: the export is converted directly), and a second runner opens it without
+    converting or checking again."""
     path = build_decoder_form(root / "builder-cache", "kv3", form="builder")
     want = greedy_onnxruntime(path, PROMPT, 8).tokens
     with openvino_runner(path, cache_dir=str(tmp_path)) as runner:
         assert Generator(runner).generate(PROMPT, 8) == want
     files = sorted(p.name for p in (tmp_path / "decoders").glob("*/*"))
-    assert files[:2] == ["decoder_growing.bin", "decoder_growing.xml"] and len(files) == 3
-    assert files[2].startswith("verified-openvino-c")
+    assert files[:3] == ["decoder_growing.bin", "decoder_growing.xml", "export.json"] and len(files) == 4
+    assert files[3].startswith("verified-openvino-c")
     ir = next((tmp_path / "decoders").glob("*/decoder_growing.xml"))
     verdict = next((tmp_path / "decoders").glob("*/verified-*.json"))
     made = ir.stat().st_mtime_ns, verdict.stat().st_mtime_ns

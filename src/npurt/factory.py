@@ -6,7 +6,7 @@ import shutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from importlib import metadata
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,22 @@ AUTO_ORDER = ("OPENVINO", "VAIML", "QNN", "ONNXRUNTIME")
 _AUTO = RunnerType.AUTO.name
 
 
+# npurt's own backends as pyproject.toml's entry points name them: a load of one finds it here, not by reading every
+# installed distribution's metadata (importlib.metadata's import and scan: 50-90 ms of a decoder's load on the 2-core
+# VM). tests/test_factory.py checks that the two agree.
+BUILT_IN = {"OPENVINO": "npurt.backends.openvino:OpenVINOBackend", "VAIML": "npurt.backends.onnxruntime:VaimlBackend",
+            "QNN": "npurt.backends.onnxruntime:QnnBackend",
+            "ONNXRUNTIME": "npurt.backends.onnxruntime:OnnxRuntimeBackend"}
+
+
+def _import(value: str) -> object:
+    """The object an entry point's ``module:attribute`` names, as ``EntryPoint.load`` imports it."""
+    import importlib
+
+    module, _, attribute = value.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 class _Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -33,32 +49,39 @@ class _Registry:
         """Load every entry point (AUTO and the listings need them all)."""
         if self._scanned:
             return
+        from importlib import metadata
+
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            self._load(ep)
+            self._load(ep.name.upper(), ep.value, ep.load)
         self._scanned = True
 
-    def _load(self, ep: metadata.EntryPoint) -> None:
-        name = ep.name.upper()
+    def _load(self, name: str, value: str, load: Callable[[], object]) -> None:
         if name in self._classes or name in self._errors:
             return
         try:
-            cls = ep.load()
+            cls = load()
         except Exception as e:  # noqa: BLE001 - a broken backend must not hide the others
             self._errors[name] = f"{type(e).__name__}: {e}"
             return
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
-            self._errors[name] = f"entry point {ep.value} is not an npurt.engine.Backend subclass"
+            self._errors[name] = f"entry point {value} is not an npurt.engine.Backend subclass"
             return
         self._classes[name] = cls
 
     def get(self, name: str) -> type[Backend] | None:
         """One backend by name, loading only its own entry point: a runner of one engine does not import the
-        others (each engine's import costs a program's start-up 0.1 to 0.3 s)."""
+        others (each engine's import costs a program's start-up 0.1 to 0.3 s). npurt's own are found without
+        reading every installed distribution's metadata (``BUILT_IN``)."""
         with self._lock:
             if name not in self._classes and not self._scanned:
-                for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                    if ep.name.upper() == name:
-                        self._load(ep)
+                if name in BUILT_IN:
+                    self._load(name, BUILT_IN[name], partial(_import, BUILT_IN[name]))
+                else:
+                    from importlib import metadata
+
+                    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                        if ep.name.upper() == name:
+                            self._load(name, ep.value, ep.load)
             return self._classes.get(name)
 
     def register(self, name: str, cls: type[Backend]) -> None:

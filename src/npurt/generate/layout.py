@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..onnx_graph import graph_inputs
 
@@ -61,6 +61,22 @@ class Layout:
     @property
     def head_dim(self) -> int:
         return self.pairs[0].shape[3]
+
+    def as_json(self) -> dict[str, object]:
+        """The layout as JSON values (``from_json`` reads it back): a cache folder keeps it, so that a load from the
+        cache reads no graph."""
+        return {"max_length": self.max_length, "has_position_ids": self.has_position_ids, "vocab": self.vocab,
+                "attention": self.attention,
+                "pairs": [[p.past, p.present, list(p.shape), p.elem_type] for p in self.pairs]}
+
+    @staticmethod
+    def from_json(value: Mapping[str, Any]) -> Layout:
+        """``as_json``'s layout. KeyError, TypeError or ValueError where ``value`` is not one."""
+        pairs = tuple(CachePair(str(past), str(present), (int(a), int(b), int(c), int(d)), int(elem))
+                      for past, present, (a, b, c, d), elem in value["pairs"])
+        vocab = value["vocab"]
+        return Layout(int(value["max_length"]), pairs, bool(value["has_position_ids"]),
+                      None if vocab is None else int(vocab), str(value["attention"]))
 
     @property
     def cache_dims(self) -> dict[str, tuple[int, str]]:

@@ -20,8 +20,10 @@ graph: eos / bos / pad ids, the context length (``max_length`` may not exceed it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -84,26 +86,6 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
     if context is not None and spec.max_length > context:
         raise ValueError(f"option 'decoder': max_length {spec.max_length} is beyond the model's context length "
                          f"{context} ({', '.join(found.sources)})")
-    # what the runner needs is read from the graph without its weights; the weights are loaded only where the
-    # static form's file is not there yet (npurt's cache_dir keeps it)
-    try:
-        skeleton = onnx_graph.read_skeleton(model_path)
-        weightless = skeleton.model
-    except ValueError as e:
-        raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
-    try:
-        merged.resolve_cache_branch(weightless)
-        shape = layout.read(weightless, spec.max_length, {w.name: w.dims for w in skeleton.weights.values()},
-                            found.cache_dims)
-    except ValueError as e:
-        raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
-    contrib = tuple(sorted({n.op_type for n in weightless.graph.node if n.domain == "com.microsoft"}))
-    int8_activations = any(n.op_type == "MatMulNBits" and any(a.name == "accuracy_level" and a.i == 4
-                                                               for a in n.attribute) for n in weightless.graph.node)
-    external = any(w.external for w in skeleton.weights.values())
-    del weightless, skeleton
-    if shape.vocab is None:
-        raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
     openvino = backend_name == "OPENVINO"
     if openvino and spec.batch:
         raise NpuUnsupportedError(
@@ -115,8 +97,20 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             "(OpenVINO GenAI's NPUW), which npurt does not drive yet (untested here: no Intel NPU); use device='CPU' "
             "or 'GPU', or an ONNX Runtime backend")
     pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
-    folder = _folder(model_path, spec, backend_name, options, external, pinned)
+    folder = _folder(model_path, spec, backend_name, options, pinned)
     try:
+        export = _export_facts(model_path, spec.max_length, found.cache_dims, folder, options.cache_dir is not None)
+    except BaseException:
+        if options.cache_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:  # (an export refused leaves no entry in the cache)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    shape, contrib, int8_activations = export.layout, export.contrib, export.int8_activations
+    try:
+        if shape.vocab is None:
+            raise NpuUnsupportedError(f"{model_path.name}: the logits' last dim (the vocabulary) is not fixed")
         if openvino:  # OpenVINO converts the export, or refuses naming what it cannot convert (openvino_form)
             make, cache = openvino_form.form_of(contrib, partial(_onnx_file, sliced=True),
                                                 _standard_gather_file if block_gather.OP in contrib else None)
@@ -180,19 +174,70 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
                            check.cancel)
 
 
-def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, external: bool,
-            pinned: bool) -> Path:
+@dataclass(frozen=True)
+class ExportFacts:
+    """What the derivation reads from the export's graph: its layout, the com.microsoft operators it uses, whether
+    its MatMulNBits quantize their activations to int8 (accuracy level 4: the check's tolerance)."""
+
+    layout: layout.Layout
+    contrib: tuple[str, ...]
+    int8_activations: bool
+
+    def as_json(self) -> dict[str, object]:
+        return {"layout": self.layout.as_json(), "contrib": list(self.contrib),
+                "int8_activations": self.int8_activations}
+
+
+_FACTS = "export.json"  # an ExportFacts beside the derived form in npurt's cache: a cached load reads no graph
+
+
+def _export_facts(model_path: Path, max_length: int, cache_dims: dict[str, tuple[int, str]], folder: Path,
+                  kept: bool) -> ExportFacts:
+    """The export's facts: from the cache folder where an earlier load kept them (``kept``), else read from its
+    graph without its weights (onnx imported: ~0.15 s) and kept there."""
+    if kept:
+        try:
+            value = json.loads((folder / _FACTS).read_text())
+            return ExportFacts(layout.Layout.from_json(value["layout"]), tuple(value["contrib"]),
+                               bool(value["int8_activations"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    try:
+        skeleton = onnx_graph.read_skeleton(model_path)
+        weightless = skeleton.model
+    except ValueError as e:
+        raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
+    try:
+        merged.resolve_cache_branch(weightless)
+        shape = layout.read(weightless, max_length, {w.name: w.dims for w in skeleton.weights.values()},
+                            cache_dims)
+    except ValueError as e:
+        raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
+    nodes = weightless.graph.node
+    facts = ExportFacts(shape, tuple(sorted({n.op_type for n in nodes if n.domain == "com.microsoft"})),
+                        any(n.op_type == "MatMulNBits" and any(a.name == "accuracy_level" and a.i == 4
+                                                                for a in n.attribute) for n in nodes))
+    if kept:
+        partial = folder / f"{_FACTS}.{os.getpid()}.{threading.get_ident()}.partial"
+        try:
+            partial.write_text(json.dumps(facts.as_json()))
+            partial.replace(folder / _FACTS)
+        except OSError:  # (a cache that cannot be written: the next load reads the graph again)
+            partial.unlink(missing_ok=True)
+    return facts
+
+
+def _folder(model_path: Path, spec: DecoderSpec, backend_name: str, options: RunnerOptions, pinned: bool) -> Path:
     """Where the derived model goes: a folder of npurt's cache (kept, keyed by the model and the decoder's
-    settings), else a temporary one removed with the process's last reference to the runner. A model with external
-    data is keyed by the files beside it too (its weights are in them; the static form holds a copy), as
-    ``cache.ModelCache.content_hash`` keys it."""
+    settings), else a temporary one removed with the process's last reference to the runner. Keyed by the files
+    beside the model too: its external data (its weights; the static form links them), and the configs the layout
+    reads (genai_config.json, config.json), as ``cache.ModelCache.content_hash`` keys a model with external data."""
     if options.cache_dir is not None:
         stat = model_path.stat()
         siblings = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_path.parent.iterdir()
-                          if p.is_file() and p != model_path) if external else []
+                          if p.is_file() and p != model_path)
         key = hashlib.sha256(json.dumps([str(model_path.resolve()), stat.st_size, stat.st_mtime_ns,
-                                         spec.max_length, backend_name == "OPENVINO", pinned, _VERSION,
-                                         *([siblings] if siblings else []),
+                                         spec.max_length, backend_name == "OPENVINO", pinned, _VERSION, siblings,
                                          *(["batch"] if spec.batch else [])]).encode())
         folder = options.cache_dir / "decoders" / key.hexdigest()[:32]
         folder.mkdir(parents=True, exist_ok=True)
@@ -218,7 +263,7 @@ def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path
 _FOLDERS_LOCK = threading.Lock()
 _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
-_VERSION = 4  # of the derivation: a change to static_form makes new cache entries
+_VERSION = 5  # of the derivation and its facts: a change to static_form makes new cache entries
 
 
 def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bool = False, *,
@@ -227,11 +272,11 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bo
     not there: the form's weights are the export's own bytes, linked beside it (``onnx_external``); ``batched``: the
     batch form, its batch dim open (``static_form.derive_batch``); ``sliced``: see ``static_form.derive``;
     ``copy_weights``: the weights copied, not linked (see ``onnx_external.write``)."""
-    from .. import onnx_external
-    from . import static_form  # onnx and the graph builder: imported only where a static form is made
-
     path = folder / ("decoder_batch.onnx" if batched else "decoder_static.onnx")
     if not path.exists():
+        from .. import onnx_external
+        from . import static_form  # onnx and the graph builder: imported only where a static form is made
+
         try:
             skeleton = onnx_graph.read_skeleton(model_path)
             model = skeleton.model

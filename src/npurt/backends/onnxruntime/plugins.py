@@ -10,7 +10,6 @@ process (registering one twice raises in ONNX Runtime; a library is never unregi
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import re
 import threading
@@ -47,8 +46,10 @@ _registered: dict[str, PluginPackage] = {}  # module -> its package, once regist
 
 def installed_modules() -> list[str]:
     """The plugin EP packages installed here, by module name (nothing imported)."""
+    from importlib import metadata  # (here, not at the top: a CPU load never reads the distributions, ~40 ms)
+
     found = set()
-    for dist in importlib.metadata.distributions():
+    for dist in metadata.distributions():
         name = dist.metadata["Name"] or ""
         if _DISTRIBUTION.match(name):
             found.add(name.replace("-", "_").lower())
@@ -73,9 +74,11 @@ def register_all() -> list[PluginPackage]:
 
 
 def _register(module: str) -> PluginPackage:
+    from importlib import metadata
+
     try:
-        version = importlib.metadata.version(module.replace("_", "-"))
-    except importlib.metadata.PackageNotFoundError:
+        version = metadata.version(module.replace("_", "-"))
+    except metadata.PackageNotFoundError:
         version = "unknown"
     if not hasattr(ort, "register_execution_provider_library"):
         return PluginPackage(module, version, error=f"ONNX Runtime {ort.__version__} cannot load plugin EPs "
