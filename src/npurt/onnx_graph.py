@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,9 +135,25 @@ def read_skeleton(path: str | os.PathLike[str], min_weight_bytes: int = MIN_WEIG
     with contextlib.ExitStack() as stack:
         if fd is None:
             fd = stack.enter_context(open(path, "rb")).fileno()
-        if os.fstat(fd).st_size == 0:
+        stat = os.fstat(fd)
+        if stat.st_size == 0:
             raise ValueError(f"{path} is not an ONNX model: the file is empty")
-        return _read_skeleton(fd, path, min_weight_bytes)
+        # a decoder's cold load reads its export three times (its facts, its static form, the form's check): the
+        # same file unchanged is walked once (~30 ms a walk of SmolLM2's graph)
+        key = (str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, min_weight_bytes)
+        with _recent_lock:
+            skeleton = _recent.get(key)
+        if skeleton is None:
+            skeleton = _read_skeleton(fd, path, min_weight_bytes)
+            with _recent_lock:
+                _recent[key] = skeleton
+                while len(_recent) > 4:
+                    del _recent[next(iter(_recent))]
+        return Skeleton(skeleton.data, dict(skeleton.weights), skeleton.path, skeleton.graph)
+
+
+_recent_lock = threading.Lock()
+_recent: dict[tuple[object, ...], Skeleton] = {}  # the last skeletons read, by their file's identity and state
 
 
 def _read_skeleton(fd: int, path: Path, min_weight_bytes: int) -> Skeleton:
