@@ -124,8 +124,9 @@ def test_hostcost_job_paths_quick():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)["tables"][0]["rows"]
     assert [r[2] for r in rows] == ["execute_async + wait", "wait_any"], rows
-    for row in rows:
-        assert float(row[4]) > 0 and all(float(v) > 0 for v in row[7:10]), row
+    for row in rows:  # raw's CPU per job, the main thread's added CPU (a difference: below 0 where npurt's is less,
+        # as on a loaded machine), the ratios
+        assert float(row[4]) > 0 and math.isfinite(float(row[7])) and all(float(v) > 0 for v in row[8:10]), row
 
 
 @pytest.mark.slow
