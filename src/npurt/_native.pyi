@@ -28,7 +28,8 @@ class Buffer:
 
     @staticmethod
     def allocate(size: int, provider: str = "auto", strict: bool = False, heap: str = "system") -> Buffer:
-        """Raises OSError when no provider could allocate, ValueError on bad arguments."""
+        """A new mapping of ``size`` bytes, zeros (every provider maps fresh memory: the kernel zero-fills it).
+        Raises OSError when no provider could allocate, ValueError on bad arguments."""
     @staticmethod
     def import_fd(fd: int, size: int, offset: int = 0, allow_file: bool = True) -> Buffer:
         """Raises ValueError for an fd that is not acceptable memory, OSError for a closed fd or a failed mmap."""

@@ -108,7 +108,7 @@ class StreamTable:
         # in place: a run writes the next state into the buffer it reads (a decoder's KV cache, whose graph writes
         # only the new rows, npurt.generate); else two buffers take turns
         self.in_place = in_place
-        self._allocate = allocate
+        self._allocate = allocate  # new memory of zeros (Buffer.allocate's): a stream's first state
         self._lock = threading.Lock()
         self._streams: dict[int, StreamState] = {0: StreamState(0)}
         self._next_id = 1
@@ -151,8 +151,9 @@ class StreamTable:
         if isinstance(current, np.ndarray):  # run()'s array: wrapped, not copied
             current = state.current[name] = (NpuTensor(in_info, current), NpuTensor(out_info, current))
         elif current is None or current[0].info.shape != in_info.shape:
+            # (zeros as made: a fresh mapping; writing them would fault in every page of a decoder's whole cache,
+            # ~12 MB and 11 ms on the way to SmolLM2's first token, rows it may never reach)
             current = state.current[name] = self.buffer(in_info, out_info)
-            current[0].numpy()[...] = 0
         if self.in_place:
             return current
         spare = state.spare.get(name)
@@ -163,7 +164,8 @@ class StreamTable:
     def buffer(self, in_info: NpuTensorInfo, out_info: NpuTensorInfo) -> tuple[NpuTensor, NpuTensor]:
         """A new buffer for one pair's state, seen as the carried input and as its output (one memory)."""
         t = self._allocate(in_info)
-        return t, sub_tensor(t, out_info.replace(shape=in_info.shape), 0)
+        return t, sub_tensor(t, out_info if out_info.shape == in_info.shape else out_info.replace(shape=in_info.shape),
+                             0)
 
     def advance(self, state: StreamState, name: str) -> None:
         """After an execute() that succeeded: the state it wrote is the one the next run reads."""

@@ -294,7 +294,8 @@ class Sampler:
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         self.do_sample, self.temperature, self.top_k, self.top_p = do_sample, temperature, top_k, top_p
-        self.rng = np.random.default_rng(seed)
+        # greedy draws nothing: numpy.random (~15 ms to import, on the way to a first token) only where sampling
+        self.rng = np.random.default_rng(seed) if do_sample else None
 
     def __call__(self, logits: np.ndarray) -> int:
         if not self.do_sample:
@@ -308,5 +309,6 @@ class Sampler:
         if self.top_p < 1:
             keep = int(np.searchsorted(np.cumsum(probs), self.top_p)) + 1
             order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+        assert self.rng is not None
         return int(order[self.rng.choice(len(order), p=probs)])
 
