@@ -13,13 +13,19 @@ The sides:
   form written and checked against the export at every load;
 - ``npurt cached``: the same with ``cache_dir`` (filled by one untimed load): the derived form and its verdict read;
 - at one engine thread each (``--threads 1``): npurt ``num_threads=1``, onnxruntime-genai with
-  ``session_options.intra_op_num_threads`` 1 in a copy of the folder's genai_config.json (the model files linked).
+  ``session_options.intra_op_num_threads`` 1 in a copy of the folder's genai_config.json (the model files linked);
+- with ``--openvino-genai DIR``: npurt's OPENVINO backend over the fp32 folder at f32 (its stateful form from a
+  cache_dir filled by one untimed load) against OpenVINO GenAI's ``LLMPipeline(DIR, "CPU",
+  INFERENCE_PRECISION_HINT="f32")`` over optimum-intel's IR of the same weights (``optimum-cli export openvino
+  --task text-generation-with-past --weight-format fp32`` of tools/real_models' ``smollm2-hf``), each at its
+  defaults (OpenVINO's threads), a streamer timing GenAI's tokens.
 
 Targets (issue 57): load cold <= 1.5x onnxruntime-genai's, cached <= 1.0x; peak memory <= 1.3x (npurt's process and
 its check's child together, as they run at once); decode ids/s >= 1.0x; time to first token <= 1.0x. Ratios are the
-medians of the rounds' ratios (each round runs every side once, the order turned each round).
+medians of the rounds' ratios (each round runs every side once, the order turned each round). OpenVINO against
+OpenVINO GenAI: decode ids/s >= 1.0x, time to first token <= 1.0x (its load is shown, without a target).
 
-    python -m benchmarks.real_chat [--runs N] [--precisions fp32,int4] [--threads N] [--json]
+    python -m benchmarks.real_chat [--runs N] [--precisions fp32,int4] [--threads N] [--openvino-genai DIR] [--json]
 """
 
 from __future__ import annotations
@@ -89,6 +95,53 @@ def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
             "child_peak_mib": 0.0}
 
 
+def openvino_side(probe: Any, folder: str, prompt: list[int], cache_dir: str) -> dict[str, Any]:
+    """npurt's OPENVINO backend over the builder's fp32 folder at f32 (its converted stateful form from cache_dir):
+    load, then 64 greedy ids."""
+    start = time.perf_counter()
+    from npurt import Generator, RunnerFactory
+
+    runner = probe.keep(RunnerFactory.create_runner("OPENVINO", folder, {
+        "device": "CPU", "inference_precision": "f32", "cache_dir": cache_dir,
+        "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": 16}}))
+    load_ms = (time.perf_counter() - start) * 1e3
+    generator = probe.keep(Generator(runner))
+    ids = generator.generate(prompt, NEW_TOKENS, eos_token_id=[])
+    stats = generator.stats
+    return {"load_ms": load_ms, "first_inference_ms": stats["time_to_first_token_s"] * 1e3,
+            "decode_per_s": stats["decode_tokens_per_s"], "ids": ids, "child_peak_mib": 0.0}
+
+
+def openvino_genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
+    """OpenVINO GenAI's LLMPipeline over an IR of the same weights (optimum-intel's export) at f32: load, then 64
+    greedy ids, the first token and the rest timed by a streamer as npurt's Generator times itself."""
+    start = time.perf_counter()
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as ovg
+
+    pipe = probe.keep(ovg.LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32"))
+    load_ms = (time.perf_counter() - start) * 1e3
+    config = ovg.GenerationConfig()
+    config.max_new_tokens = config.min_new_tokens = NEW_TOKENS
+    config.do_sample = False
+    times: list[float] = []
+
+    class Stamps(ovg.StreamerBase):  # type: ignore[misc]
+        def write(self, token: Any) -> Any:
+            times.append(time.perf_counter())
+            return ovg.StreamingStatus.RUNNING
+
+        def end(self) -> None:
+            pass
+    began = time.perf_counter()
+    out = pipe.generate(ov.Tensor(np.array([prompt], np.int64)), config, Stamps())
+    ids = [int(t) for t in np.asarray(out.tokens[0]).ravel()][:NEW_TOKENS]
+    return {"load_ms": load_ms, "first_inference_ms": (times[0] - began) * 1e3,
+            "decode_per_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0, "ids": ids,
+            "child_peak_mib": 0.0}
+
+
 def _one_thread_folder(folder: Path, into: Path) -> Path:
     """A copy of the folder whose genai_config.json gives the decoder's session one intra-op thread (the model files
     hard-linked, or copied across file systems)."""
@@ -108,18 +161,25 @@ def _one_thread_folder(folder: Path, into: Path) -> Path:
     return into
 
 
-def run(precision: str, runs: int, threads: int | None, scratch: Path) -> dict[str, Any]:
+def run(precision: str, runs: int, threads: int | None, scratch: Path, openvino_genai: Path | None = None
+        ) -> dict[str, Any]:
     from tools import real_models
-
-    from npurt.bench.fresh import in_fresh_process
 
     folder = real_models.path(f"smollm2-genai-{precision}")
     # the poem's prompt (38 ids): its answer runs 64 ids without an eos on both precisions, so that both sides make the
     # same ids (onnxruntime-genai's min_length suppresses an eos, npurt's eos_token_id=[] does not)
     prompt = real_models.reference(f"smollm2-genai-{precision}")["chats"][1]["prompt_ids"]  # type: ignore[index]
+    me = "benchmarks.real_chat"
+    if openvino_genai is not None:  # npurt OPENVINO against OpenVINO GenAI's LLMPipeline, each at its defaults
+        sides = {"OpenVINO GenAI": (f"{me}:openvino_genai_side", {"folder": str(openvino_genai), "prompt": prompt}),
+                 "npurt OPENVINO": (f"{me}:openvino_side", {"folder": str(folder), "prompt": prompt,
+                                                            "cache_dir": str(scratch / "cache-openvino")})}
+        return _rounds(sides, "OpenVINO GenAI", runs, {"decode": ("npurt OPENVINO", "decode_per_s"),
+                                                       "first token": ("npurt OPENVINO", "first_inference_ms"),
+                                                       "load": ("npurt OPENVINO", "load_ms")},
+                       {"precision": precision, "threads": "defaults", "engine": "OpenVINO"})
     genai_folder = _one_thread_folder(folder, scratch / f"og-{precision}") if threads == 1 else folder
     cache = scratch / f"cache-{precision}-{threads}"
-    me = "benchmarks.real_chat"
     sides = {
         "onnxruntime-genai": (f"{me}:genai_side", {"folder": str(genai_folder), "prompt": prompt}),
         "npurt cold": (f"{me}:npurt_side", {"folder": str(folder), "prompt": prompt, "cache_dir": None,
@@ -127,7 +187,21 @@ def run(precision: str, runs: int, threads: int | None, scratch: Path) -> dict[s
         "npurt cached": (f"{me}:npurt_side", {"folder": str(folder), "prompt": prompt, "cache_dir": str(cache),
                                                "threads": threads}),
     }
-    in_fresh_process(sides["npurt cached"][0], **sides["npurt cached"][1])  # fills the cache (untimed)
+    return _rounds(sides, "onnxruntime-genai", runs,
+                   {"load cold": ("npurt cold", "load_ms"), "load cached": ("npurt cached", "load_ms"),
+                    "peak memory": ("npurt cold", "peak_mib"), "decode": ("npurt cached", "decode_per_s"),
+                    "first token": ("npurt cached", "first_inference_ms")},
+                   {"precision": precision, "threads": threads or "defaults", "engine": "CPU provider"})
+
+
+def _rounds(sides: dict[str, tuple[str, dict[str, Any]]], anchor: str, runs: int,
+            wanted: dict[str, tuple[str, str]], about: dict[str, Any]) -> dict[str, Any]:
+    """Every side once untimed (the last one fills its cache), then ``runs`` alternating rounds of fresh processes:
+    the medians of each figure, and of each round's ratio (a side's figure over the anchor's)."""
+    from npurt.bench.fresh import in_fresh_process
+
+    last = list(sides)[-1]
+    in_fresh_process(sides[last][0], **sides[last][1])  # fills a cache (untimed)
     rounds: list[dict[str, Any]] = []
     for k in range(runs):
         order = list(sides) if k % 2 == 0 else list(reversed(sides))
@@ -138,23 +212,16 @@ def run(precision: str, runs: int, threads: int | None, scratch: Path) -> dict[s
             got[name] = {**done.value, "peak_mib": done.peak_added_mib + done.value["child_peak_mib"],
                          "process_peak_mib": done.peak_added_mib}
         rounds.append(got)
-    same = all(r[n]["ids"] == r["onnxruntime-genai"]["ids"] for r in rounds for n in sides)
+    same = all(r[n]["ids"] == r[anchor]["ids"] for r in rounds for n in sides)
 
     def median(name: str, key: str) -> float:
         return float(statistics.median(r[name][key] for r in rounds))
 
-    def ratio(name: str, key: str, anchor: str = "onnxruntime-genai", inverse: bool = False) -> float:
-        values = [(r[anchor][key] / r[name][key]) if inverse else (r[name][key] / r[anchor][key]) for r in rounds]
-        return float(statistics.median(values))
-
     figures = {name: {key: median(name, key) for key in ("load_ms", "first_inference_ms", "decode_per_s", "peak_mib",
                                                           "process_peak_mib", "child_peak_mib")} for name in sides}
-    ratios = {"load cold": ratio("npurt cold", "load_ms"), "load cached": ratio("npurt cached", "load_ms"),
-              "peak memory": ratio("npurt cold", "peak_mib"),
-              "decode": ratio("npurt cached", "decode_per_s"),
-              "first token": ratio("npurt cached", "first_inference_ms")}
-    return {"precision": precision, "threads": threads or "defaults", "runs": runs, "same_ids": same,
-            "figures": figures, "ratios": ratios}
+    ratios = {what: float(statistics.median(r[name][key] / r[anchor][key] for r in rounds))
+              for what, (name, key) in wanted.items()}
+    return {**about, "anchor": anchor, "runs": runs, "same_ids": same, "figures": figures, "ratios": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,15 +229,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--precisions", default="fp32,int4")
     p.add_argument("--threads", type=int, default=None, help="engine threads on both sides (default: each side's own)")
+    p.add_argument("--openvino-genai", type=Path, default=None, metavar="DIR",
+                   help="also npurt OPENVINO (the fp32 folder) against OpenVINO GenAI's LLMPipeline over DIR: "
+                        "optimum-intel's IR of the same weights (optimum-cli export openvino --task "
+                        "text-generation-with-past --weight-format fp32 of the smollm2-hf product)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="npurt-real-chat-") as scratch:
         for precision in args.precisions.split(","):
-            results.append(run(precision, args.runs, args.threads, Path(scratch)))
+            if precision:
+                results.append(run(precision, args.runs, args.threads, Path(scratch)))
+        if args.openvino_genai is not None:
+            results.append(run("fp32", args.runs, None, Path(scratch), args.openvino_genai))
     missed = []
     for result in results:
-        label = f"SmolLM2-135M {result['precision']}, threads {result['threads']}, {result['runs']} runs (CPU provider)"
+        label = (f"SmolLM2-135M {result['precision']}, threads {result['threads']}, {result['runs']} runs "
+                 f"({result['engine']})")
         print(label)
         for name, f in result["figures"].items():
             print(f"  {name:18} load {f['load_ms']:7.0f} ms  first token {f['first_inference_ms']:6.1f} ms  "
@@ -178,12 +253,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"(process {f['process_peak_mib']:.0f}, check {f['child_peak_mib']:.0f})")
         print(f"  same ids every run, every side: {result['same_ids']}")
         for name, value in result["ratios"].items():
-            target = TARGETS[name]
+            target = TARGETS.get(name)
+            if target is None:
+                print(f"  {name:12} npurt / {result['anchor']} {value:5.2f}  (no target)")
+                continue
             ok = value >= target if name == "decode" else value <= target
-            print(f"  {name:12} npurt / onnxruntime-genai {value:5.2f}  target {'>=' if name == 'decode' else '<='} "
+            print(f"  {name:12} npurt / {result['anchor']} {value:5.2f}  target {'>=' if name == 'decode' else '<='} "
                   f"{target}  {'met' if ok else 'MISSED'}")
             if not ok:
-                missed.append(f"{result['precision']} {name}")
+                missed.append(f"{result['engine']} {result['precision']} {name}")
     if args.json:
         print(json.dumps(results))
     return 1 if missed or not all(r["same_ids"] for r in results) else 0
