@@ -454,13 +454,25 @@ def language_models(args: argparse.Namespace) -> Any:
     return ModelKind("--generate", folders, load, "language models")
 
 
+def embedding_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The runner options of the --embed models: the flags', and the THROUGHPUT hint where neither --hint nor
+    --threads is given. A served embedding model answers many clients whose sentences are short: runs of a few rows
+    each, one per core at once, serve eight clients 1.3-1.9x one alone and 0.8-1.2x the in-process rate on 2 cores,
+    where one run of every thread gave 1.0-1.25x and 0.7x (issue 59, docs/performance.md section 9); ``--hint
+    latency`` gives one client each run's every thread."""
+    options = base_options(args)
+    if "performance_hint" not in options and "num_threads" not in options:
+        options["performance_hint"] = "THROUGHPUT"
+    return options
+
+
 def embedding_models(args: argparse.Namespace) -> Any:
     """--embed: embedding folders, OpenAI's /v1/embeddings (a ``ModelKind``)."""
     from ..serve.openai.kinds import ModelKind
 
     folders = _folders(args.embed, "--embed")
     settings = embed_settings(args)
-    options = base_options(args) if folders else {}
+    options = embedding_options(args) if folders else {}
 
     def load(backend: str, registry: Any) -> Any:
         from ..serve.embed.kind import load_embedding_models

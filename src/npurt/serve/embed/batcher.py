@@ -1,7 +1,13 @@
-"""Requests' inputs gathered into runs by tokens: one thread per served model takes the requests waiting, in the
-order they came, while their tokens fit ``max_batch_tokens`` (the first always), runs them as one call and hands
-each request its rows. Concurrent clients thus share a run, as text-embeddings-inference batches them; a run's
-result rows are the rows each input gives alone (the Embedder pads within a batch with the mask: exact)."""
+"""Requests' inputs gathered into runs by tokens: ``concurrent_runs`` threads per served model each take requests
+waiting, in the order they came, while their tokens fit ``max_batch_tokens`` (the first always), run them as one
+call and hand each request its rows. Concurrent clients thus share a run, as text-embeddings-inference batches them;
+a run's result rows are the rows each input gives alone (the Embedder pads within a batch with the mask: exact).
+
+No window is waited for: a run starts as soon as a thread is free and a request waits, and the requests that come
+while it runs make the next one. With several threads (an engine made for several runs at once: ``--hint
+throughput``), the threads free at once share what waits, by tokens, so that every core has work: on a 2-core CPU
+two one-thread runs of a few short sentences each do more than one two-thread run of them all (its intra-op threads
+wait on each other at every operator of so small a batch)."""
 
 from __future__ import annotations
 
@@ -30,21 +36,27 @@ class _Job:
 
 
 class TokenBatcher:
-    """Runs ``run(ids) -> [n, dim]`` over the inputs of the requests submitted, gathered by tokens."""
+    """Runs ``run(ids) -> [n, dim]`` over the inputs of the requests submitted, gathered by tokens, at most
+    ``concurrent_runs`` runs at once (``run`` must then be safe to call from several threads)."""
 
     def __init__(self, name: str, run: Callable[[Sequence[Sequence[int]]], np.ndarray], max_batch_tokens: int,
-                 max_queue: int) -> None:
+                 max_queue: int, concurrent_runs: int = 1) -> None:
+        if concurrent_runs < 1:
+            raise ValueError(f"concurrent_runs: at least 1, got {concurrent_runs}")
         self.name, self._run = name, run
-        self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
+        self.max_batch_tokens, self.max_queue, self.concurrent_runs = max_batch_tokens, max_queue, concurrent_runs
         self._queue: deque[_Job] = deque()
+        self._waiting_tokens = 0  # the tokens of the jobs in _queue
         self._cond = threading.Condition()
-        self._busy = False
+        self._running = 0  # runs in progress
         self._refusing = ""
         self._closed = False
         self.runs = 0
         self.recent: deque[tuple[int, int]] = deque(maxlen=RECENT_RUNS)  # (requests, inputs) of each run
-        self._thread = threading.Thread(target=self._loop, name=f"npurt-embed-{name}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name=f"npurt-embed-{name}-{k}", daemon=True)
+                         for k in range(concurrent_runs)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, ids: list[list[int]]) -> Future[np.ndarray]:
         """The request's rows, once its run has run (ApiError 429 / 503 where it is refused)."""
@@ -56,13 +68,14 @@ class TokenBatcher:
                 raise ApiError(429, f"model {self.name!r} has {len(self._queue)} requests waiting, its limit "
                                     "(--max-queue): try again shortly", retry_after=1)
             self._queue.append(job)
+            self._waiting_tokens += job.tokens
             self._cond.notify()
         return job.future
 
     @property
     def active(self) -> int:
         with self._cond:
-            return len(self._queue) + int(self._busy)
+            return len(self._queue) + self._running
 
     def _take(self) -> list[_Job] | None:
         with self._cond:
@@ -70,12 +83,18 @@ class TokenBatcher:
                 self._cond.wait()
             if self._closed:
                 return None
+            # this thread's share of what waits: all of it with one thread free, half with two... (by tokens)
+            free = self.concurrent_runs - self._running
+            share = min(self.max_batch_tokens, -(-self._waiting_tokens // free))
             jobs = [self._queue.popleft()]
             tokens = jobs[0].tokens
-            while self._queue and tokens + self._queue[0].tokens <= self.max_batch_tokens:
+            while self._queue and tokens < share and tokens + self._queue[0].tokens <= self.max_batch_tokens:
                 tokens += self._queue[0].tokens
                 jobs.append(self._queue.popleft())
-            self._busy = True
+            self._waiting_tokens -= tokens
+            self._running += 1
+            if self._queue:
+                self._cond.notify()  # another free thread takes the rest
             return jobs
 
     def _loop(self) -> None:
@@ -84,8 +103,9 @@ class TokenBatcher:
             try:
                 if jobs:
                     rows = self._run([ids for job in jobs for ids in job.ids])
-                    self.runs += 1
-                    self.recent.append((len(jobs), len(rows)))
+                    with self._cond:
+                        self.runs += 1
+                        self.recent.append((len(jobs), len(rows)))
                     start = 0
                     for job in jobs:
                         job.future.set_result(rows[start:start + len(job.ids)])
@@ -97,7 +117,7 @@ class TokenBatcher:
                         job.future.set_exception(e)
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._running -= 1
                     self._cond.notify_all()
 
     def refuse_new(self, why: str) -> None:
@@ -106,7 +126,7 @@ class TokenBatcher:
 
     def drain(self, deadline: float) -> bool:
         with self._cond:
-            while self._queue or self._busy:
+            while self._queue or self._running:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -119,11 +139,13 @@ class TokenBatcher:
             self._refusing = self._refusing or why
             waiting = list(self._queue)
             self._queue.clear()
+            self._waiting_tokens = 0
             self._cond.notify_all()
         for job in waiting:
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(ApiError(503, why))
-        self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
 
 __all__ = ["TokenBatcher"]
