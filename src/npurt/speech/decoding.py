@@ -126,20 +126,23 @@ def decode_window(model: WhisperModel, hidden: np.ndarray, prompt: Sequence[int]
     """Decode one window (``hidden``: its encoder output) after ``prompt``. ``on_token`` sees each id of a greedy
     decode as it is chosen (beam search and sampling settle their ids at the end)."""
     logits, cache = model.prefill(hidden, prompt)
-    no_speech = _no_speech_prob(logits, prompt, tokens)
-    room = tokens.max_target_positions - len(prompt)
-    limit = min(room, settings.max_new_tokens) if settings.max_new_tokens else room
-    rules = LogitRules(tokens, settings, logits.shape[-1])
-    first = np.array(logits[-1:], np.float32)
-    if temperature > 0:
-        rows = max(1, settings.best_of)
-        ids, total = _sample(model, cache, first, rules, tokens.eot, limit, temperature, rows,
-                             rng or np.random.default_rng())
-    elif settings.beam_size > 1:
-        ids, total = _beam(model, cache, first, rules, tokens.eot, limit, settings.beam_size, len(prompt),
-                           settings.length_penalty)
-    else:
-        ids, total = _greedy(model, cache, first, rules, tokens.eot, limit, on_token)
+    try:
+        no_speech = _no_speech_prob(logits, prompt, tokens)
+        room = tokens.max_target_positions - len(prompt)
+        limit = min(room, settings.max_new_tokens) if settings.max_new_tokens else room
+        rules = LogitRules(tokens, settings, logits.shape[-1])
+        first = np.array(logits[-1:], np.float32)
+        if temperature > 0:
+            rows = max(1, settings.best_of)
+            ids, total = _sample(model, cache, first, rules, tokens.eot, limit, temperature, rows,
+                                 rng or np.random.default_rng())
+        elif settings.beam_size > 1:
+            ids, total = _beam(model, cache, first, rules, tokens.eot, limit, settings.beam_size, len(prompt),
+                               settings.length_penalty)
+        else:
+            ids, total = _greedy(model, cache, first, rules, tokens.eot, limit, on_token)
+    finally:
+        model.release(cache)  # (the stateful path's stream goes back to the model's pool)
     return WindowResult(ids, total, total / (len(ids) + 1), no_speech, temperature)
 
 

@@ -10,6 +10,15 @@ The folder's forms, by what it has:
   sees the merged model's ``If``, which its CPU plug-in refuses).
 - ``decoder_model_merged.onnx`` alone: the same two runs through its ``use_cache_branch``, on the ONNX Runtime
   backends only (OpenVINO: a clear error asking for the two files).
+- On OPENVINO's CPU the steps run a stateful form of ``decoder_with_past`` (``openvino_state``): its
+  self-attention cache stays in the plug-in as the variables of a stream of npurt's (an infer request of its own),
+  as OpenVINO GenAI's decoder keeps it, instead of going out and back in every step. The prompt's rows (from
+  ``decoder_model``) are the variables' value after the stream's reset; beam search reorders the rows through the
+  form's ``beam_idx`` input, inside the plug-in. A window takes a stream at its first step and gives it back when
+  ``release``d (streams are pooled: one per window decoded at once). The steps and the prompt's run go through
+  ``execute_async`` + ``wait`` (OpenVINO's start_async: its own stream thread, as OpenVINO GenAI runs its decoder;
+  faster than infer() on the calling thread on the shared 2-core VM, where the encoder is not). ``stateful=False``
+  feeds the cache back as on the other backends; so do OpenVINO's other devices (the form is checked on its CPU).
 
 Each window's state (``DecoderCache``) belongs to its caller: one ``WhisperModel`` serves many threads (npurt's
 runners are thread-safe). Beam search reorders a cache's rows (``DecoderCache.select``); the cross-attention
@@ -19,12 +28,17 @@ keys and values are the same for every row of a window and are never reordered.
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from . import openvino_state
 
 ENCODER = "encoder_model.onnx"
 DECODER = "decoder_model.onnx"
@@ -67,28 +81,64 @@ class WhisperFiles:
 @dataclass
 class DecoderCache:
     """One window's decoder state for ``rows`` sequences: the self-attention cache (grown a row per step) and the
-    cross-attention keys and values (computed once for the window)."""
+    cross-attention keys and values (computed once for the window).
+
+    On the stateful path (``stateful``) the self-attention cache lives in ``stream``'s variables once the first step
+    has run; ``self_kv`` stays the prompt's rows (the variables' value after a reset), ``order`` the rows the next
+    step continues (None: each its own), and the cross-attention keys and values keep one row for every row."""
 
     self_kv: dict[str, np.ndarray]  # past_key_values.{i}.decoder.{key,value} -> [rows, heads, length, head_dim]
     cross_kv: dict[str, np.ndarray]  # past_key_values.{i}.encoder.{key,value} -> [rows, heads, frames, head_dim]
     hidden: np.ndarray | None  # the encoder's output, where the merged form needs it at every step
+    stateful: bool = False
+    stream: Any = None  # the stateful path's stream, taken at the first step (WhisperModel.release gives it back)
+    order: np.ndarray | None = None  # stateful: int32 [rows], each row's source row in the state
+    state_rows: int = 1  # stateful: the rows the state holds
+    state_length: int = 0  # stateful: the positions the state holds
+    # stateful: per row count, the step's tensors (its ids, beam_idx and logits arrays written and read in place)
+    runs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, Any]] | None = None
+    released: bool = False  # stateful: WhisperModel.release gave its stream back (no more steps)
+
+    def __post_init__(self) -> None:
+        if self.stateful:
+            self.state_length = int(next(iter(self.self_kv.values())).shape[2])
 
     @property
     def rows(self) -> int:
+        if self.stateful:
+            return self.state_rows if self.order is None else int(self.order.shape[0])
         return int(next(iter(self.self_kv.values())).shape[0])
 
     @property
     def length(self) -> int:
+        if self.stateful:
+            return self.state_length
         return int(next(iter(self.self_kv.values())).shape[2])
 
     def select(self, rows: Sequence[int] | np.ndarray) -> None:
         """Keep these rows of the self-attention cache, in this order (beam search: each beam's parent)."""
         order = np.asarray(rows, np.int64)
+        if self.stateful:  # the next step gathers them inside the plug-in (beam_idx)
+            if order.size and (order.min() < 0 or order.max() >= self.rows):
+                raise ValueError(f"rows {order.tolist()} of a cache of {self.rows}")
+            self.order = (order if self.order is None else self.order[order]).astype(np.int32)
+            return
         if order.shape[0] != self.rows:  # the row count changes: the cross-attention rows follow
             self.cross_kv = {k: _rows(v, len(order)) for k, v in self.cross_kv.items()}
         if np.array_equal(order, np.arange(self.rows)):
             return
         self.self_kv = {k: np.ascontiguousarray(v[order]) for k, v in self.self_kv.items()}
+
+
+_IDENTITY: dict[int, np.ndarray] = {}
+
+
+def _identity(rows: int) -> np.ndarray:
+    """beam_idx for rows that continue themselves: [0 .. rows - 1] int32 (one array per count, never written to)."""
+    order = _IDENTITY.get(rows)
+    if order is None:
+        order = _IDENTITY[rows] = np.arange(rows, dtype=np.int32)
+    return order
 
 
 def _rows(array: np.ndarray, rows: int) -> np.ndarray:
@@ -99,14 +149,27 @@ def _rows(array: np.ndarray, rows: int) -> np.ndarray:
 class WhisperModel:
     """The encoder's and the decoder's runners over one folder, on one backend and device."""
 
-    def __init__(self, folder: str | Path, backend: str = "AUTO", options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, folder: str | Path, backend: str = "AUTO", options: Mapping[str, Any] | None = None, *,
+                 stateful: bool | None = None) -> None:
+        """``stateful``: the self-attention cache as OpenVINO state (``openvino_state``). None: where OPENVINO runs on
+        its CPU, falling back to the cache fed back (``state_refused`` says why) where the form cannot be made or
+        fails its check; True: there or a ValueError / NpuError; False: never."""
         from ..factory import RunnerFactory, create_auto
+        from ..types import NpuError
 
         self.files = WhisperFiles.find(folder)
         opts = dict(options or {})
         name = backend.upper()
+        if stateful and name not in ("OPENVINO", "AUTO"):  # (before any runner is made)
+            raise ValueError(f"stateful=True: the self-attention cache as OpenVINO state runs on OPENVINO's CPU "
+                             f"(backend {name})")
         openvino_merged = self.files.decoder_with_past is None
         self._runners: list[Any] = []
+        self._streams: list[Any] = []  # the stateful path's free streams
+        self._streams_lock = threading.Lock()
+        self._temporary: Path | None = None  # the stateful form's folder where no cache_dir keeps it
+        self.stateful = False
+        self.state_refused: str | None = None  # why the stateful form was not used where it would have been
         try:
             if name == "AUTO":
                 self.encoder, choice = create_auto(self.files.encoder, opts)
@@ -119,10 +182,21 @@ class WhisperModel:
             if self.files.decoder is not None and self.files.decoder_with_past is not None:
                 self.decoder = RunnerFactory.create_runner(name, self.files.decoder, opts)
                 self._runners.append(self.decoder)
-                self.decoder_with_past = RunnerFactory.create_runner(name, self.files.decoder_with_past, opts)
+                self.stateful = self._use_state(name, stateful)
+                if self.stateful:
+                    try:
+                        self.decoder_with_past = self._stateful_runner(self.files.decoder_with_past, opts)
+                    except NpuError as e:
+                        if stateful:
+                            raise
+                        self.stateful, self.state_refused = False, str(e)
+                if not self.stateful:
+                    self.decoder_with_past = RunnerFactory.create_runner(name, self.files.decoder_with_past, opts)
                 self._runners.append(self.decoder_with_past)
                 self.merged = False
             else:
+                if stateful:
+                    raise ValueError(f"{self.files.folder}: stateful=True takes {DECODER_WITH_PAST}")
                 if name == "OPENVINO" and openvino_merged:
                     raise ValueError(
                         f"{self.files.folder}: OpenVINO cannot run {DECODER_MERGED} (its CPU plug-in refuses the "
@@ -142,6 +216,33 @@ class WhisperModel:
         features = next(s for s in self.encoder.input_specs if s.name == "input_features")
         self.n_mels = int(features.shape[1]) if features.shape[1] else 80
         self.frames = int(features.shape[2]) if features.shape[2] else 3000
+
+    def _use_state(self, backend: str, wanted: bool | None) -> bool:
+        """Whether the steps run ``openvino_state``'s form: on OPENVINO where the encoder runs on OpenVINO's CPU
+        (where the form is checked), unless ``wanted`` is False."""
+        device = self.encoder.device_info.attached if backend == "OPENVINO" else ""
+        if wanted and device != "CPU":
+            raise ValueError(f"stateful=True: the self-attention cache as OpenVINO state runs on OPENVINO's CPU "
+                             f"(backend {backend}{f', device {device}' if device else ''})")
+        return device == "CPU" and wanted is not False
+
+    def _stateful_runner(self, with_past: Path, opts: dict[str, Any]) -> Any:
+        """The runner over ``openvino_state``'s form of ``with_past`` (derived into cache_dir, else a folder removed
+        at close). Compiled fresh from the IR every load, never from a compiled-model cache: OpenVINO 2026.4's
+        export / import of stateful models gives NaN logits (generate.model measured it), which a cache would
+        serve."""
+        from ..factory import RunnerFactory
+
+        cache_dir = opts.get("cache_dir")
+        if cache_dir:
+            folder = openvino_state.folder_for(with_past, Path(cache_dir))
+        else:
+            folder = self._temporary = Path(tempfile.mkdtemp(prefix="npurt-whisper-"))
+        path = openvino_state.stateful_decoder(with_past, folder)
+        # the cache at f32 as the form was checked (the CPU plug-in's own default compresses it to u8)
+        engine = {**openvino_state.ENGINE_OPTIONS, **dict(opts.get("engine_options") or {})}
+        derived = {k: v for k, v in opts.items() if k != "cache_dir"}
+        return RunnerFactory.create_runner("OPENVINO", path, {**derived, "device": "CPU", "engine_options": engine})
 
     def _cache_names(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """(present name, past name) of the self-attention and the cross-attention caches, by layer."""
@@ -171,11 +272,38 @@ class WhisperModel:
         if self.merged:
             feeds.update(self._empty_past(hidden))
             feeds["use_cache_branch"] = np.zeros(1, np.bool_)
-        out = self.decoder.run(feeds)
+        out = self._prefill_async(feeds, ids.shape[1], hidden.shape[1]) if self.stateful else self.decoder.run(feeds)
         cache = DecoderCache({past: out[present] for present, past in self._self_names},
                              {past: out[present] for present, past in self._cross_names},
-                             hidden if self.merged else None)
+                             hidden if self.merged else None, stateful=self.stateful)
         return out["logits"][0], cache
+
+    def _prefill_async(self, feeds: dict[str, np.ndarray], length: int, frames: int) -> dict[str, np.ndarray]:
+        """``decoder.run(feeds)`` on OpenVINO's own stream thread (start_async + wait, as the steps run): 73 against
+        97 ms for tiny.en's prompt on the 2-core VM (interleaved; the encoder gains nothing so: 606 against 554).
+        Its outputs' shapes follow from the prompt's length and the encoder's frames."""
+        from ..tensor import NpuTensor
+        from ..types import NpuError, StatusCode, TensorType
+
+        runner = self.decoder
+        out: dict[str, np.ndarray] = {}
+        outputs = []
+        for spec in runner.output_specs:
+            dims = list(spec.shape)
+            wanted = ((1, length, dims[-1]) if spec.name == "logits" else
+                      (1, dims[1], frames if ".encoder." in spec.name else length, dims[3]))
+            if not all(wanted):  # (a dim the export leaves open where fixed ones were expected)
+                return dict(runner.run(feeds))
+            shape = tuple(int(d or 0) for d in wanted)
+            info = runner.get_tensor_info_by_name(spec.name, TensorType.CPU)
+            out[spec.name] = np.empty(shape, info.data_type.numpy)
+            outputs.append(NpuTensor(info.replace(shape=shape), out[spec.name]))
+        inputs = [NpuTensor(runner.get_tensor_info_by_name(spec.name, TensorType.CPU).replace(
+            shape=feeds[spec.name].shape), np.ascontiguousarray(feeds[spec.name])) for spec in runner.input_specs]
+        job = runner.execute_async([inputs], [outputs])
+        if job.status is not StatusCode.SUCCESS or runner.wait(job) is not StatusCode.SUCCESS:
+            raise NpuError(f"the decoder's prompt run failed: {runner.last_error}")
+        return out
 
     def _empty_past(self, hidden: np.ndarray) -> dict[str, np.ndarray]:
         feeds = {}
@@ -191,6 +319,8 @@ class WhisperModel:
         tokens = np.asarray(ids, np.int64).reshape(-1, 1)
         if tokens.shape[0] != cache.rows:
             raise ValueError(f"{tokens.shape[0]} ids for a cache of {cache.rows} rows")
+        if cache.stateful:
+            return self._stateful_step(cache, tokens)
         feeds: dict[str, np.ndarray] = {"input_ids": tokens, **cache.self_kv, **cache.cross_kv}
         if self.merged:
             assert cache.hidden is not None
@@ -201,11 +331,104 @@ class WhisperModel:
         logits: np.ndarray = out["logits"][:, -1]
         return logits
 
+    def _stateful_step(self, cache: DecoderCache, tokens: np.ndarray) -> np.ndarray:
+        """One step on the stateful form: the tensors of this row count made once (the runner's plan for them is
+        then found, not made, every step), the ids and each row's source row written in place. The logits are the
+        output array's rows (valid until the cache's next step)."""
+        from ..types import NpuError, StatusCode
+
+        if cache.released:
+            raise ValueError("a step on a released cache (its state went back with its stream)")
+        if cache.stream is None:  # the window's first step: a stream whose variables start as the prompt's rows
+            if cache.order is not None:
+                # rows chosen before the first step (beam search's and sampling's copies of the prompt's row) are
+                # gathered here, on the prompt's few rows: the CPU plug-in's fused stateful attention crashes
+                # (a segmentation fault, OpenVINO 2026.4) where the first run after a reset gathers another number
+                # of rows than its initial value holds
+                cache.self_kv = {k: np.ascontiguousarray(v[cache.order]) for k, v in cache.self_kv.items()}
+                cache.order = None
+            cache.stream = self._take_stream()
+            cache.runs = {}
+        assert cache.runs is not None
+        rows = tokens.shape[0]
+        run = cache.runs.get(rows)
+        if run is None:
+            run = cache.runs[rows] = self._tensors(rows, cache)
+        ids, beam, logits, (inputs, outputs) = run
+        ids[...] = tokens
+        beam[...] = cache.order if cache.order is not None else _identity(rows)
+        # on OpenVINO's own stream thread (start_async + wait), as OpenVINO GenAI runs its decoder: a synchronous
+        # infer() on the calling thread took 13.9-14.4 ms a step against 9.7-10.6 this way (tiny.en, the 2-core VM
+        # under load 9, interleaved)
+        runner = self.decoder_with_past
+        job = runner.execute_async(inputs, outputs, stream=cache.stream)
+        if job.status is not StatusCode.SUCCESS or runner.wait(job) is not StatusCode.SUCCESS:
+            raise NpuError(f"the decoder's step failed: {runner.last_error}")
+        cache.order = None
+        cache.state_rows = rows
+        cache.state_length += 1
+        return logits
+
+    def _tensors(self, rows: int, cache: DecoderCache) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+        """The stateful form's tensors for ``rows`` rows: the prompt's rows (the variables' value after a reset) and
+        the cross-attention keys and values as they are, the ids, beam_idx and logits in arrays of the cache's
+        own."""
+        from ..tensor import NpuTensor
+        from ..types import TensorType
+
+        runner = self.decoder_with_past
+        ids = np.zeros((rows, 1), np.int64)
+        beam = np.zeros(rows, np.int32)
+        arrays: dict[str, np.ndarray] = {"input_ids": ids, openvino_state.BEAM_IDX: beam, **cache.cross_kv,
+                                         **{openvino_state.SEED + k: v for k, v in cache.self_kv.items()}}
+        inputs = [NpuTensor(runner.get_tensor_info_by_name(spec.name, TensorType.CPU).replace(
+            shape=arrays[spec.name].shape), arrays[spec.name]) for spec in runner.input_specs]
+        info = runner.get_tensor_info_by_name(openvino_state.LOGITS, TensorType.CPU)
+        out = runner.allocate_npu_tensor(info.replace(shape=(rows, 1, self._vocab(info))))
+        return ids, beam, out.numpy()[:, 0], ([inputs], [[out]])
+
+    def _vocab(self, info: Any) -> int:
+        """The logits' last dim: the stateful form's where fixed, else the decoder's."""
+        dims = [d for d in (info.shape[-1] if info.shape else None,
+                            *(spec.shape[-1] for spec in self.decoder.output_specs if spec.name == "logits")) if d]
+        if not dims:
+            raise ValueError(f"{self.files.folder}: the decoder's logits have no fixed vocabulary size")
+        return int(dims[0])
+
+    def _take_stream(self) -> Any:
+        with self._streams_lock:
+            stream = self._streams.pop() if self._streams else None
+        if stream is None:
+            return self.decoder_with_past.open_stream()
+        stream.reset()
+        return stream
+
+    def release(self, cache: DecoderCache) -> None:
+        """The window is decoded: its stream (stateful path) goes back to the pool; the cache steps no more."""
+        if not cache.stateful:
+            return
+        stream, cache.stream, cache.runs, cache.released = cache.stream, None, None, True
+        if stream is not None:
+            with self._streams_lock:
+                if self._runners:  # (not closed)
+                    self._streams.append(stream)
+                    return
+            stream.close()
+
     def describe(self) -> str:
         info = self.encoder.device_info
-        return f"{self.backend} on {info.attached}" + (" (merged decoder)" if self.merged else "")
+        return (f"{self.backend} on {info.attached}" + (" (merged decoder)" if self.merged else "")
+                + (" (self-attention cache as OpenVINO state)" if self.stateful else "")
+                + (f" (self-attention cache fed back: {self.state_refused})" if self.state_refused else ""))
 
     def close(self) -> None:
+        with self._streams_lock:
+            streams, self._streams = self._streams, []
+        for stream in streams:
+            stream.close()
         for runner in reversed(self._runners):
             runner.close()
         self._runners.clear()
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+            self._temporary = None
