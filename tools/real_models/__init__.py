@@ -17,6 +17,7 @@ parallel builds wait for each other. The cache is ``$NPURT_REAL_MODELS`` (defaul
     python -m tools.real_models build minilm         # all-MiniLM-L6-v2's two ONNX folders (a minute, its venv made)
     python -m tools.real_models build whisper        # whisper tiny.en's folders and the speech clips (and the
                                                      # OpenVINO IR of OpenVINO GenAI, in a venv of its own)
+    python -m tools.real_models build smollm2-openvino  # optimum-intel's IR for benchmarks/real_chat.py (no group)
     python -m tools.real_models path smollm2-genai-int4
 
 Weights are never committed: only this code is.
@@ -157,6 +158,11 @@ PRODUCTS = {p.name: p for p in (
             description="optimum-intel's OpenVINO IR of whisper-hf (fp32, a stateful decoder, openvino-tokenizers' "
                         "tokenizer and detokenizer): the folder OpenVINO GenAI's WhisperPipeline takes; its text "
                         "checked equal to CTranslate2's on every utterance"),
+    Product("smollm2-openvino", "openvino", "smollm2_openvino.py", inputs=("smollm2-hf",),
+            description="optimum-intel's OpenVINO IR of smollm2-hf (fp32, a stateful decoder, openvino-tokenizers' "
+                        "tokenizer): the folder OpenVINO GenAI's LLMPipeline takes (benchmarks/real_chat.py "
+                        "--openvino-genai; in no group: a benchmark's, not the suite's); its greedy ids at f32 "
+                        "checked equal to transformers'"),
     Product("smollm2-optimum", "hf4", "optimum_decoder.py", inputs=("smollm2-hf",),
             description="optimum's text-generation-with-past export (one model.onnx); its ids checked equal to "
                         "transformers' (reference.json of smollm2-hf, carried over)"),
