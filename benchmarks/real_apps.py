@@ -204,7 +204,7 @@ def vad_section(backend: str, quick: bool, table: Table, report: Report) -> None
         raw_name = f"raw {RAW_ENGINE[backend]}"
         found = {name: segments(p, len(audio)) for name, p in probs.items()}
         subjects = [CallSubject(name, ChunkCycle(step, chunks)) for name, step in steps.items()]
-        budget = Budget(niter=800 if quick else 6000, time_s=None, warmup=20, blocks=10)
+        budget = Budget(niter=400 if quick else 6000, time_s=None, warmup=20, blocks=10)
         stats = dict(zip(steps, measure_latency(subjects, budget)))
         copies = runner.stats["copies"] + carrier.stats["copies"]
     finally:
@@ -269,8 +269,8 @@ def call_section(backend: str, quick: bool, table: Table, report: Report) -> Non
     rng = np.random.default_rng(0)
     cases = [("silero-vad", VAD_MODEL[backend], {"input": rng.random((1, 576), np.float32) - 0.5,
                                                  "state": np.zeros((2, 1, 128), np.float32), "sr": SR},
-              4000 if not quick else 800),
-             ("ocr_cls", "ocr_cls", {"x": rng.random((1, 3, 48, 192), np.float32)}, 1500 if not quick else 300)]
+              4000 if not quick else 400),
+             ("ocr_cls", "ocr_cls", {"x": rng.random((1, 3, 48, 192), np.float32)}, 1500 if not quick else 150)]
     for label, model, template, iterations in cases:
         path = model_path(model)
         runner = npurt_runner(backend, path)
@@ -317,7 +317,7 @@ def onnxruntime_effect(quick: bool, table: Table) -> None:
     for k in range(1 if quick else 3):
         for with_ort in ((False, True) if k % 2 == 0 else (True, False)):
             result = in_fresh_process("benchmarks.real_apps:raw_openvino_infer", with_onnxruntime=with_ort,
-                                      iterations=500 if quick else 3000)
+                                      iterations=250 if quick else 3000)
             runs[with_ort].append(result.value["p50_us"])
     without, with_ort = statistics.median(runs[False]), statistics.median(runs[True])
     table.add("silero-vad InferRequest.infer(feeds), fresh processes", without, with_ort, with_ort / without)
