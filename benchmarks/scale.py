@@ -526,7 +526,7 @@ def main() -> int:
         for name in names:
             for n in n_values(args.max_n):
                 measure(backend, name, n, QUICK_BLOCK_S if args.quick else BLOCK_S[name], blocks, table, report)
-            hints_at_one_run(backend, name, 200 if args.quick else (1200 if name == "cls" else 300), blocks, hints,
+            hints_at_one_run(backend, name, 100 if args.quick else (1200 if name == "cls" else 300), blocks, hints,
                              report)
     return finish(report, args.json)
 

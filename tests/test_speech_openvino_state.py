@@ -170,13 +170,12 @@ def test_random_whisper_greedy_on_openvino_state_equals_transformers() -> None:
 
 def test_openvino_genai_folder_gives_npurt_s_text() -> None:
     """tools/real_models' whisper-openvino (optimum-intel's IR, benchmarks/speech.py's OpenVINO GenAI side): its
-    WhisperPipeline's text, as its reference recorded it, equals npurt's on OPENVINO on two utterances."""
-    genai = pytest.importorskip("openvino_genai")
-    root, ref = folder("whisper-openvino"), reference("whisper-openvino")
-    pipeline = genai.WhisperPipeline(str(root), "CPU")
+    WhisperPipeline's text, as its reference recorded it when the folder was built, equals npurt's on OPENVINO on two
+    utterances (the pipeline itself is not loaded again here: 8 s of the suite)."""
+    folder("whisper-openvino")
+    ref = reference("whisper-openvino")
     with Transcriber(folder("whisper-optimum"), "OPENVINO", "CPU") as t:
         for clip in ref["clips"][:2]:
             samples = _samples(clip["clip"])
-            text = str(pipeline.generate(samples, return_timestamps=False).texts[0])
-            assert text == clip["genai_text"]
-            assert t.transcribe(samples, sample_rate=16000).text.strip() == text.strip() == clip["ct2_text"].strip()
+            text = t.transcribe(samples, sample_rate=16000).text.strip()
+            assert text == clip["genai_text"].strip() == clip["ct2_text"].strip()
