@@ -457,7 +457,7 @@ def language_models(args: argparse.Namespace) -> Any:
 def embedding_options(args: argparse.Namespace) -> dict[str, Any]:
     """The runner options of the --embed models: the flags', and the THROUGHPUT hint where neither --hint nor
     --threads is given. A served embedding model answers many clients whose sentences are short: runs of a few rows
-    each, one per core at once, serve eight clients 1.3-1.9x one alone and 0.8-1.2x the in-process rate on 2 cores,
+    each, one per core at once, serve eight clients 1.3-2.1x one alone and 0.78-1.2x the in-process rate on 2 cores,
     where one run of every thread gave 1.0-1.25x and 0.7x (issue 59, docs/performance.md section 9); ``--hint
     latency`` gives one client each run's every thread."""
     options = base_options(args)
