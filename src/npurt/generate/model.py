@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -218,12 +217,8 @@ def _export_facts(model_path: Path, max_length: int, cache_dims: dict[str, tuple
                         any(n.op_type == "MatMulNBits" and any(a.name == "accuracy_level" and a.i == 4
                                                                 for a in n.attribute) for n in nodes))
     if kept:
-        partial = folder / f"{_FACTS}.{os.getpid()}.{threading.get_ident()}.partial"
-        try:
-            partial.write_text(json.dumps(facts.as_json()))
-            partial.replace(folder / _FACTS)
-        except OSError:  # (a cache that cannot be written: the next load reads the graph again)
-            partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (a cache that cannot be written: the next load reads the graph again)
+            verify.keep_json(folder / _FACTS, facts.as_json())
     return facts
 
 

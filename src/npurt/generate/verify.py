@@ -61,7 +61,7 @@ class Check:
                                f"{tail[-1] if tail else f'exit status {self._child.returncode}'}")
             verdict: dict[str, object] = json.loads(lines[-1])
             verdict["prompt_tokens"], verdict["steps"] = self._prompt_tokens, STEPS
-            self._verdict = _kept(self._path, verdict)
+            self._verdict = keep_json(self._path, verdict)
         if not self._verdict.get("ok"):
             raise NpuUnsupportedError(
                 f"{self._export.name}: npurt's derived form for {self._engine} does not give the export's logits "
@@ -104,7 +104,7 @@ def start(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, f
         verdict = verify_parts.check(export, derived, shape, min(chunk, length),
                                      TOLERANCE_F16 if half else TOLERANCE_F32)
         if verdict is not None:
-            return Check(export, engine, verdict_path, _kept(verdict_path, verdict))
+            return Check(export, engine, verdict_path, keep_json(verdict_path, verdict))
     prompt = [(7 * i + 3) % vocab for i in range(length)]
     args = {"export": str(export), "derived": str(derived), "engine": engine, "prompt": prompt, "steps": STEPS,
             "chunk": min(chunk, length), "max_length": shape.max_length, "pad": pad_token_id,
@@ -115,10 +115,15 @@ def start(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, f
     return Check(export, engine, verdict_path, None, child, length)
 
 
-def _kept(path: Path, verdict: dict[str, object]) -> dict[str, object]:
-    """The verdict, written beside the derived form (runners made at once over one cache_dir each check and write
-    theirs)."""
+def keep_json(path: Path, value: dict[str, object]) -> dict[str, object]:
+    """``value`` written as JSON at ``path`` whole or not at all (a file beside a derived form: runners made at once
+    over one cache_dir each write theirs, through a partial file of their own); returns ``value``. OSError where it
+    cannot be written (the partial file removed)."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-    partial.write_text(json.dumps(verdict))
-    partial.replace(path)
-    return verdict
+    try:
+        partial.write_text(json.dumps(value))
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
+    return value

@@ -251,7 +251,7 @@ def _run_control(session: Any, e_graph: onnx.GraphProto, shape: Layout, position
     ids = rng.integers(0, shape.vocab or 2, (1, s), dtype=np.int64)
     vocab = shape.vocab or 2
     full = np.arange(s * vocab).reshape(1, s, vocab).astype(  # (each row its own values)
-        _numpy_type(next(o for o in e_graph.output if o.name == LOGITS).type.tensor_type.elem_type))
+        helper.tensor_dtype_to_np_dtype(next(o for o in e_graph.output if o.name == LOGITS).type.tensor_type.elem_type))
     names = [o.name for o in session.get_outputs()]
     values = dict(zip(names, session.run(names, {INPUT_IDS: ids, POSITION: np.array([position], np.int64),
                                                  LOGITS + FULL_SUFFIX: full})))
@@ -265,10 +265,6 @@ def _run_control(session: Any, e_graph: onnx.GraphProto, shape: Layout, position
     return values, ""
 
 
-def _numpy_type(elem_type: int) -> Any:
-    return helper.tensor_dtype_to_np_dtype(elem_type)
-
-
 def _attention_modes(nodes: Sequence[onnx.NodeProto], skeleton: Skeleton, graph: onnx.GraphProto,
                      places: dict[str, tuple[Path, int, int] | None], shape: Layout,
                      shapes: list[tuple[int, int]], controls: list[dict[str, np.ndarray]], worst: dict[str, Any],
@@ -279,7 +275,7 @@ def _attention_modes(nodes: Sequence[onnx.NodeProto], skeleton: Skeleton, graph:
 
     node = nodes[0]
     pair = shape.pairs[0]
-    dtype = _numpy_type(pair.elem_type)
+    dtype = helper.tensor_dtype_to_np_dtype(pair.elem_type)
     heads = next(a.i for a in node.attribute if a.name == "num_heads")
     kv, head_dim = shape.kv_heads, shape.head_dim
     packed = not node.input[1]
@@ -369,5 +365,5 @@ def _array(skeleton: Skeleton, graph: onnx.GraphProto, places: dict[str, tuple[P
     if where is None:
         raise ValueError(f"{name}: values in a typed field")
     path, offset, length = where
-    dtype = np.dtype(_numpy_type(weight.elem_type))
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(weight.elem_type))
     return np.fromfile(path, dtype, length // dtype.itemsize, offset=offset).reshape(weight.dims)
