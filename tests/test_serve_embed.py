@@ -8,9 +8,6 @@ batched with. Bad requests get OpenAI's error object with the right status while
 from __future__ import annotations
 
 import base64
-import json
-import threading
-import urllib.request
 
 import numpy as np
 import pytest
@@ -23,7 +20,7 @@ require_module("tokenizers", "needs the 'text' extra")
 
 from npurt.embed import Embedder  # noqa: E402
 from npurt.serve.process import ServiceProcess  # noqa: E402
-from tests.helpers.llm_serving import client, post  # noqa: E402
+from tests.helpers.llm_serving import client, embeddings_at_once, first_model, post  # noqa: E402
 from tests.helpers.real_models import folder, reference  # noqa: E402
 
 OPTIONS = {"num_threads": 1}
@@ -115,27 +112,11 @@ def test_concurrent_clients_share_runs_and_get_their_own_rows(server, local):
     texts = [f"sentence number {i} about {'cats' if i % 2 else 'the stock market and its many moods'}"
              for i in range(24)]
     want = local.encode(texts)
-    got: dict[int, np.ndarray] = {}
-    runs_before = _models(server)["runs"]
-
-    def ask(i: int) -> None:
-        answer = client(server).embeddings.create(model="minilm", input=texts[i], encoding_format="float")
-        got[i] = np.asarray(answer.data[0].embedding)
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(texts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    _close(np.array([got[i] for i in range(len(texts))]), want, 1e-6)
-    doc = _models(server)
+    runs_before = first_model(server)["runs"]
+    _close(embeddings_at_once(server, texts, "minilm", encoding_format="float"), want, 1e-6)
+    doc = first_model(server)
     assert doc["runs"] - runs_before < len(texts), doc["recent_runs"]  # some runs served several clients
     assert max(requests for requests, _ in doc["recent_runs"]) > 1
-
-
-def _models(svc) -> dict:
-    with urllib.request.urlopen(f"http://{svc.http_address}/v1/models", timeout=30) as r:
-        return json.loads(r.read())["data"][0]
 
 
 @pytest.mark.parametrize("body, status, param", [

@@ -6,10 +6,7 @@ loop (small) or in a worker thread (large)."""
 from __future__ import annotations
 
 import base64
-import json
-import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -24,7 +21,7 @@ from npurt.embed import Embedder  # noqa: E402
 from npurt.serve.embed.batcher import TokenBatcher  # noqa: E402
 from npurt.serve.embed.routes import INLINE_BASE64, INLINE_CHARS, INLINE_FLOATS, concurrent_runs  # noqa: E402
 from npurt.serve.process import ServiceProcess  # noqa: E402
-from tests.helpers.llm_serving import client  # noqa: E402
+from tests.helpers.llm_serving import client, embeddings_at_once, first_model  # noqa: E402
 from tests.helpers.real_models import folder  # noqa: E402
 
 TEXTS = [f"sentence {i}: {'a cat sat on the mat' if i % 3 else 'the market rose, then fell, then rose again'}"
@@ -125,27 +122,11 @@ def server(tmp_path_factory):
         yield svc
 
 
-def _model_doc(svc) -> dict:
-    with urllib.request.urlopen(f"http://{svc.http_address}/v1/models", timeout=30) as r:
-        return json.loads(r.read())["data"][0]
-
-
 def test_a_throughput_server_serves_concurrent_clients_exactly(server, throughput):
-    assert _model_doc(server)["concurrent_runs"] == 2
+    assert first_model(server)["concurrent_runs"] == 2
     texts = [f"{t} (client {k})" for k in range(3) for t in TEXTS]
     want = throughput.encode(texts)
-    got: dict[int, np.ndarray] = {}
-
-    def ask(i: int) -> None:
-        answer = client(server).embeddings.create(model="minilm", input=texts[i])  # base64
-        got[i] = np.asarray(answer.data[0].embedding)
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(texts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert np.abs(np.array([got[i] for i in range(len(texts))]) - want).max() <= 1e-6
+    assert np.abs(embeddings_at_once(server, texts, "minilm") - want).max() <= 1e-6  # (base64: the client's default)
 
 
 @pytest.mark.parametrize("encoding, count", [("float", 2), ("float", 48), ("base64", 48)])

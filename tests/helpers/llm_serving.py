@@ -1,6 +1,7 @@
 """What the tests of npurt serve --generate share (tests/test_serve_generate*.py): the decoder folders (a text one
 with a chat template that checks the role order, one of ids only, one with ChatML), the server's flags, the
-in-process reference, and small HTTP helpers (plain requests, server-sent events, /metrics)."""
+in-process reference, and small HTTP helpers (plain requests, server-sent events, /metrics, /v1/models, embeddings
+asked by concurrent clients: tests/test_serve_embed*.py too)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from npurt import Generator, RunnerFactory
@@ -89,6 +91,29 @@ def text_of(tokenizer, ids: list[int]) -> str:
 
 def finish_of(ids: list[int], max_tokens: int) -> str:
     return "stop" if ids and ids[-1] == 2 else "length"
+
+
+def first_model(svc: Any) -> dict:
+    """The first entry of the server's ``GET /v1/models``."""
+    with urllib.request.urlopen(f"http://{svc.http_address}/v1/models", timeout=30) as r:
+        return dict(json.loads(r.read())["data"][0])
+
+
+def embeddings_at_once(svc: Any, texts: list[str], model: str, **create: Any) -> np.ndarray:
+    """Each text's embedding asked by a client of its own, all at once (``create``: the other arguments of
+    ``embeddings.create``); the rows in the texts' order."""
+    got: dict[int, np.ndarray] = {}
+
+    def ask(i: int) -> None:
+        answer = client(svc).embeddings.create(model=model, input=texts[i], **create)
+        got[i] = np.asarray(answer.data[0].embedding)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return np.array([got[i] for i in range(len(texts))])
 
 
 def post(svc, path: str, body, headers: dict | None = None) -> tuple[int, dict, dict]:
