@@ -6,9 +6,7 @@ the same answer as onnx, never anything else).
 
 from __future__ import annotations
 
-import io
 import os
-import zipfile
 from types import MappingProxyType
 
 import numpy as np
@@ -28,6 +26,7 @@ from npurt.modelfile import (
     read_onnx_ports,
     read_onnx_ports_from_bytes,
 )
+from tests.conformance import cases
 from tests.helpers.models import model_or_skip
 
 # --- the reference: the same facts read from onnx's parsed ModelProto -------------------------------------------------
@@ -163,33 +162,12 @@ def assert_like_onnx(data: bytes, *, lenient: bool = False) -> None:
 
 # --- ONNX's node test models ------------------------------------------------------------------------------------------
 
-def _build_node_models() -> bytes:
-    from onnx.backend.test.loader import load_node_model_tests
-
-    buffer = io.BytesIO()
-    with np.errstate(all="ignore"), zipfile.ZipFile(buffer, "w") as z:
-        for case in load_node_model_tests():
-            if case.model is not None:
-                z.writestr(case.name, case.model.SerializeToString())
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="session")
-def node_models(pytestconfig) -> dict[str, bytes]:
-    """The ~1,900 models of ONNX's node test set, serialized; built once per onnx version (that takes ~6 s: the
-    loader computes every case's data too) and kept in pytest's cache."""
-    cache = getattr(pytestconfig, "cache", None)  # None under -p no:cacheprovider
-    if cache is None:
-        archive = _build_node_models()
-    else:
-        cached = cache.mkdir("npurt-onnx-node-models") / f"onnx-{onnx.__version__}.zip"
-        if not cached.exists():
-            partial = cached.with_suffix(f".{os.getpid()}.part")
-            partial.write_bytes(_build_node_models())
-            partial.replace(cached)  # atomic: parallel test processes never see half an archive
-        archive = cached.read_bytes()
-    with zipfile.ZipFile(io.BytesIO(archive)) as z:
-        return {name: z.read(name) for name in z.namelist()}
+def node_models() -> dict[str, bytes]:
+    """The ~1,900 models of ONNX's node test set, serialized, as the conformance suite writes them once per onnx
+    version (``tests.conformance.cases``: building them computes every case's data too, ~10 s)."""
+    root = cases.materialize()
+    return {name: (root / name / "model.onnx").read_bytes() for name in cases.case_names(root)}
 
 
 def test_node_models_match_onnx(node_models):
