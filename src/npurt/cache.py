@@ -2,8 +2,12 @@
 compile. Backends only say what an entry depends on and what to keep (OpenVINO: its exported compiled model; ONNX
 Runtime: its optimized model); everything else is here.
 
-An entry is a directory ``<cache_dir>/npurt-v1/<key>/`` holding ``blob`` (what the backend keeps) and
-``manifest.json`` (the key's parts in full, the blob's size and CRC-32, the backend's own metadata). The key is a
+An entry is a directory ``<cache_dir>/npurt-v1/<key>/`` holding ``blob`` (what the backend keeps), the files the
+backend wrote beside it, which the blob names relative to its directory (ONNX Runtime's optimized model keeps its
+initializers in ``blob.data``: parsed from a protobuf and copied, 113 MB of them cost ~0.3-0.5 s more of a load than
+mapped from a file), and ``manifest.json`` (the key's parts in full, each file's size and CRC-32, the backend's own
+metadata). A manifest of format 1 names the blob alone; one with other files is format 2 (an npurt that reads only
+format 1 refuses it and compiles again), under the same keys. The key is a
 hash of: the model's content, the backend, the engine and its version, the device (and its driver and compiler
 versions where the engine reports them), the input shapes and views, and every setting that changes compilation.
 The model's content hash (with that of each file holding its weights: an ONNX model's external data, an IR's .bin)
@@ -13,15 +17,17 @@ a warm load does not walk its graph), and facts of the machine that hold until i
 CPU's flags in ONNX Runtime's key).
 
 Trust: an entry is used only when its manifest parses, names the very key parts asked for (a manifest written by
-another engine or driver version, or forged, is refused), and its blob has the recorded size and CRC-32. The CRC is
-taken over the mapped file before the engine reads it (~0.4 ms per MB: 4.5 ms of a 28 ms load of PP-OCR's
-recognizer; on a thread beside ONNX Runtime's own read it made loads slower on 2 cores) unless the blob is the very
-file stored: the manifest keeps its inode, size, mtime and ctime as they were once its CRC was taken, and any write
-to the file since changes its ctime (which no call can set back); a copied cache is checked in full on each load.
+another engine or driver version, or forged, is refused), and each of its files has the recorded size and CRC-32.
+The CRC is taken over the mapped file before the engine reads it (~0.4 ms per MB: 4.5 ms of a 28 ms load of PP-OCR's
+recognizer, 310-460 ms of SmolLM2 fp32's 653 MB data file; on a thread beside ONNX Runtime's own read it made loads
+slower on 2 cores) unless the file is the very one stored: the manifest keeps each file's inode, size, mtime and
+ctime as they were once its CRC was taken, and any write to the file since changes its ctime (which no call can set
+back); a copied cache is checked in full on each load. A warm load hashes nothing.
 A refused entry is reported, compiled again and replaced.
-Entries are written into a temporary directory and renamed into place, so two processes filling one entry at once
-never leave half of one (the second rename loses and is dropped). A cache directory that cannot be written (read-only,
-full disk) degrades to compiling, with one warning.
+A backend writes what an entry keeps into a directory of its own (``stage``: the blob's path in it), and the entry
+takes every file there. Entries are written into a temporary directory and renamed into place, so two processes
+filling one entry at once never leave half of one (the second rename loses and is dropped). A cache directory that
+cannot be written (read-only, full disk) degrades to compiling, with one warning.
 """
 
 from __future__ import annotations
@@ -45,10 +51,13 @@ from typing import Any, TypeVar
 from .logs import LOGGER
 
 HASH_ON_A_THREAD = 1 << 20  # bytes from which hashing beside the search pays for a thread
-FORMAT = 1
-ROOT_NAME = f"npurt-v{FORMAT}"
+KEY_FORMAT = 1  # in every key: entries of another key format are never found
+FORMAT = 1  # a manifest of the blob alone (what every npurt reads)
+FORMATS = (1, 2)  # 2: the blob and the files beside it it names (``data``)
+ROOT_NAME = f"npurt-v{KEY_FORMAT}"
 MANIFEST = "manifest.json"
 BLOB = "blob"
+STAGE_PREFIX = ".blob-"  # a compile's directory in the cache's root, until the entry takes its files
 INDEX = "files.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"  # a new one each boot (Linux)
 T = TypeVar("T")
@@ -88,10 +97,23 @@ class Entry:
     problem: str = ""  # why it would not be used, "" for a sound entry
     superseded: bool = False  # stored by an earlier npurt under its SHA-256 id: never found again (stale)
     blob_stat: os.stat_result | None = field(default=None, compare=False)  # the blob's, when it was found
+    data_stats: Mapping[str, os.stat_result] = field(default_factory=dict, compare=False)  # the data files', likewise
 
     @property
     def blob(self) -> Path:
         return self.path / BLOB
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        """The files beside the blob, by name: their size, CRC-32 and stamp as stored ({} for format 1)."""
+        data: Mapping[str, Any] = (self.manifest or {}).get("data", {})
+        return data
+
+    @property
+    def stored_bytes(self) -> int:
+        """The bytes the entry keeps: its blob's and its data files', as the manifest records them."""
+        sizes = [(self.manifest or {}).get("blob", {}).get("size"), *(f.get("size") for f in self.data.values())]
+        return sum(s for s in sizes if isinstance(s, int))
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -212,7 +234,17 @@ class CompiledModelCache:
         return value
 
     def key(self, model: Path, parts: Mapping[str, Any]) -> CacheKey:
-        return CacheKey.of({"format": FORMAT, "model": self.content_hash(model), **parts})
+        return CacheKey.of({"format": KEY_FORMAT, "model": self.content_hash(model), **parts})
+
+    def weights_bytes(self, model: Path) -> int:
+        """The bytes of a model's file and of the files beside it that hold its weights (from the index, as the key's
+        content hash found them)."""
+        known = self._file_hash(model, self._read_index(), with_data=True)
+        total = os.path.getsize(model)
+        for name in known.get("data") or ():
+            with contextlib.suppress(OSError):  # (a missing file: the engine says so when it loads the model)
+                total += os.path.getsize(model.parent / name)
+        return total
 
     # -- entries ------------------------------------------------------------------------------------------
     def find(self, key: CacheKey) -> Entry | None:
@@ -233,12 +265,16 @@ class CompiledModelCache:
             manifest = _PARSE((text if text is not None else (path / MANIFEST).read_bytes()).decode())
         except (OSError, ValueError) as e:
             return Entry(path, None, f"its manifest cannot be read ({type(e).__name__}: {e})")
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            return Entry(path, None, f"its manifest is not format {FORMAT}")
-        malformed = [k for k in ("key", "blob", "metadata") if not isinstance(manifest.get(k, {}), dict)
+        if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
+            return Entry(path, None, f"its manifest is not format {' or '.join(map(str, FORMATS))}")
+        malformed = [k for k in ("key", "blob", "metadata", "data") if not isinstance(manifest.get(k, {}), dict)
                      or (k == "key" and k not in manifest)]
         if malformed:  # valid JSON of another shape (damaged, forged): refused like any unsound entry
             return Entry(path, None, f"its manifest is malformed (no object under {', '.join(malformed)})")
+        data = manifest.get("data", {})
+        strange = sorted(name for name, f in data.items() if not _data_name(name) or not isinstance(f, dict))
+        if strange or (data and manifest["format"] < 2):  # (a path out of the entry, forged: never opened)
+            return Entry(path, None, f"its manifest is malformed (data files {strange or sorted(data)})")
         if key is not None and manifest.get("key") != key.parts:
             theirs = manifest.get("key") or {}
             differ = sorted(k for k in set(theirs) | set(key.parts) if theirs.get(k) != key.parts.get(k))
@@ -251,23 +287,56 @@ class CompiledModelCache:
         want = manifest.get("blob", {}).get("size")
         if st.st_size != want:
             return Entry(path, manifest, f"its blob has {st.st_size} bytes, the manifest says {want} (truncated)")
-        return Entry(path, manifest, blob_stat=st)
+        stats = {}
+        for name, recorded in data.items():
+            try:
+                stats[name] = os.stat(os.path.join(path, name))
+            except OSError:
+                return Entry(path, manifest, f"its data file {name} is missing")
+            if stats[name].st_size != recorded.get("size"):
+                return Entry(path, manifest, f"its data file {name} has {stats[name].st_size} bytes, the manifest "
+                                             f"says {recorded.get('size')} (truncated)")
+        return Entry(path, manifest, blob_stat=st, data_stats=stats)
+
+    def stage(self) -> Path:
+        """Where a backend writes what an entry keeps: the blob's path in a new directory of its own in the cache's
+        root, beside which it may write the files the blob names (OSError where the cache cannot be written).
+        ``store`` takes them; ``unstage`` removes what is left."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=self.root)) / BLOB
+
+    @staticmethod
+    def unstage(blob: Path) -> None:
+        """Remove a staged blob's directory and what is left in it."""
+        if blob.parent.name.startswith(STAGE_PREFIX):
+            shutil.rmtree(blob.parent, ignore_errors=True)
+        else:
+            blob.unlink(missing_ok=True)
 
     def store(self, key: CacheKey, blob: Path, metadata: Mapping[str, Any], model: Path, replace: bool = False
               ) -> str:
         """Move ``blob`` (a file the backend wrote) into the entry for ``key``, with its manifest (``replace``: over
-        an entry that was refused); "" when stored, else why not (the cache then stays as it was)."""
+        an entry that was refused); where it was staged (``stage``), every other file beside it too, under its own
+        name (the files the blob names relative to its directory). "" when stored, else why not (the cache then
+        stays as it was)."""
         try:
             self.entries_dir.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.entries_dir))
         except OSError as e:
             return self.unwritable(e)
         try:
-            size = blob.stat().st_size
+            beside = sorted(p for p in blob.parent.iterdir() if p.name != blob.name) \
+                if blob.parent.name.startswith(STAGE_PREFIX) else []
+            odd = [p.name for p in beside if not _data_name(p.name) or not p.is_file() or p.is_symlink()]
+            if odd:
+                raise ValueError(f"the backend wrote {', '.join(odd)} beside the blob: not a file an entry keeps")
             shutil.move(str(blob), tmp / BLOB)
-            crc = _crc32(tmp / BLOB)
-            manifest = {"format": FORMAT, "key": key.parts,
-                        "blob": {"size": size, "crc32": crc, "stamp": _stamp((tmp / BLOB).stat())},
+            data = {}
+            for path in beside:
+                shutil.move(str(path), tmp / path.name)
+                data[path.name] = _file_record(tmp / path.name)
+            manifest = {"format": 2 if data else FORMAT, "key": key.parts, "blob": _file_record(tmp / BLOB),
+                        **({"data": data} if data else {}),
                         "metadata": dict(metadata), "model_path": str(model), "created": time.time()}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
             final = self.entries_dir / key.id
@@ -278,6 +347,9 @@ class CompiledModelCache:
             except OSError:  # another process stored it first: its entry serves as well
                 shutil.rmtree(tmp, ignore_errors=True)
             return ""
+        except ValueError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return str(e)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             return self.unwritable(e)
@@ -308,33 +380,41 @@ class CompiledModelCache:
                 yield entry
 
     def checked_blob(self, entry: Entry) -> Path:
-        """An entry's blob, checked against its manifest (ValueError naming what is wrong): the engine then reads
-        the file itself, as it reads its own cache (no copy of it held in Python's heap on the way)."""
-        want = (entry.manifest or {}).get("blob", {})
-        st = entry.blob_stat or entry.blob.stat()  # (as stat'ed when found, a moment ago: before the engine reads it)
-        if st.st_size != want.get("size"):
-            raise ValueError(f"its blob has {st.st_size} bytes, the manifest says {want.get('size')} (truncated)")
-        if _stamp(st) == want.get("stamp"):  # the file whose CRC was taken, unwritten since
-            return entry.blob
-        if _crc32(entry.blob) != want.get("crc32"):
-            raise ValueError("its blob's CRC-32 differs from the manifest's (corrupted)")
+        """An entry's blob, it and its data files checked against the manifest (ValueError naming what is wrong):
+        the engine then reads the files itself, as it reads its own cache (no copy of them held in Python's heap on
+        the way). A file unwritten since its CRC was taken (its stamp) is not read here."""
+        manifest = entry.manifest or {}
+        # (as stat'ed when found, a moment ago: before the engine reads them)
+        files = [("its blob", entry.blob, entry.blob_stat, manifest.get("blob", {})),
+                 *((f"its data file {name}", entry.path / name, entry.data_stats.get(name), want)
+                   for name, want in entry.data.items())]
+        for what, path, st, want in files:
+            st = st or path.stat()
+            if st.st_size != want.get("size"):
+                raise ValueError(f"{what} has {st.st_size} bytes, the manifest says {want.get('size')} (truncated)")
+            if _stamp(st) != want.get("stamp") and _crc32(path) != want.get("crc32"):
+                raise ValueError(f"{what}'s CRC-32 differs from the manifest's (corrupted)")
         return entry.blob
 
     def verify(self, entry: Entry) -> str:
-        """Why an entry is unsound ("" if sound), its blob's CRC-32 checked."""
+        """Why an entry is unsound ("" if sound), the CRC-32 of its blob and of each data file checked."""
         if entry.problem or entry.manifest is None:
             return entry.problem
         if _crc32(entry.blob) != entry.manifest.get("blob", {}).get("crc32"):
             return "its blob's CRC-32 differs from the manifest's (corrupted)"
+        for name, want in entry.data.items():
+            if _crc32(entry.path / name) != want.get("crc32"):
+                return f"its data file {name}'s CRC-32 differs from the manifest's (corrupted)"
         return ""
 
     def remove(self, entry: Entry) -> None:
         shutil.rmtree(entry.path, ignore_errors=True)
 
     def leftovers(self, older_than_s: float = 0.0) -> list[Path]:
-        """What an interrupted compile or store left (a blob being written, an entry not yet renamed into place)
-        whose last change is ``older_than_s`` seconds ago or more: another process may be writing a newer one."""
-        found = [*(self.root.glob(".blob-*") if self.root.is_dir() else ()),
+        """What an interrupted compile or store left (a blob being written, or the directory it was staged in; an
+        entry not yet renamed into place) whose last change is ``older_than_s`` seconds ago or more: another
+        process may be writing a newer one."""
+        found = [*(self.root.glob(STAGE_PREFIX + "*") if self.root.is_dir() else ()),
                  *(self.entries_dir.glob(".tmp-*") if self.entries_dir.is_dir() else ())]
         now = time.time()
         old = []
@@ -456,6 +536,19 @@ def _digest_and_location(data: mmap.mmap | bytes) -> tuple[str, bool]:
     finally:
         hasher.join()
     return digest[0], found
+
+
+def _data_name(name: Any) -> bool:
+    """Whether a name is one a data file of an entry may have: a plain name in the entry's directory, none of the
+    entry's own files."""
+    return isinstance(name, str) and bool(name) and name not in (".", "..", BLOB, MANIFEST) \
+        and "/" not in name and "\\" not in name and "\0" not in name and not name.startswith(".tmp-")
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    """A stored file as the manifest records it: its size, CRC-32 and stamp (taken once it is in place)."""
+    st = path.stat()
+    return {"size": st.st_size, "crc32": _crc32(path), "stamp": _stamp(st)}
 
 
 def _stamp(st: os.stat_result) -> list[int]:

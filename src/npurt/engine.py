@@ -286,8 +286,9 @@ class Backend(ABC):
         """An engine for these input ports (dims DYNAMIC_DIM where the engine is to take any size), with the
         CPU<->HW conversion of HW-view ports built in; its output ports made with ``ports.make``.
 
-        ``store``: also write what npurt's compiled-model cache keeps into this file, and what it needs besides
-        (JSON) into the engine's ``cache_metadata`` (only where ``cache_key`` gave a key)."""
+        ``store``: also write what npurt's compiled-model cache keeps into this file (and, where it names them
+        relative to its directory, files beside it in that directory: the entry keeps them too), and what it needs
+        besides (JSON) into the engine's ``cache_metadata`` (only where ``cache_key`` gave a key)."""
 
     def cache_key(self, inputs: list[Port]) -> dict[str, Any] | None:
         """What an engine compiled for these inputs depends on besides the model's content: the engine and its

@@ -16,13 +16,10 @@ dims the model leaves open and nothing pins show as DYNAMIC_DIM.
 from __future__ import annotations
 
 import itertools
-import os
-import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from .cache import CompiledModelCache, Entry
 from .engine import Backend, Engine, OpenedModel
@@ -248,13 +245,10 @@ class ShapeVariants:
             LOGGER.warning("npurt: cache entry %s for %s refused: %s; compiling again", key.id,
                            backend.model_path.name, refused)
         self._stats.add("compiles")
-        try:
-            cache.root.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=".blob-", dir=cache.root)
+        try:  # (a directory of its own: the backend may write files the blob names beside it)
+            stored = cache.stage()
         except OSError as e:  # read-only, full: compile without the cache (warned once)
             return backend.compile(ports, self._ports), f"compiled ({cache.unwritable(e)})"
-        os.close(fd)
-        stored = Path(name)
         try:
             try:
                 engine = backend.compile(ports, self._ports, store=stored)
@@ -265,7 +259,7 @@ class ShapeVariants:
                 why_not = cache.store(key, stored, engine.cache_metadata, backend.model_path, replace=bool(refused)) \
                     if stored.exists() and stored.stat().st_size else "the engine wrote nothing to keep"
         finally:
-            stored.unlink(missing_ok=True)
+            cache.unstage(stored)
         step = "compiled" + (f" (cache entry refused: {refused})" if refused else "")
         return engine, step + (f" (not stored: {why_not})" if why_not else " and stored in the cache")
 

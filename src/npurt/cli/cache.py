@@ -15,8 +15,8 @@ from .common import CACHE_DIR_ENV, EXIT_ERROR, CliError, default_cache_dir
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("cache", parents=[common], help="list, verify or clear the compiled-model cache",
                        description="The entries of npurt's compiled-model cache (the runner option cache_dir): what "
-                                   "each holds, whether it is sound (verify also checks every blob's CRC-32) and "
-                                   "whether its model file changed since (stale).")
+                                   "each holds, whether it is sound (verify also checks the CRC-32 of every file "
+                                   "it keeps) and whether its model file changed since (stale).")
     p.add_argument("action", choices=("list", "verify", "clear"), help="list entries, verify them, or remove them")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
                    help=f"the cache directory (default: ${CACHE_DIR_ENV}, else $XDG_CACHE_HOME/npurt/compiled, else "
@@ -44,7 +44,8 @@ def describe(cache: Any, entry: Any, check_blob: bool) -> dict[str, Any]:
             state = "stale: its model file changed since"
     return {"entry": entry.path.name, "backend": key.get("backend"), "engine": key.get("engine"),
             "device": key.get("device"), "model": manifest.get("model_path"),
-            "bytes": manifest.get("blob", {}).get("size"), "created": manifest.get("created"), "state": state}
+            "bytes": entry.stored_bytes if entry.manifest is not None else None, "files": 1 + len(entry.data),
+            "created": manifest.get("created"), "state": state}
 
 
 LEFTOVER_AGE_S = 3600.0

@@ -59,6 +59,21 @@ OPTIMIZATION_KEY_TEXTS = {
     "all": "GraphOptimizationLevel.ORT_ENABLE_ALL",
 }
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
+# npurt's cache keeps the CPU provider's optimized model with its initializers in a file beside it (ONNX Runtime maps
+# them), where the model's weights reach EXTERNAL_FROM_BYTES: parsed from the protobuf and copied instead, they cost a
+# load of SmolLM2-135M fp32's optimized model (540 MB of weights) ~900-1100 ms against ~590 ms, of PP-OCR's recognizer
+# (10 MB) ~42 ms against ~27 ms; of its classifier (0.5 MB), ~0.4 ms less inline. Tensors under EXTERNAL_MIN_TENSOR
+# stay inline (a norm's weights). The file holds all the other initializers, the model's own external data included
+# (ONNX Runtime writes every one to it): the entry takes about the model's size again. ONNX Runtime can also write
+# its prepacked weights there (session.save_external_prepacked_constant_initializers, an engine option: the key has
+# the session options and the CPU's flags): ~370 ms against ~590 ms on SmolLM2 fp32, for 1.19 GB on disk against
+# 0.65 GB and ~130 MB more resident; not by default. An entry's metadata says where its initializers lie
+# ("external_data": "entry" or "model"); an entry of an earlier npurt says nothing, and is refused and stored again.
+EXTERNAL_DATA = "blob.data"
+EXTERNAL_FROM_BYTES = 1 << 20
+EXTERNAL_MIN_TENSOR = 64 << 10
+EXTERNAL_NAME_KEY = "session.optimized_model_external_initializers_file_name"
+EXTERNAL_SIZE_KEY = "session.optimized_model_external_initializers_min_size_in_bytes"
 _CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
 
@@ -98,6 +113,7 @@ class OrtBackend(Backend):
         self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
         self.npu_took_nothing: str | None = None  # why the EP ran nothing, where it did not
+        self._stored_external = False  # whether the optimized model kept for the cache was written with its data
         self.ep: ExecutionProvider | None = None  # the backend's EP, with its provider options
         self.provider: ExecutionProvider | None = None  # the EP the sessions get (None: the CPU provider alone)
 
@@ -226,7 +242,9 @@ class OrtBackend(Backend):
         engine = OrtEngine(session, inputs, outputs, self.count_copy, pinned)
         if store is not None:  # (the entry keeps the pinned dims: a load from it reads nothing)
             engine.cache_metadata = {"outputs": [list(p.cpu.shape) for p in engine.outputs]}
-            if self.provider is not None:  # a loaded EPContext model shows one node: keep where the nodes went
+            if self.provider is None:  # where the optimized model's external data lies (the entry's or the model's)
+                engine.cache_metadata["external_data"] = "entry" if self._stored_external else "model"
+            else:  # a loaded EPContext model shows one node: keep where the nodes went
                 engine.cache_metadata["placement"] = [list(n) for n in self._placement.assigned]
         return engine
 
@@ -352,6 +370,10 @@ class OrtBackend(Backend):
 
     def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
+        where = metadata.get("external_data")
+        if self.provider is None and where is None:
+            raise NpuError("an entry of an earlier npurt: the optimized model in one file, its initializers parsed and "
+                           "copied at each load (stored again with them in a file beside it, where that pays)")
         # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again (made
         # before the session: what runs right after ONNX Runtime's load finds the CPU's caches cold, ~2x slower)
         outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
@@ -360,7 +382,10 @@ class OrtBackend(Backend):
         # glibc keeps (1.37x the engine's memory on the recognizer)
         key = str(self.model_path) if self._model is None else f"cache:{stored}"
         engine = OrtEngine(None, inputs, outputs, self.count_copy)  # its session given below (made last, likewise)
-        engine.session = self._session(str(stored), key, optimized=True)
+        # the optimized model's external data: the entry's own file where it was written with it, else the model's
+        # (its locations relative to the model's folder, as an optimized model written in one file names them)
+        engine.session = self._session(str(stored), key, optimized=True,
+                                       data_folder=os.fspath(stored.parent) if where == "entry" else None)
         if metadata.get("placement") and len(self._placement.assigned) <= 1:  # an EPContext model's one node
             self._placement = Placement(tuple(tuple(n) for n in metadata["placement"]), self._placement.asked)
         return engine
@@ -419,31 +444,35 @@ class OrtBackend(Backend):
                         if k not in ("intra_op_num_threads", SPINNING))
         return settings
 
-    def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False
-                 ) -> ort.InferenceSession:
+    def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False,
+                 data_folder: str | None = None) -> ort.InferenceSession:
         """The session for a model (the file, edited bytes, or an optimized model from npurt's cache), made once
-        per backend; ``optimized_to``: write ONNX Runtime's optimized model there (for the cache)."""
+        per backend; ``optimized_to``: write ONNX Runtime's optimized model there (for the cache); ``data_folder``:
+        where an optimized model's external data lies (default: the model's folder)."""
         with self._lock:
             session = self._sessions.get(key)
             if session is not None:
                 return session
             placed = self._new_placement()  # (before the session: what runs right after it runs ~2x slower)
-            session = self._new_session(source, optimized_to, optimized)
+            session = self._new_session(source, optimized_to, optimized, data_folder)
             self._sessions[key] = session
             self._record_placement(placed, session, source)
             return session
 
-    def _new_session(self, source: bytes | str, optimized_to: Path | None, optimized: bool) -> ort.InferenceSession:
+    def _new_session(self, source: bytes | str, optimized_to: Path | None, optimized: bool,
+                     data_folder: str | None = None) -> ort.InferenceSession:
         so, options = self._session_setup(source)
         ep = self.provider
         if optimized:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
-            # an optimized model keeps the model's external data where it was (its locations are relative to the
-            # model, not to the cache's blob; the cache key holds those files' content): the folder as the path
-            # names it, as ONNX Runtime takes a model's own (resolving links would stat each part of the path; and
-            # a string, not pathlib's, which parses each path it makes)
-            path = os.fspath(self.model_path)
-            folder = os.path.dirname(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+            # an optimized model written in one file keeps the model's external data where it was (its locations are
+            # relative to the model, not to the cache's blob; the cache key holds those files' content): the folder
+            # as the path names it, as ONNX Runtime takes a model's own (resolving links would stat each part of the
+            # path; and a string, not pathlib's, which parses each path it makes)
+            folder = data_folder
+            if folder is None:
+                path = os.fspath(self.model_path)
+                folder = os.path.dirname(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
             so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         elif optimized_to is not None and ep is not None:
             # the EP's compiled model: an EPContext model with the context binary embedded, one file to keep
@@ -462,6 +491,13 @@ class OrtBackend(Backend):
             return session
         elif optimized_to is not None:
             so.optimized_model_filepath = str(optimized_to)
+            given = EXTERNAL_NAME_KEY in self._session_options  # (written as engine_options ask: one name is enough)
+            if not given and self._weights_bytes(source) >= EXTERNAL_FROM_BYTES:
+                so.add_session_config_entry(EXTERNAL_NAME_KEY, EXTERNAL_DATA)
+                if EXTERNAL_SIZE_KEY not in self._session_options:
+                    so.add_session_config_entry(EXTERNAL_SIZE_KEY, str(EXTERNAL_MIN_TENSOR))
+                given = True
+            self._stored_external = given
             if self.options.log_level != "DEBUG":
                 so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: the cache key says so
         try:
@@ -473,6 +509,13 @@ class OrtBackend(Backend):
                                f"forbids nodes on the CPU): {self._nodes_left_behind(source) or e}") from None
             raise NpuError(f"{label}: cannot create the session for {self.model_path.name}: "
                            f"{type(e).__name__}: {e}") from None
+
+    def _weights_bytes(self, source: bytes | str) -> int:
+        """The bytes of a model's weights: edited bytes', else the file's and its external data's."""
+        if isinstance(source, bytes):
+            return len(source)
+        cache = self.compiled_cache
+        return cache.weights_bytes(Path(source)) if cache is not None else os.path.getsize(source)
 
     def _session_setup(self, source: bytes | str, strict: bool = True) -> tuple[ort.SessionOptions, dict[str, str]]:
         """The session options and the EP's provider options; ``strict``: fallback="error" forbids CPU nodes."""
