@@ -28,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import openvino as ov
 import pytest
 
-from npurt import Generator, NpuUnsupportedError, RunnerFactory, TensorDirection
+from npurt import Generator, NpuTensor, NpuUnsupportedError, RunnerFactory, StatusCode, TensorDirection, TensorType
 from npurt.factory import AutoLoadError, backend_class, create_auto
-from npurt.generate import openvino_form
+from npurt.generate import openvino_convert, openvino_form
 from npurt.models.decoder_forms import build_decoder_form, build_form_model
 from npurt.models.decoder_precision import Int4
 from npurt.models.decoders import shape_of
@@ -137,16 +138,76 @@ def test_external_data_under_both_exporters_names(root, data_name):
     generate_against(path, EXACT, engine_options={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
 
 
-def test_a_new_prompt_and_a_rewind_reuse_the_growing_state(root):
-    """The growing form uses the state's first ``position`` rows: one Generator runs prompts one after another
-    (each from position 0, the state holding the last one's rows) with the tokens each gives alone."""
+def test_a_new_prompt_and_a_rewind_cut_the_growing_state(root):
+    """A run of the growing form appends to the rows the state holds: one Generator runs prompts one after another
+    (each from position 0: the state reset), continues a sequence from an earlier row (``start=``, ``rewind`` then
+    ``append``: the state cut to those rows) with the tokens and logits each sequence gives alone."""
     path = build_decoder_form(root / "builder-reuse", "kv3", form="builder")
     first, second = (greedy_onnxruntime(path, prompt, 12).tokens for prompt in (PROMPT, [5, 6, 7]))
+    resumed = greedy_onnxruntime(path, PROMPT[:4] + [5, 6, 7], 8)
     with openvino_runner(path) as runner:
         g = Generator(runner)
         assert g.generate(PROMPT, 12) == first
         assert g.generate([5, 6, 7], 12) == second
         assert g.generate(PROMPT, 12) == first
+        assert g.generate([5, 6, 7], 8, start=4) == resumed.tokens  # 17 rows held, cut to 4
+        g.rewind(7)  # 14 rows held, cut to 7
+        np.testing.assert_allclose(g.append([resumed.tokens[0]]), resumed.logits[1], atol=EXACT, rtol=0)
+        assert g.tokens == (*PROMPT[:4], 5, 6, 7, resumed.tokens[0])
+
+
+def test_the_growing_form_s_attention_runs_fused_with_its_cache(root):
+    """The growing form is the pattern OpenVINO's CPU plug-in fuses with the cache in place (openvino_convert): in
+    the runner's compiled model as OpenVINO runs it, each layer's attention is one node reading the layer's two
+    variables and writing them, none decomposed, and the cache at f32 (not the plug-in's default u8)."""
+    path = build_decoder_form(root / "builder-fused", "kv3", form="builder")
+    with openvino_runner(path) as runner:
+        compiled = runner._core.variants.default.engine.compiled_model  # noqa: SLF001 - what OpenVINO runs
+        ops = compiled.get_runtime_model().get_ordered_ops()
+        kind = {op.get_friendly_name(): op.get_rt_info()["layerType"].astype(str) for op in ops}
+        fused = [op for op in ops if kind[op.get_friendly_name()] == "ScaledDotProductAttention"]
+        assert len(fused) == runner.decoder.layers and "Softmax" not in kind.values()
+        for op in fused:
+            reads = [kind[i.get_source_output().get_node().get_friendly_name()] for i in op.inputs()]
+            writes = [kind[t.get_node().get_friendly_name()] for out in op.outputs() for t in out.get_target_inputs()]
+            assert reads.count("MemoryInput") == 2 and writes.count("MemoryOutput") == 2
+        assert compiled.get_property("KV_CACHE_PRECISION") == ov.Type.f32
+
+
+def test_a_run_that_does_not_start_where_the_state_ends_fails(root):
+    """Runner.execute on a stream directly: a run of the growing form from any position but the rows the stream's
+    state holds (earlier, at 0 with one id, whose mask would broadcast over every key; later) fails naming the
+    check, with the state as it was; a state cut by hand (set_state, as Generator cuts it) runs on from there with
+    the export's logits."""
+    path = build_decoder_form(root / "builder-direct", "kv3", form="builder")
+    reference = greedy_onnxruntime(path, PROMPT, 2)
+    cut = greedy_onnxruntime(path, PROMPT[:3] + [5, 6], 1)
+    with openvino_runner(path) as runner:
+        stream = runner.open_stream()
+        logits = runner.allocate_npu_tensor(runner.get_tensor_info_by_name("logits", TensorType.CPU)
+                                            .replace(shape=(1, 1, runner.decoder.vocab_size)))
+
+        def run(ids, position):
+            tensors = [NpuTensor(runner.get_tensor_info_by_name(name, TensorType.CPU).replace(shape=a.shape), a)
+                       for name, a in (("input_ids", np.array([ids], np.int64)),
+                                       ("position", np.array([position], np.int64)))]
+            return runner.execute([tensors], [[logits]], stream=stream), logits.numpy()[0, 0].copy()
+
+        status, row = run(PROMPT, 0)
+        assert status is StatusCode.SUCCESS, runner.last_error
+        np.testing.assert_allclose(row, reference.logits[0], atol=EXACT, rtol=0)
+        held = stream.state()
+        for position in (0, 2, len(PROMPT) - 1, len(PROMPT) + 1):
+            status, _ = run([reference.tokens[0]], position)
+            assert status is StatusCode.RUNTIME_ERROR and openvino_convert.POSITION_CHECK in runner.last_error, position
+        assert all(np.array_equal(a, held[name]) for name, a in stream.state().items())
+        status, row = run([reference.tokens[0]], len(PROMPT))
+        assert status is StatusCode.SUCCESS, runner.last_error
+        np.testing.assert_allclose(row, reference.logits[1], atol=EXACT, rtol=0)
+        assert stream.set_state({name: a[:, :, :3] for name, a in stream.state().items()}) is StatusCode.SUCCESS
+        status, row = run([5, 6], 3)
+        assert status is StatusCode.SUCCESS, runner.last_error
+        np.testing.assert_allclose(row, cut.logits[0], atol=EXACT, rtol=0)
 
 
 def test_two_generators_interleaved_each_with_its_own_growing_state(root):

@@ -34,7 +34,7 @@ from ..runner import Runner
 from ..streams import Stream
 from ..tensor import NpuTensor
 from ..types import NpuError, StatusCode, TensorType
-from . import layout
+from . import layout, openvino_form
 
 
 class Generator:
@@ -66,6 +66,10 @@ class Generator:
         # the one other length the last prompt had
         self._io: dict[int, tuple[np.ndarray, BoundRun]] = {}
         self._tokens: list[int] = []  # the ids the cache holds, row by row
+        # OpenVINO's growing form appends each run to the rows its state holds and fails a run that does not start
+        # there (openvino_convert): the rows it holds (None: not known), cut before a run from an earlier position
+        self._cuts = facts.cache == openvino_form.GROWING
+        self._held: int | None = 0
         self._run_count = 0  # runs of the engine so far
         self.stats: dict[str, Any] = {}
         self.last_logits: np.ndarray | None = None  # the logits the last id was picked from (the engine's memory)
@@ -159,13 +163,36 @@ class Generator:
         ids[0, :len(tokens)] = tokens
         ids[0, len(tokens):] = self.facts.pad_token_id
         self._position[0] = position
+        if self._cuts and position != self._held:
+            self._cut(position)
         status = run.execute()
         if status is not StatusCode.SUCCESS:
             del self._tokens[position:]  # what that run wrote is not known to be there
+            self._held = None
             raise NpuError(f"the decoder's run at position {position} failed: {status.name}: "
                            f"{self.runner.last_error}")
+        self._held = position + length
         self._run_count += 1
         return self._row
+
+    def _cut(self, position: int) -> None:
+        """The growing form's state cut to its first ``position`` rows (a new prompt: reset), as OpenVINO GenAI cuts
+        its own on a rewind; NpuError where the stream refuses, or holds fewer rows than the run needs."""
+        if position == 0:
+            status = self._stream.reset()
+        else:
+            state = self._stream.state()
+            short = {name: a.shape[2] for name, a in state.items() if a.shape[2] < position}
+            if short:
+                self._held = None
+                raise NpuError(f"the decoder's state holds {min(short.values())} rows; a run at position {position} "
+                               "needs them all")
+            status = self._stream.set_state({name: a[:, :, :position] for name, a in state.items()})
+        if status is not StatusCode.SUCCESS:
+            self._held = None
+            raise NpuError(f"cutting the decoder's state to {position} rows failed: {status.name}: "
+                           f"{self.runner.last_error}")
+        self._held = position
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, start: int = 0,
                  eos_token_id: int | Sequence[int] | None = None,

@@ -12,12 +12,24 @@ the past [B, Hkv, P, D], ``seqlens_k`` [B]:
 
 - the new tokens' positions are seqlens_k + 1 - S + [0 .. S-1] (ONNX Runtime's rule; ``total_sequence_length`` is
   ignored, as OpenVINO's own conversion does);
-- rotary (``do_rotary``, rotate-half) from the cos / sin caches gathered at those positions, on q and k;
-- present = Concat(the past's first seqlens_k + 1 - S rows, new) on the sequence axis: the state grows by S rows a
-  run, and a run from an earlier position (a new prompt, a rewind) drops the rows after it;
-- the KV heads repeated for the query heads (Unsqueeze / Broadcast / Reshape, the pattern of Hugging Face's
-  repeat_kv), and ScaledDotProductAttention with a boolean mask: key t is seen by the query at position p iff
+- rotary (``do_rotary``, rotate-half) from the cos / sin caches gathered at those positions, on q and k, written as
+  Hugging Face writes it (the plug-in fuses that into RoPE nodes);
+- present = Concat(the past, new) on the sequence axis: the state grows by S rows a run;
+- the KV heads repeated for the query heads (Unsqueeze / bidirectional Broadcast / Reshape, the pattern of Hugging
+  Face's repeat_kv), and ScaledDotProductAttention with a boolean mask: key t is seen by the query at position p iff
   t <= p (key t holds position t).
+
+That is the pattern OpenVINO's CPU plug-in fuses with the cache kept in place (its "stateful SDPA": ReadValue ->
+Gather by a beam index -> Concat -> ScaledDotProductAttention, Assign fed by the Concat, the ReadValue with an initial
+value; optimum-intel's IR has it): fused, a step appends its rows to the cache where it lies; with anything else
+between the ReadValue and the Concat (a Slice) the plug-in decomposes the attention and copies the cache twice a step
+(SmolLM2-135M fp32: 0 fused attentions of 30, decode 0.56x OpenVINO GenAI's). So the past is never cut in the graph:
+a run must start at the rows the state holds (``position`` = its length), and the host cuts the state for a run from
+an earlier position (a new prompt, a rewind: ``Generator``, with the stream's reset / set_state). A run at any other
+position fails, naming the check (``POSITION_CHECK``: an Add whose shapes only match when they are equal, ahead of
+every attention, so the state is untouched), never wrong logits. The cache's precision is the past's own
+(``KV_CACHE_PRECISION`` in the IR's runtime options: the plug-in's default quantizes it to u8 and moves logits by
+~0.03); a runner's own engine options override it, and its check against the export sees that.
 
 Other settings of the node (interleaved rotary, a local window, smooth softmax, a quantized cache, extra inputs) are
 refused naming them.
@@ -34,10 +46,14 @@ import openvino as ov
 from openvino import opset13 as ops
 from openvino._offline_transformations import apply_make_stateful_transformation
 from openvino.frontend import FrontEndManager
+from openvino.op import assign, read_value
+from openvino.op.util import Variable, VariableInfo
 
 UNCONVERTED = 3  # exit status: operators the frontend did not convert (their JSON on stdout)
 _FRAMEWORK_NODES = ("ONNXFrameworkNode", "ONNXSubgraphFrameworkNode", "NotSupportedONNXNode")
 _GQA_INPUTS = 9  # query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos, sin
+# the growing form's check that a run starts at the rows the state holds: the name OpenVINO's error gives
+POSITION_CHECK = "position_is_not_the_rows_the_state_holds__reset_or_cut_the_state_first"
 
 
 class Refused(Exception):
@@ -107,15 +123,23 @@ def _const(value: Any, dtype: Any = np.int64) -> Any:
     return ops.constant(np.array(value, dtype))
 
 
-def _position_mask(model: ov.Model) -> None:
+def _position_mask(model: ov.Model, held_by: str) -> None:
     """Input ``position`` int64 [1] in place of ``attention_mask``: the mask computed as position + S ones, from a
-    Range comparison (the static form's rule: no ConstantOfShape)."""
+    Range comparison (the static form's rule: no ConstantOfShape), once ``position`` is checked to be the rows the
+    state ``held_by`` (a past input, made a variable later) holds: Range(0, 2 + |position - rows|) + [0, 0] has
+    matching shapes only where they are equal (the CPU plug-in does not check a Reshape's element count at run
+    time, but fails an Add of shapes [2] and [3])."""
     mask = model.input("attention_mask")
     position = ops.parameter([1], ov.Type.i64, name="position")
     position.output(0).get_tensor().set_names({"position"})
+    held = ops.gather(ops.shape_of(model.input(held_by), "i64"), _const([2]), _const(0))  # [1]
+    off = ops.squeeze(ops.abs(ops.subtract(position, held)), _const([0]))
+    span = ops.add(ops.range(_const(0), ops.add(off, _const(2)), _const(1), "i64"), _const([0, 0]),
+                   name=POSITION_CHECK)
+    checked = ops.add(position, ops.reduce_min(span, _const([0]), True))  # position + 0, after the check
     ids = model.input("input_ids")
     s = ops.gather(ops.shape_of(ids, "i64"), _const([1]), _const(0))
-    total = ops.squeeze(ops.add(position, s), _const([0]))
+    total = ops.squeeze(ops.add(checked, s), _const([0]))
     rows = ops.range(_const(0), total, _const(1), "i64")
     ones = ops.convert(ops.less(rows, total), mask.get_element_type())
     computed = ops.unsqueeze(ones, _const([0]))
@@ -126,20 +150,35 @@ def _position_mask(model: ov.Model) -> None:
 
 
 def _last_row_logits(model: ov.Model) -> None:
-    """``logits`` the last row only, [1, 1, vocab], as the static form gives it (static_form)."""
+    """``logits`` the last row only, [1, 1, vocab], as the static form gives it (static_form): where a MatMul makes
+    them (the LM head), its input cut to the last row, so that a prompt runs the head on one row, not on each (as
+    optimum-intel's IR does: SmolLM2-135M's head is a fifth of its weights); else the logits cut."""
     result = model.output("logits").get_node()
     rows = result.input_value(0)
-    last = ops.slice(rows, _const([-1]), _const([np.iinfo(np.int64).max]), _const([1]), _const([1]))
+    head = rows.get_node()
+    if (head.get_type_name() == "MatMul" and not head.get_attributes()["transpose_a"]
+            and head.get_input_partial_shape(0).rank.get_length() == 3 and len(rows.get_target_inputs()) == 1):
+        hidden = head.input_value(0)
+        head.input(0).replace_source_output(_last_row(hidden).output(0))
+        head.validate_and_infer_types()
+        return
+    last = _last_row(rows)
     rows.get_tensor().set_names(rows.get_names() - {"logits"})
     last.output(0).get_tensor().set_names({"logits"})
     result.input(0).replace_source_output(last.output(0))
 
 
-def _rotate_half(x: Any, cos: Any, sin: Any) -> Any:
-    halves = ops.split(x, _const(-1), 2)
-    x1, x2 = halves.output(0), halves.output(1)
-    return ops.concat([ops.subtract(ops.multiply(x1, cos), ops.multiply(x2, sin)),
-                       ops.add(ops.multiply(x2, cos), ops.multiply(x1, sin))], -1)
+def _last_row(rows: Any) -> Any:
+    return ops.slice(rows, _const([-1]), _const([np.iinfo(np.int64).max]), _const([1]), _const([1]))
+
+
+def _rotate_half(x: Any, cos: Any, sin: Any, d: int) -> Any:
+    """x * cos + [-x2, x1] * sin over the head dim (cos, sin [B, 1, S, D]: each half's angles twice), as Hugging
+    Face writes it: the pattern the plug-in fuses into one RoPE node (its RoPEFusionGPTNEOX)."""
+    halves = ops.variadic_split(x, _const(3), _const([d // 2, d - d // 2]))
+    minus = ops.constant(np.array(-1, x.get_element_type().to_dtype()))
+    turned = ops.concat([ops.multiply(halves.output(1), minus), halves.output(0)], -1)
+    return ops.add(ops.multiply(x, cos), ops.multiply(turned, sin))
 
 
 def _decompose_gqa(op: Any) -> None:
@@ -165,26 +204,21 @@ def _decompose_gqa(op: Any) -> None:
     steps = ops.range(_const(0), ops.squeeze(s, _const([0])), _const(1), "i64")
     positions = ops.add(ops.unsqueeze(first, _const([1])), ops.unsqueeze(steps, _const([0])))  # [B, S]
     if attrs.get("do_rotary"):
-        cos = ops.unsqueeze(ops.gather(inputs[7], positions, _const(0)), _const([1]))  # [B, 1, S, D/2]
-        sin = ops.unsqueeze(ops.gather(inputs[8], positions, _const(0)), _const([1]))
-        q, k = _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
-    # the past the state holds, cut to its first `first` rows: a run from an earlier position (a new prompt, a
-    # rewind) overwrites what followed, as the static form's rows are (ONNX Runtime's GQA reads a larger past buffer
-    # the same way: its first seqlens_k + 1 - S rows)
-    kept = ops.gather(first, _const([0]), _const(0))  # [1] (batch 1)
-    past_k, past_v = (ops.slice(p, _const([0]), kept, _const([1]), _const([2])) for p in (past_k, past_v))
-    present_k = ops.concat([past_k, k], 2)
-    present_v = ops.concat([past_v, v], 2)
+        cos, sin = (ops.unsqueeze(ops.gather(ops.concat([cache, cache], -1), positions, _const(0)), _const([1]))
+                    for cache in (inputs[7], inputs[8]))  # [B, 1, S, D]
+        q, k = _rotate_half(q, cos, sin, d), _rotate_half(k, cos, sin, d)
+    # the past as the plug-in fuses it (see the module): Gather by a beam index (batch 1: row 0), Concat, no cut
+    beam = ops.constant(np.array([0], np.int32))
+    present_k = ops.concat([ops.gather(past_k, beam, _const(0)), k], 2)
+    present_v = ops.concat([ops.gather(past_v, beam, _const(0)), v], 2)
     keys, values = present_k, present_v
     if heads != kv_heads:
-        rep = heads // kv_heads
-        shape = ops.shape_of(present_k, "i64")  # [B, Hkv, T, D]
-        wide = ops.concat([ops.gather(shape, _const([0, 1]), _const(0)), _const([rep]),
-                           ops.gather(shape, _const([2, 3]), _const(0))], 0)
-        merged = _const([0, heads, -1, d])
-        keys = ops.reshape(ops.broadcast(ops.unsqueeze(present_k, _const([2])), wide), merged, True)
-        values = ops.reshape(ops.broadcast(ops.unsqueeze(present_v, _const([2])), wide), merged, True)
-    total = ops.gather(ops.shape_of(present_k, "i64"), _const([2]), _const(0))
+        wide, merged = _const([1, 1, heads // kv_heads, 1, 1]), _const([0, heads, -1, d])
+        keys, values = (ops.reshape(ops.broadcast(ops.unsqueeze(p, _const([2])), wide, broadcast_spec="BIDIRECTIONAL"),
+                                    merged, True) for p in (present_k, present_v))
+    # the keys' count from the positions, not from a ShapeOf of the Concat (a third consumer the fusion refuses): the
+    # state holds exactly `first` rows (_position_mask's check)
+    total = ops.add(ops.gather(first, _const([0]), _const(0)), s)
     rows = ops.range(_const(0), ops.squeeze(total, _const([0])), _const(1), "i64")  # [T]
     visible = ops.less_equal(ops.unsqueeze(rows, _const([0, 1, 2])),  # [1, 1, 1, T]
                              ops.unsqueeze(positions, _const([1, 3])))  # [B, 1, S, 1]
@@ -197,6 +231,28 @@ def _decompose_gqa(op: Any) -> None:
         replacement.get_tensor().add_names(old.get_names())
         for consumer in list(old.get_target_inputs()):
             consumer.replace_source_output(replacement)
+
+
+def _make_stateful_in_place(model: ov.Model, pairs: dict[str, str]) -> None:
+    """Each past input a variable read by a ReadValue with an initial value (zero rows) and each present assigned to
+    it: apply_make_stateful_transformation's ReadValue has no initial value, and the plug-in's fused attention fails
+    to compile over one ("contains less parent edges than 0")."""
+    for past, present in pairs.items():
+        param, result = model.input(past).get_node(), model.output(present).get_node()
+        info = VariableInfo()
+        info.variable_id, info.data_shape, info.data_type = (past + present, param.get_partial_shape(),
+                                                             param.get_element_type())
+        variable = Variable(info)
+        empty = [d.get_length() if d.is_static else 0 for d in param.get_partial_shape()]  # [1, Hkv, 0, D]
+        read = read_value(ops.constant(np.zeros(empty, info.data_type.to_dtype())), variable)
+        for consumer in list(param.output(0).get_target_inputs()):
+            consumer.replace_source_output(read.output(0))
+        value = result.input_value(0)
+        sink = assign(value.get_node(), variable)  # (it takes a node: then pointed at the output itself)
+        sink.input(0).replace_source_output(value)
+        model.add_sinks([sink])
+        model.remove_result(result)
+        model.remove_parameter(param)
 
 
 def decompose_group_query_attention(model: ov.Model) -> None:
@@ -221,7 +277,7 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool, cach
         return UNCONVERTED
     frontend.normalize(model)
     if growing:
-        _position_mask(model)
+        _position_mask(model, next(iter(pairs)))
         _last_row_logits(model)
         # batch 1: the state starts as [1, Hkv, 0, D] (with the batch open it starts at batch 0 and the first Concat
         # fails); the heads and head size as the layout read them (the model builder names the head size's dim)
@@ -238,7 +294,14 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool, cach
             print(json.dumps([str(e)]))
             return UNCONVERTED
     model.validate_nodes_and_infer_types()
-    apply_make_stateful_transformation(model, pairs)
+    if growing:
+        # the fused attention keeps the cache at the past's own precision, not the plug-in's default u8 (see the
+        # module); options given at compile override it
+        cache_type = model.input(next(iter(pairs))).get_element_type().get_type_name()
+        model.set_rt_info(cache_type, ["runtime_options", "KV_CACHE_PRECISION"])
+        _make_stateful_in_place(model, pairs)
+    else:
+        apply_make_stateful_transformation(model, pairs)
     ov.save_model(model, target, compress_to_fp16=False)
     return 0
 

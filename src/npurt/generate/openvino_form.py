@@ -1,5 +1,5 @@
 """OpenVINO's form of a decoder (option ``decoder`` on OPENVINO): the cache in the compiled model's variables
-(``apply_make_stateful_transformation``: one set per infer request, so per stream), saved as IR at f32 (no weight
+(ReadValue / Assign, ``openvino_convert``: one set per infer request, so per stream), saved as IR at f32 (no weight
 compression), one compiled model with the sequence dim open for the prefill and the steps. Two forms:
 
 - standard attention (the cache grown by Concat): npurt's static form (``static_form``, a cache of max_length rows
@@ -10,10 +10,10 @@ compression), one compiled model with the sequence dim open for the prefill and 
   int64 [1] replaces ``attention_mask``: the graph computes it as position + S ones (from a Range comparison, not a
   ConstantOfShape), and the export's own mask subgraph derives ``seqlens_k`` from it. Each GroupQueryAttention is
   replaced by standard operations (``openvino_convert``: OpenVINO's own is an internal operation its IR reader does
-  not read back). A run uses the state's first ``position`` rows and appends its S: a new prompt or a rewind needs
-  no reset, but a position past the state's length (rows never run) would give wrong logits: ``DecoderFacts.cache``
-  is ``GROWING`` for this form (the state's length is the position after the last run; go back freely, never
-  forward past it).
+  not read back), in the pattern OpenVINO's CPU plug-in fuses with the cache kept in place. A run appends its S rows
+  to those the state holds, and fails (naming the check) unless ``position`` is their count: ``DecoderFacts.cache``
+  is ``GROWING`` for this form, and the caller cuts the state for a run from an earlier position (a new prompt: a
+  reset; a rewind: the state's first ``position`` rows set back, as OpenVINO GenAI does): ``Generator`` does.
 
 OpenVINO decides what it runs, not a list of names: the export is converted by OpenVINO's ONNX frontend
 (``convert_partially``), and operators it has no conversion for (or whose conversion fails, or whose settings the
@@ -37,7 +37,7 @@ from .. import onnx_external
 from ..types import NpuError, NpuUnsupportedError
 from . import layout
 
-GROWING = "growing"  # DecoderFacts.cache of the GroupQueryAttention form: runs may go back, never past the state
+GROWING = "growing"  # DecoderFacts.cache of the GroupQueryAttention form: a run starts where the state ends
 STATIC = "OpenVINO state (the compiled model's variables, one set per stream)"
 GROWING_ATTENTION = "GroupQueryAttention"  # the operator whose exports take the growing form
 _UNCONVERTED = 3  # openvino_convert.UNCONVERTED (not imported: it imports OpenVINO, which stays in the child)

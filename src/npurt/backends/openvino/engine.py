@@ -430,11 +430,14 @@ class OpenVINOEngine(Engine):
         variables = {v.name: v for v in context.request.query_state()}
         for name, value in state.items():
             variable = variables[name]
-            want = tuple(variable.state.shape)
             a = np.ascontiguousarray(value, dtype=variable.state.data.dtype)
-            if a.shape != want:
-                raise ValueError(f"state {name!r}: shape {list(a.shape)}, expected {list(want)}")
-            variable.state = ov.Tensor(a)  # OpenVINO copies it into the request's own state
+            try:  # OpenVINO copies it into the request's own state, checking its shape against the variable's: a
+                # dim the model leaves open (a growing cache's rows) takes any length, so a state may be cut
+                variable.state = ov.Tensor(a)
+            except RuntimeError as e:
+                lines = [line for line in str(e).splitlines() if line.strip()]
+                raise ValueError(f"state {name!r}: shape {list(a.shape)} does not fit the variable "
+                                 f"({lines[-1].strip() if lines else type(e).__name__})") from None
 
     def reset_state(self, context: Request | None) -> None:
         if context is not None:
