@@ -202,7 +202,7 @@ def make_runner(cls: type[Backend], model_path: str | Path, options: Mapping[str
         return Runner(cls, model_path, parsed)
     prepared = decoder_model.prepare(Path(model_path), cls.name, parsed)
     try:
-        # the engine compiles the derived form while its check against the export runs (a child process, or a thread)
+        # the engine compiles the derived form while its check against the export runs in a child process
         runner = Runner(cls, model_path, prepared.options, engine_model=prepared.path, decoder=prepared.facts,
                         owned_folder=prepared.temporary)
     except BaseException:

@@ -12,8 +12,7 @@ MatMulNBits (``verify_child._options``: measured on a 540 MB fp32 export, 0.56 s
 A GroupQueryAttention form on ONNX Runtime (one sequence: ONNX Runtime GenAI's builder folders) is proved by its
 parts in the runner's own process instead (``verify_parts``: the export's nodes and weights unchanged, the cache read
 by the attention alone, npurt's ports and the attention's shared buffer run on the engine), which costs no second
-model, on a thread while the runner makes its session (ONNX Runtime releases the GIL there); a form those parts do
-not cover falls back to the full check.
+model; a form those parts do not cover falls back to the full check.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,43 +40,17 @@ _CHILD = Path(__file__).with_name("verify_child.py")
 
 
 class Check:
-    """A derived form's check against its export: its verdict kept from an earlier load, or the check running while
-    the runner compiles the derived form (``verdict`` waits for it): a child process, or the proof by parts on a
-    thread (ONNX Runtime releases the GIL while it makes a session), which starts the child where the parts do not
-    cover the form."""
+    """A derived form's check against its export: its verdict kept from an earlier load, or a child process running
+    it while the runner compiles the derived form (``verdict`` waits for it)."""
 
     def __init__(self, export: Path, engine: str, verdict_path: Path, verdict: dict[str, object] | None,
                  child: subprocess.Popen[str] | None = None, prompt_tokens: int = 0) -> None:
         self._export, self._engine, self._path, self._verdict = export, engine, verdict_path, verdict
         self._child, self._prompt_tokens = child, prompt_tokens
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
-
-    def run_on_thread(self, proof: Callable[[], dict[str, object] | None], fallback: Callable[[], Check]) -> Check:
-        """``proof`` run on a thread: its verdict, else (None: it does not cover the form) ``fallback``'s check,
-        started there at once."""
-        def run() -> None:
-            try:
-                verdict = proof()
-                if verdict is not None:
-                    self._verdict = keep_json(self._path, verdict)
-                else:
-                    other = fallback()
-                    self._child, self._prompt_tokens, self._verdict = other._child, other._prompt_tokens, other._verdict
-            except BaseException as e:  # noqa: BLE001 - raised again by verdict(), in the caller's thread
-                self._failure = e
-
-        self._thread = threading.Thread(target=run, name="npurt-verify-parts", daemon=True)
-        self._thread.start()
-        return self
 
     def verdict(self) -> dict[str, object]:
         """The verdict (kept beside the derived form); NpuUnsupportedError naming the step and the difference where
         the derived form's logits are not the export's, NpuError where the check could not run."""
-        if self._thread is not None:
-            self._thread.join()
-            if self._failure is not None:
-                raise self._failure
         if self._verdict is None:
             assert self._child is not None
             out, err = self._child.communicate()
@@ -98,8 +71,6 @@ class Check:
 
     def cancel(self) -> None:
         """Stop a check still running (the load failed on the way)."""
-        if self._thread is not None:
-            self._thread.join()  # (the parts take ~0.1 s; the child it may start is killed below)
         if self._child is not None and self._child.poll() is None:
             self._child.kill()
             self._child.communicate()
@@ -121,27 +92,19 @@ def start(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, f
         pass
     tolerance = (TOLERANCE_INT8_ACTIVATIONS if int8_activations else
                  TOLERANCE_F16 if any(p.elem_type != 1 for p in shape.pairs) else TOLERANCE_F32)
+    vocab = shape.vocab or 2
     length = min(chunk + 3, shape.max_length - STEPS)
     if length < 1:
         raise NpuUnsupportedError(f"{export.name}: max_length {shape.max_length} leaves no room to check the derived "
                                   f"form against the export (a prompt and {STEPS} steps)")
-
-    def child() -> Check:
-        return _child_check(export, derived, shape, engine, chunk, verdict_path, length, pad_token_id, tolerance,
-                            settings, batch, prepack)
     if engine == "onnxruntime" and batch == 1:  # a GroupQueryAttention form: proved by its parts, in ~0.1 s
         from . import verify_parts
 
         half = any(p.elem_type != 1 for p in shape.pairs)  # (the attention's own precision: no int8 activations)
-        return Check(export, engine, verdict_path, None).run_on_thread(lambda: verify_parts.check(
-            export, derived, shape, min(chunk, length), TOLERANCE_F16 if half else TOLERANCE_F32), child)
-    return child()
-
-
-def _child_check(export: Path, derived: Path, shape: Layout, engine: str, chunk: int, verdict_path: Path, length: int,
-                 pad_token_id: int, tolerance: float, settings: str, batch: int, prepack: bool) -> Check:
-    """The full check, in a child process started now."""
-    vocab = shape.vocab or 2
+        verdict = verify_parts.check(export, derived, shape, min(chunk, length),
+                                     TOLERANCE_F16 if half else TOLERANCE_F32)
+        if verdict is not None:
+            return Check(export, engine, verdict_path, keep_json(verdict_path, verdict))
     prompt = [(7 * i + 3) % vocab for i in range(length)]
     args = {"export": str(export), "derived": str(derived), "engine": engine, "prompt": prompt, "steps": STEPS,
             "chunk": min(chunk, length), "max_length": shape.max_length, "pad": pad_token_id,
