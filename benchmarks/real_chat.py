@@ -16,9 +16,11 @@ The sides:
   ``session_options.intra_op_num_threads`` 1 in a copy of the folder's genai_config.json (the model files linked);
 - with ``--openvino-genai DIR``: npurt's OPENVINO backend over the fp32 folder at f32 (its stateful form from a
   cache_dir filled by one untimed load) against OpenVINO GenAI's ``LLMPipeline(DIR, "CPU",
-  INFERENCE_PRECISION_HINT="f32")`` over optimum-intel's IR of the same weights (``optimum-cli export openvino
-  --task text-generation-with-past --weight-format fp32`` of tools/real_models' ``smollm2-hf``), each at its
-  defaults (OpenVINO's threads), a streamer timing GenAI's tokens.
+  INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")`` over optimum-intel's IR of the same weights
+  (``optimum-cli export openvino --task text-generation-with-past --weight-format fp32`` of tools/real_models'
+  ``smollm2-hf``), each at its defaults otherwise (OpenVINO's threads), a streamer timing GenAI's tokens. The same
+  precision on both sides: optimum-intel's IR asks for an f16 cache in its runtime options, npurt keeps the export's
+  f32 (exact); ``--genai-kv-cache f16`` runs LLMPipeline at its IR's f16 instead.
 
 Targets (issue 57): load cold <= 1.5x onnxruntime-genai's, cached <= 1.0x; peak memory <= 1.3x (npurt's process and
 its check's child together, as they run at once); decode ids/s >= 1.0x; time to first token <= 1.0x. Ratios are the
@@ -112,7 +114,7 @@ def openvino_side(probe: Any, folder: str, prompt: list[int], cache_dir: str) ->
             "decode_per_s": stats["decode_tokens_per_s"], "ids": ids, "child_peak_mib": 0.0}
 
 
-def openvino_genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
+def openvino_genai_side(probe: Any, folder: str, prompt: list[int], kv_cache: str = "f32") -> dict[str, Any]:
     """OpenVINO GenAI's LLMPipeline over an IR of the same weights (optimum-intel's export) at f32: load, then 64
     greedy ids, the first token and the rest timed by a streamer as npurt's Generator times itself."""
     start = time.perf_counter()
@@ -120,7 +122,7 @@ def openvino_genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str,
     import openvino as ov
     import openvino_genai as ovg
 
-    pipe = probe.keep(ovg.LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32"))
+    pipe = probe.keep(ovg.LLMPipeline(folder, "CPU", INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION=kv_cache))
     load_ms = (time.perf_counter() - start) * 1e3
     config = ovg.GenerationConfig()
     config.max_new_tokens = config.min_new_tokens = NEW_TOKENS
@@ -161,8 +163,8 @@ def _one_thread_folder(folder: Path, into: Path) -> Path:
     return into
 
 
-def run(precision: str, runs: int, threads: int | None, scratch: Path, openvino_genai: Path | None = None
-        ) -> dict[str, Any]:
+def run(precision: str, runs: int, threads: int | None, scratch: Path, openvino_genai: Path | None = None,
+        genai_kv_cache: str = "f32") -> dict[str, Any]:
     from tools import real_models
 
     folder = real_models.path(f"smollm2-genai-{precision}")
@@ -171,13 +173,15 @@ def run(precision: str, runs: int, threads: int | None, scratch: Path, openvino_
     prompt = real_models.reference(f"smollm2-genai-{precision}")["chats"][1]["prompt_ids"]  # type: ignore[index]
     me = "benchmarks.real_chat"
     if openvino_genai is not None:  # npurt OPENVINO against OpenVINO GenAI's LLMPipeline, each at its defaults
-        sides = {"OpenVINO GenAI": (f"{me}:openvino_genai_side", {"folder": str(openvino_genai), "prompt": prompt}),
+        sides = {"OpenVINO GenAI": (f"{me}:openvino_genai_side", {"folder": str(openvino_genai), "prompt": prompt,
+                                                                  "kv_cache": genai_kv_cache}),
                  "npurt OPENVINO": (f"{me}:openvino_side", {"folder": str(folder), "prompt": prompt,
                                                             "cache_dir": str(scratch / "cache-openvino")})}
         return _rounds(sides, "OpenVINO GenAI", runs, {"decode": ("npurt OPENVINO", "decode_per_s"),
                                                        "first token": ("npurt OPENVINO", "first_inference_ms"),
                                                        "load": ("npurt OPENVINO", "load_ms")},
-                       {"precision": precision, "threads": "defaults", "engine": "OpenVINO"})
+                       {"precision": precision, "threads": "defaults",
+                        "engine": f"OpenVINO; LLMPipeline's KV cache {genai_kv_cache}"})
     genai_folder = _one_thread_folder(folder, scratch / f"og-{precision}") if threads == 1 else folder
     cache = scratch / f"cache-{precision}-{threads}"
     sides = {
@@ -233,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also npurt OPENVINO (the fp32 folder) against OpenVINO GenAI's LLMPipeline over DIR: "
                         "optimum-intel's IR of the same weights (optimum-cli export openvino --task "
                         "text-generation-with-past --weight-format fp32 of the smollm2-hf product)")
+    p.add_argument("--genai-kv-cache", choices=("f32", "f16"), default="f32",
+                   help="LLMPipeline's KV_CACHE_PRECISION (default f32, npurt's; f16: what its IR asks for)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     results = []
@@ -241,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             if precision:
                 results.append(run(precision, args.runs, args.threads, Path(scratch)))
         if args.openvino_genai is not None:
-            results.append(run("fp32", args.runs, None, Path(scratch), args.openvino_genai))
+            results.append(run("fp32", args.runs, None, Path(scratch), args.openvino_genai, args.genai_kv_cache))
     missed = []
     for result in results:
         label = (f"SmolLM2-135M {result['precision']}, threads {result['threads']}, {result['runs']} runs "

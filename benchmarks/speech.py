@@ -20,7 +20,8 @@ over the six utterances of ``speech-clips`` (3-10 s).
 - ``ctranslate2``: ``ctranslate2.models.Whisper(model.bin, compute_type="float32")`` (faster-whisper's engine) with the
   feature extractor's features, ``generate([prompt], beam_size=1)``;
 - ``openvino-genai`` (with the OPENVINO row): ``openvino_genai.WhisperPipeline(DIR, "CPU",
-  INFERENCE_NUM_THREADS=T).generate(samples)`` (its own features, greedy, its stateful decoder), in npurt's
+  INFERENCE_NUM_THREADS=T, KV_CACHE_PRECISION="f32").generate(samples)`` (its own features, greedy, its stateful
+  decoder; its cache at npurt's f32, where optimum-intel's IR asks for f16: ``--genai-kv-cache f16``), in npurt's
   process, DIR the ``whisper-openvino`` product of tools/real_models (optimum-intel's IR of the same weights) or
   ``--openvino-genai DIR``. It gives text, not ids: its text is compared with CTranslate2's.
 
@@ -259,10 +260,12 @@ class GenAI:
     """OpenVINO GenAI's ``WhisperPipeline`` over optimum-intel's OpenVINO IR of the same weights (greedy, its own
     features, no timestamps: the folder's generation config); its text, as it gives no ids."""
 
-    def __init__(self, folder: Path, threads: int) -> None:
+    def __init__(self, folder: Path, threads: int, kv_cache: str = "f32") -> None:
         import openvino_genai  # type: ignore[import-untyped]  # (no stubs, no py.typed)
 
-        self.pipeline = openvino_genai.WhisperPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=threads)
+        # (the same cache precision as npurt's: optimum-intel's IR asks for f16 in its runtime options)
+        self.pipeline = openvino_genai.WhisperPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=threads,
+                                                       KV_CACHE_PRECISION=kv_cache)
 
     def transcribe(self, samples: np.ndarray) -> str:
         text: str = self.pipeline.generate(samples, return_timestamps=False).texts[0]
@@ -270,7 +273,7 @@ class GenAI:
 
 
 def run(runs: int, threads: int, openvino: bool, spinning: bool, genai_ir: Path | None = None,
-        openvino_fed: bool = False) -> dict[str, Any]:
+        openvino_fed: bool = False, genai_kv_cache: str = "f32") -> dict[str, Any]:
     from tools.real_models import Missing, path, wheel_files
 
     from npurt import Transcriber
@@ -299,7 +302,7 @@ def run(runs: int, threads: int, openvino: bool, spinning: bool, genai_ir: Path 
             if openvino_fed:  # the self-attention cache fed back every step (as before it was OpenVINO state)
                 transcribers["npurt-openvino-fed"] = Transcriber(folder, "OPENVINO", "CPU", options, stateful=False)
         raw = RawLoop(folder, threads, spinning)
-        genai = GenAI(genai_ir, threads) if genai_ir is not None else None
+        genai = GenAI(genai_ir, threads, genai_kv_cache) if genai_ir is not None else None
         worker = Worker(folder, wheel, clips_folder, threads, spinning)
         optimum_decoder = str(worker.info["optimum_decoder"])
 
@@ -421,11 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openvino-fed", action="store_true",
                         help="also npurt on OPENVINO with its decoder's self-attention cache fed back every step "
                              "(Transcriber(stateful=False)) in place of OpenVINO state")
+    parser.add_argument("--genai-kv-cache", choices=("f32", "f16"), default="f32",
+                        help="WhisperPipeline's KV_CACHE_PRECISION (default f32, npurt's; f16: what its IR asks for)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.pop("NPURT_NUM_THREADS", None)
     result = run(max(1, args.runs), args.threads, not args.no_openvino, not args.no_spinning, args.openvino_genai,
-                 args.openvino_fed)
+                 args.openvino_fed, args.genai_kv_cache)
     status = 0 if result["ids_equal"] and not any(v.startswith("misses") for v in result["verdicts"].values()) else 1
     if args.json:
         print(json.dumps(result, indent=2))
