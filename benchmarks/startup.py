@@ -11,9 +11,10 @@ onnxruntime's alone about half the time.
   ``create_runner("OPENVINO", model, {"device": "CPU", "shapes": ...})``; cached, with ``cache_dir`` filled by an
   earlier process (npurt's own cache: OpenVINO's exported model).
 - VAIML on CPU (ONNX Runtime's CPU provider, no Vitis AI EP): raw is ``InferenceSession(path)``; cached, the
-  model ONNX Runtime optimized and wrote in an earlier process (``SessionOptions.optimized_model_filepath``),
-  loaded with its optimizations off, as ``npurt bench`` does; npurt is ``create_runner("VAIML", ...)``, cold and
-  with ``cache_dir`` filled (the same: ONNX Runtime's optimized model).
+  model ONNX Runtime optimized and wrote in an earlier process (``SessionOptions.optimized_model_filepath``; for a
+  model of 1 MiB or more with its initializers of 64 KiB up in a file beside it), loaded with its optimizations off,
+  as ``npurt bench`` does; npurt is ``create_runner("VAIML", ...)``, cold and with ``cache_dir`` filled (the same:
+  ONNX Runtime's optimized model, its initializers kept the same way).
 Models: the PP-OCR classifier, recognizer and detector, and silero-vad (OpenVINO cannot read the op15 export: it
 runs the op18 one). Rounds alternate npurt and raw; figures are medians over the rounds.
 

@@ -70,8 +70,8 @@ def load_openvino(probe: Any, model: str, device: str, properties: dict[str, str
 def load_onnxruntime(probe: Any, model: str, inputs: dict[str, list[Any]], providers: list[str] | None = None,
                      optimized: str | None = None) -> dict[str, Any]:
     """``InferenceSession(model, providers=...)``, then one ``run``. ``optimized``: ONNX Runtime's own cache, a
-    file ``SessionOptions.optimized_model_filepath`` writes; when it exists it is loaded instead, optimizations
-    off (it is optimized already)."""
+    file ``SessionOptions.optimized_model_filepath`` writes (for a model of 1 MiB or more, with its initializers in a
+    file beside it); when it exists it is loaded instead, optimizations off (it is optimized already)."""
     import os
 
     import onnxruntime as ort
@@ -86,6 +86,12 @@ def load_onnxruntime(probe: Any, model: str, inputs: dict[str, list[Any]], provi
     elif optimized is not None:
         options.optimized_model_filepath = optimized
         options.log_severity_level = 3  # else it warns that the file is for this CPU only: it is, and so is the cache
+        if os.path.getsize(model) >= 1 << 20:  # its initializers in a file beside it, mapped at load (as npurt's
+            # cache keeps them from 1 MiB, tensors of 64 KiB up: parsed from the protobuf they load slower)
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                             os.path.basename(optimized) + ".data")
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                             str(64 << 10))
     session = probe.keep(ort.InferenceSession(model, options, providers=providers or ["CPUExecutionProvider"]))
     t1 = time.perf_counter()
     session.run(None, feeds)
