@@ -216,9 +216,10 @@ def test_npurt_cache_verify_checks_each_file_and_clear_takes_a_staged_directory(
     assert not staged.parent.exists() and "no entries" in npurt("list").stdout
 
 
-def test_an_entry_of_an_earlier_npurt_in_one_file_is_refused_and_stored_again(model, tmp_path, caplog):
-    """An earlier npurt kept the optimized model in one file (format 1, its metadata silent on where the
-    initializers lie): read as it was, it would load (the slow way); it is refused once and stored again."""
+def test_an_entry_silent_on_where_its_initializers_lie_is_refused_and_stored_again(model, tmp_path, caplog):
+    """An entry in one file (format 1) whose metadata does not say where its initializers lie (an earlier npurt's,
+    stored under the key parts it had, would have another key: the rule is in the key; this one is damaged or
+    forged) is refused and stored again, never guessed at."""
     entry = filled(model, tmp_path)
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(entry / "blob")  # as the earlier npurt had ONNX Runtime write it
@@ -232,9 +233,21 @@ def test_an_entry_of_an_earlier_npurt_in_one_file_is_refused_and_stored_again(mo
     (entry / "manifest.json").write_text(json.dumps(manifest))
     assert next(CompiledModelCache(tmp_path).entries()).problem == ""  # a sound entry of format 1
     with caplog.at_level(logging.WARNING, logger="npurt"), load(model, tmp_path) as r:
-        assert step(r).startswith("compiled (cache entry refused:") and "an entry of an earlier npurt" in step(r)
+        assert step(r).startswith("compiled (cache entry refused:") and "where its initializers lie" in step(r)
         np.testing.assert_array_equal(r.run({"ids": IDS})["logits"], engines_own(model))
     with load(model, tmp_path) as r:
         assert step(r) == "loaded from the cache"
         np.testing.assert_array_equal(r.run({"ids": IDS})["logits"], engines_own(model))
     assert json.loads((entry / "manifest.json").read_text())["format"] == 2
+
+
+@pytest.mark.parametrize("name", ["../outside.data", "/tmp/outside.data", "manifest.json"])
+def test_an_initializers_file_named_out_of_the_entry_is_refused(model, tmp_path, name):
+    """engine_options may name the optimized model's data file, but only as a plain name beside it: one out of the
+    entry would be kept by no manifest and shared by every entry naming it."""
+    options = {"device": "CPU", "cache_dir": str(tmp_path),
+               "engine_options": {"session.optimized_model_external_initializers_file_name": name}}
+    with RunnerFactory.create_runner("VAIML", model, options) as r:  # compiled, not stored, saying why
+        assert "not stored" in step(r) and "a plain file name beside the cache's optimized model" in step(r)
+        np.testing.assert_array_equal(r.run({"ids": IDS})["logits"], engines_own(model))
+    assert not (tmp_path / "outside.data").exists() and not list((tmp_path / "npurt-v1").glob("*/manifest.json"))

@@ -225,5 +225,7 @@ def test_openvino_stateful_model_streams(tmp_path):
         np.testing.assert_allclose(next(iter(variables.values())), state, rtol=1e-4, atol=1e-5)
         assert a.reset() is StatusCode.SUCCESS
         same("OPENVINO", [a.run({"input": x})["output"] for x in xs], want)
+        assert b.set_state({k: np.zeros((2, 1, 64), v.dtype) for k, v in variables.items()}) is not StatusCode.SUCCESS
+        assert "does not fit the variable" in r.last_error  # the variable's declared shape is [2, 1, 128]
         assert b.set_state({k: np.zeros_like(v) for k, v in variables.items()}) is StatusCode.SUCCESS
         same("OPENVINO", [b.run({"input": x})["output"] for x in xs[:2]], want[:2])

@@ -87,7 +87,8 @@ def load_onnxruntime(probe: Any, model: str, inputs: dict[str, list[Any]], provi
         options.optimized_model_filepath = optimized
         options.log_severity_level = 3  # else it warns that the file is for this CPU only: it is, and so is the cache
         if os.path.getsize(model) >= 1 << 20:  # its initializers in a file beside it, mapped at load (as npurt's
-            # cache keeps them from 1 MiB, tensors of 64 KiB up: parsed from the protobuf they load slower)
+            # cache keeps them from 1 MiB, tensors of 64 KiB up: parsed from the protobuf they load slower; the
+            # file's size alone: the models timed this way hold their weights in the file)
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                              os.path.basename(optimized) + ".data")
             options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",

@@ -11,7 +11,8 @@ the ids the cache holds); a sequence still shorter than one chunk is run padded 
 goes as a step (the derived form gives the last row's logits only, and a padded run's last row is padding). A step
 moves the token and its position into tensors the Generator holds (bound to the engine once: ``Runner.bind``) and
 reads the logits where the engine wrote them: nothing else crosses the host (``stats["copies"]`` counts the
-runner's copies, 0 on these paths).
+runner's copies, 0 on these paths), but for OpenVINO's growing form going back (a rewind, a new prompt after a
+shared prefix): its state's kept rows are copied out and set back once, cut, before that run.
 
 Greedy by default; ``do_sample`` draws from ``softmax(logits / temperature)`` after ``top_k`` and ``top_p``, with a
 seeded generator (``Sampler``). The loop stops after the model's eos ids (``runner.decoder.eos_token_ids``) unless the
@@ -85,8 +86,8 @@ class Generator:
         return len(self._tokens)
 
     def rewind(self, position: int) -> None:
-        """Keep the first ``position`` rows of the cache only (the rest is overwritten before it is read again);
-        ValueError outside 0 .. ``self.position``."""
+        """Keep the first ``position`` rows of the cache only (the rest is overwritten before it is read again; on
+        OpenVINO's growing form, cut before the next run); ValueError outside 0 .. ``self.position``."""
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= len(self._tokens):
             raise ValueError(f"rewind: a position in 0 .. {len(self._tokens)} (the rows the cache holds), "
                              f"got {position!r}")

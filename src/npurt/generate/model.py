@@ -258,7 +258,7 @@ def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path
 _FOLDERS_LOCK = threading.Lock()
 _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
-_VERSION = 6  # of the derivation and its facts: a change to static_form or openvino_convert makes new cache entries
+_VERSION = 7  # of the derivation and its facts: a change to static_form or openvino_convert makes new cache entries
 
 
 def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bool = False, *,

@@ -123,17 +123,19 @@ def _const(value: Any, dtype: Any = np.int64) -> Any:
     return ops.constant(np.array(value, dtype))
 
 
-def _position_mask(model: ov.Model, held_by: str) -> None:
+def _position_mask(model: ov.Model, held_by: list[str]) -> None:
     """Input ``position`` int64 [1] in place of ``attention_mask``: the mask computed as position + S ones, from a
-    Range comparison (the static form's rule: no ConstantOfShape), once ``position`` is checked to be the rows the
-    state ``held_by`` (a past input, made a variable later) holds: Range(0, 2 + |position - rows|) + [0, 0] has
-    matching shapes only where they are equal (the CPU plug-in does not check a Reshape's element count at run
-    time, but fails an Add of shapes [2] and [3])."""
+    Range comparison (the static form's rule: no ConstantOfShape), once ``position`` is checked to be the rows each
+    state ``held_by`` (the past inputs, made variables later) holds: Range(0, 2 + min(max |position - rows|, 1)) +
+    [0, 0] has matching shapes only where they are all equal (the CPU plug-in does not check a Reshape's element
+    count at run time, but fails an Add of shapes [2] and [3]; the min keeps a wild position from asking for a
+    Range of its size)."""
     mask = model.input("attention_mask")
     position = ops.parameter([1], ov.Type.i64, name="position")
     position.output(0).get_tensor().set_names({"position"})
-    held = ops.gather(ops.shape_of(model.input(held_by), "i64"), _const([2]), _const(0))  # [1]
-    off = ops.squeeze(ops.abs(ops.subtract(position, held)), _const([0]))
+    held = ops.concat([ops.gather(ops.shape_of(model.input(name), "i64"), _const([2]), _const(0))
+                       for name in held_by], 0)  # [pasts]
+    off = ops.minimum(ops.reduce_max(ops.abs(ops.subtract(held, position)), _const([0]), False), _const(1))
     span = ops.add(ops.range(_const(0), ops.add(off, _const(2)), _const(1), "i64"), _const([0, 0]),
                    name=POSITION_CHECK)
     checked = ops.add(position, ops.reduce_min(span, _const([0]), True))  # position + 0, after the check
@@ -277,7 +279,7 @@ def convert(source: str, target: str, pairs: dict[str, str], growing: bool, cach
         return UNCONVERTED
     frontend.normalize(model)
     if growing:
-        _position_mask(model, next(iter(pairs)))
+        _position_mask(model, list(pairs))
         _last_row_logits(model)
         # batch 1: the state starts as [1, Hkv, 0, D] (with the batch open it starts at batch 0 and the first Concat
         # fails); the heads and head size as the layout read them (the model builder names the head size's dim)

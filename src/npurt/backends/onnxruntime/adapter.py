@@ -113,7 +113,6 @@ class OrtBackend(Backend):
         self._partial_source: bytes | str | None = None  # the model of a session whose nodes partly left the EP
         self._graph_nodes: ModelNodes | None = None  # the nodes of the graph a session loaded, where not the file's
         self.npu_took_nothing: str | None = None  # why the EP ran nothing, where it did not
-        self._stored_external = False  # whether the optimized model kept for the cache was written with its data
         self.ep: ExecutionProvider | None = None  # the backend's EP, with its provider options
         self.provider: ExecutionProvider | None = None  # the EP the sessions get (None: the CPU provider alone)
 
@@ -243,7 +242,8 @@ class OrtBackend(Backend):
         if store is not None:  # (the entry keeps the pinned dims: a load from it reads nothing)
             engine.cache_metadata = {"outputs": [list(p.cpu.shape) for p in engine.outputs]}
             if self.provider is None:  # where the optimized model's external data lies (the entry's or the model's)
-                engine.cache_metadata["external_data"] = "entry" if self._stored_external else "model"
+                beside = [p for p in store.parent.iterdir() if p != store] if store.parent.is_dir() else []
+                engine.cache_metadata["external_data"] = "entry" if beside else "model"
             else:  # a loaded EPContext model shows one node: keep where the nodes went
                 engine.cache_metadata["placement"] = [list(n) for n in self._placement.assigned]
         return engine
@@ -358,7 +358,9 @@ class OrtBackend(Backend):
             # (kept in the cache's index for the boot: the kernel reads the CPU's flags once, at boot)
             cache = self.compiled_cache
             cpu = cache.this_boot("cpu", _cpu_fingerprint) if cache is not None else _cpu_fingerprint()
-            device = {"device": "CPU", "cpu": cpu}
+            # (the rule for the initializers' file is in the key: entries of an npurt that kept them inline are
+            # other entries, never read as these)
+            device = {"device": "CPU", "cpu": cpu, "initializers": f"beside from {EXTERNAL_FROM_BYTES} bytes"}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
             "optimization": OPTIMIZATION_KEY_TEXTS[self._optimization_name()],
@@ -371,9 +373,8 @@ class OrtBackend(Backend):
     def load_compiled(self, stored: Path, metadata: Mapping[str, Any], inputs: list[Port],
                       ports: PortFactory) -> Engine:
         where = metadata.get("external_data")
-        if self.provider is None and where is None:
-            raise NpuError("an entry of an earlier npurt: the optimized model in one file, its initializers parsed and "
-                           "copied at each load (stored again with them in a file beside it, where that pays)")
+        if self.provider is None and where not in ("entry", "model"):
+            raise NpuError(f"its metadata says nothing of where its initializers lie ({where!r})")
         # the output shapes as compiled (pinned ones included), kept with the entry: nothing is read again (made
         # before the session: what runs right after ONNX Runtime's load finds the CPU's caches cold, ~2x slower)
         outputs = [ports.make(spec.with_shape(tuple(None if d < 0 else d for d in shape)), TensorDirection.OUTPUT)
@@ -491,13 +492,16 @@ class OrtBackend(Backend):
             return session
         elif optimized_to is not None:
             so.optimized_model_filepath = str(optimized_to)
-            given = EXTERNAL_NAME_KEY in self._session_options  # (written as engine_options ask: one name is enough)
-            if not given and self._weights_bytes(source) >= EXTERNAL_FROM_BYTES:
-                so.add_session_config_entry(EXTERNAL_NAME_KEY, EXTERNAL_DATA)
+            name = self._session_options.get(EXTERNAL_NAME_KEY)  # (written as engine_options ask)
+            if name is not None and (not str(name) or os.path.basename(str(name)) != str(name)
+                                     or str(name) in (".", "..", "blob", "manifest.json")):
+                raise NpuError(f"engine_options {EXTERNAL_NAME_KEY!r}: a plain file name beside the cache's optimized "
+                               f"model, got {name!r}")
+            if name is None and self._weights_bytes(source) >= EXTERNAL_FROM_BYTES:
+                name = EXTERNAL_DATA
+                so.add_session_config_entry(EXTERNAL_NAME_KEY, name)
                 if EXTERNAL_SIZE_KEY not in self._session_options:
                     so.add_session_config_entry(EXTERNAL_SIZE_KEY, str(EXTERNAL_MIN_TENSOR))
-                given = True
-            self._stored_external = given
             if self.options.log_level != "DEBUG":
                 so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: the cache key says so
         try:

@@ -430,9 +430,14 @@ class OpenVINOEngine(Engine):
         variables = {v.name: v for v in context.request.query_state()}
         for name, value in state.items():
             variable = variables[name]
-            a = np.ascontiguousarray(value, dtype=variable.state.data.dtype)
-            try:  # OpenVINO copies it into the request's own state, checking its shape against the variable's: a
-                # dim the model leaves open (a growing cache's rows) takes any length, so a state may be cut
+            current = variable.state
+            a = np.ascontiguousarray(value, dtype=current.element_type.to_dtype())
+            if a.shape != tuple(current.shape) and self.device != "CPU":
+                # (only the CPU plug-in is known here to check a state against the variable's declared shape)
+                raise ValueError(f"state {name!r}: shape {list(a.shape)}, expected {list(current.shape)}")
+            try:  # OpenVINO copies it into the request's own state; the CPU plug-in checks its shape against the
+                # variable's: a dim the model leaves open (a growing cache's rows) takes any length, so a state may
+                # be cut
                 variable.state = ov.Tensor(a)
             except RuntimeError as e:
                 lines = [line for line in str(e).splitlines() if line.strip()]
