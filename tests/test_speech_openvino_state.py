@@ -57,19 +57,27 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 
 def test_steps_equal_the_cache_fed_back() -> None:
     """The random-weight Whisper: the same prefill and steps on both paths, beam reorders composed before a step,
-    the rows growing (1 -> 3) and shrinking (3 -> 2); then a second window on the pooled stream, which starts clean."""
+    the rows growing (1 -> 3) and shrinking (3 -> 2); then a second window of other features on the pooled stream,
+    which starts clean, its prompt's cross-attention keys and values written into the first window's arrays."""
     root = folder("whisper-random")
     state = WhisperModel(root, "OPENVINO", {"device": "CPU"})
     fed = WhisperModel(root, "OPENVINO", {"device": "CPU"}, stateful=False)
     try:
         assert state.stateful and not fed.stateful
         rng = np.random.default_rng(1)
-        features = rng.standard_normal((1, state.n_mels, state.frames)).astype(np.float32)
-        hidden = state.encode(features)
-        _close(hidden, fed.encode(features))
+        released: dict[str, np.ndarray] = {}  # (held here: a freed array's id could come back by chance)
         for window in range(2):
+            features = rng.standard_normal((1, state.n_mels, state.frames)).astype(np.float32)
+            hidden = state.encode(features)
+            _close(hidden, fed.encode(features))
             (first, a), (first_fed, b) = state.prefill(hidden, PROMPT), fed.prefill(hidden, PROMPT)
             _close(first, first_fed)
+            assert a.cross_kv.keys() == b.cross_kv.keys()
+            for name, array in a.cross_kv.items():
+                _close(array, b.cross_kv[name])
+            if released:  # (the pooled arrays, overwritten by this window's prompt)
+                assert all(a.cross_kv[name] is array for name, array in released.items())
+            released = dict(a.cross_kv)
             plan: list[tuple[list[int] | None, list[int]]] = [
                 (None, [11]), (None, [220]), ([0, 0, 0], [5, 6, 7]), ([2, 0, 1], [8, 9, 10]), ([1, 1, 0], [12, 13, 14]),
                 ([0, 2], [15, 16]), (None, [17 + window, 18])]

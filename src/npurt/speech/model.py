@@ -45,6 +45,7 @@ DECODER = "decoder_model.onnx"
 DECODER_WITH_PAST = "decoder_with_past_model.onnx"
 DECODER_MERGED = "decoder_model_merged.onnx"
 
+_CROSS_KEPT = 4  # released windows' cross-attention arrays kept for the next prompts' runs, at most
 _PRESENT = re.compile(r"^present\.(\d+)\.(decoder|encoder)\.(key|value)$")
 
 
@@ -166,6 +167,9 @@ class WhisperModel:
         openvino_merged = self.files.decoder_with_past is None
         self._runners: list[Any] = []
         self._streams: list[Any] = []  # the stateful path's free streams
+        # the stateful path's cross-attention keys and values of released windows, by frames: the next prompt's run
+        # writes into them (18 MB for tiny.en: fresh arrays cost their pages' first touch every window)
+        self._cross_free: list[dict[str, np.ndarray]] = []
         self._streams_lock = threading.Lock()
         self._temporary: Path | None = None  # the stateful form's folder where no cache_dir keeps it
         self.stateful = False
@@ -281,13 +285,15 @@ class WhisperModel:
     def _prefill_async(self, feeds: dict[str, np.ndarray], length: int, frames: int) -> dict[str, np.ndarray]:
         """``decoder.run(feeds)`` on OpenVINO's own stream thread (start_async + wait, as the steps run): 73 against
         97 ms for tiny.en's prompt on the 2-core VM (interleaved; the encoder gains nothing so: 606 against 554).
-        Its outputs' shapes follow from the prompt's length and the encoder's frames."""
+        Its outputs' shapes follow from the prompt's length and the encoder's frames; the cross-attention keys and
+        values go into a released window's arrays where one of these frames is free (``release``)."""
         from ..tensor import NpuTensor
         from ..types import NpuError, StatusCode, TensorType
 
         runner = self.decoder
         out: dict[str, np.ndarray] = {}
         outputs = []
+        reused = self._free_cross(frames)
         for spec in runner.output_specs:
             dims = list(spec.shape)
             wanted = ((1, length, dims[-1]) if spec.name == "logits" else
@@ -296,7 +302,9 @@ class WhisperModel:
                 return dict(runner.run(feeds))
             shape = tuple(int(d or 0) for d in wanted)
             info = runner.get_tensor_info_by_name(spec.name, TensorType.CPU)
-            out[spec.name] = np.empty(shape, info.data_type.numpy)
+            kept = reused.get(spec.name.replace("present.", "past_key_values.", 1))
+            out[spec.name] = kept if kept is not None and kept.shape == shape and \
+                kept.dtype == info.data_type.numpy else np.empty(shape, info.data_type.numpy)
             outputs.append(NpuTensor(info.replace(shape=shape), out[spec.name]))
         inputs = [NpuTensor(runner.get_tensor_info_by_name(spec.name, TensorType.CPU).replace(
             shape=feeds[spec.name].shape), np.ascontiguousarray(feeds[spec.name])) for spec in runner.input_specs]
@@ -304,6 +312,14 @@ class WhisperModel:
         if job.status is not StatusCode.SUCCESS or runner.wait(job) is not StatusCode.SUCCESS:
             raise NpuError(f"the decoder's prompt run failed: {runner.last_error}")
         return out
+
+    def _free_cross(self, frames: int) -> dict[str, np.ndarray]:
+        """A released window's cross-attention arrays of ``frames`` frames, taken from the pool (else none)."""
+        with self._streams_lock:
+            for n, arrays in enumerate(self._cross_free):
+                if all(a.shape[2] == frames for a in arrays.values()):
+                    return self._cross_free.pop(n)
+        return {}
 
     def _empty_past(self, hidden: np.ndarray) -> dict[str, np.ndarray]:
         feeds = {}
@@ -404,10 +420,15 @@ class WhisperModel:
         return stream
 
     def release(self, cache: DecoderCache) -> None:
-        """The window is decoded: its stream (stateful path) goes back to the pool; the cache steps no more."""
-        if not cache.stateful:
+        """The window is decoded: its stream (stateful path) goes back to the pool, its cross-attention arrays to
+        the next prompt's run; the cache steps no more (its arrays are no longer its own)."""
+        if not cache.stateful or cache.released:
             return
         stream, cache.stream, cache.runs, cache.released = cache.stream, None, None, True
+        cross, cache.cross_kv = cache.cross_kv, {}
+        with self._streams_lock:
+            if self._runners and len(self._cross_free) < _CROSS_KEPT:
+                self._cross_free.append(cross)
         if stream is not None:
             with self._streams_lock:
                 if self._runners:  # (not closed)
@@ -424,6 +445,7 @@ class WhisperModel:
     def close(self) -> None:
         with self._streams_lock:
             streams, self._streams = self._streams, []
+            self._cross_free.clear()
         for stream in streams:
             stream.close()
         for runner in reversed(self._runners):
