@@ -31,7 +31,9 @@ intra-op threads on every side (``--threads``, default 2): npurt's option ``num_
 ``intra_op_num_threads`` (spinning left at its default, as npurt leaves it), CTranslate2's ``intra_threads``
 (``inter_threads`` 1), torch's ``set_num_threads`` (the extractor's STFT), OpenVINO's ``INFERENCE_NUM_THREADS``.
 Each side is warmed on one clip first. Each round transcribes the six clips once on each side, every side on a clip
-back to back (the machine's load drifts over seconds; the order turned clip to clip and round to round); a side's
+back to back (the machine's load drifts over seconds; the order turned clip to clip and round to round), each after
+an untimed 0.1-s pause (ONNX Runtime's idle threads spin by default and slowed whichever side ran right after them:
+npurt OPENVINO 474 against 429 ms measured); a side's
 time per utterance is the median over clips and rounds, and each ratio (npurt's time over a peer's) the median of
 the per-clip, per-round ratios. Every side's ids are compared with CTranslate2's reference ids (reference.json);
 a mismatch is reported. The exit status is 1 where ids differ or a target is missed.
@@ -72,6 +74,7 @@ import numpy as np
 OPTIMUM_TARGET = 1.0  # npurt's time over optimum's, at most
 CT2_TARGET = 1.3  # over CTranslate2 fp32's, at most
 RAW_TARGET = 1.05  # over the raw loop's, where that loop is itself slower than CTranslate2 at 1.3x
+SETTLE_S = 0.1  # an untimed pause before each side's run (see run())
 GENAI_TARGET = 1.0  # npurt on OPENVINO over OpenVINO GenAI's WhisperPipeline's, at most
 SAMPLE_RATE = 16000
 PEERS = ("optimum", "ctranslate2")
@@ -331,6 +334,9 @@ def run(runs: int, threads: int, openvino: bool, spinning: bool, genai_ir: Path 
                 # turned clip to clip and round to round
                 turn = (k + n) % len(sides)
                 for side in sides[turn:] + sides[:turn]:
+                    # (untimed: the side before lets its idle threads stop spinning; ONNX Runtime's spin by default
+                    # and slowed the OpenVINO side that ran right after them, 474 against 429 ms measured)
+                    time.sleep(SETTLE_S)
                     spent, got = one(side, clip)
                     times[side][clip].append(spent)
                     if ids[side].setdefault(clip, got) != got:
