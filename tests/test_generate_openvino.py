@@ -100,9 +100,10 @@ def test_the_builder_form_fp16(root):
     assert worst > 0  # (fp16 against f32: never bit-equal)
 
 
-@pytest.mark.parametrize("accuracy_level", [0, 4])
-@pytest.mark.parametrize("zero_points", [False, True])
-@pytest.mark.parametrize("block_size", [32, 128])
+# block size x zero points x accuracy level: every pair of their settings once (an orthogonal array of 4 rows; the
+# full grid's 8 conversions cost the suite ~25 s; all eight passed when last run, 2026-12-07)
+@pytest.mark.parametrize(("block_size", "zero_points", "accuracy_level"),
+                         [(32, False, 0), (32, True, 4), (128, False, 4), (128, True, 0)])
 def test_int4_builder_form(root, block_size, zero_points, accuracy_level):
     """MatMulNBits from ONNX Runtime's quantizer: accuracy level 0 exact with the CPU plugin's dynamic quantization
     off; level 4 with OpenVINO quantizing activations per block as ONNX Runtime does, within 0.5."""

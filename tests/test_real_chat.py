@@ -39,14 +39,16 @@ def cache(tmp_path_factory):
 @pytest.mark.parametrize("name", ["smollm2-genai-fp32", "smollm2-genai-int4", "smollm2-optimum"])
 def test_ids_equal_the_reference_s(name, backend, cache):
     """onnxruntime-genai's ids on the builder's folders, transformers' on optimum's (four of the reference's chats);
-    OpenVINO's int4 up to the first step where plain ONNX Runtime's top-two gap is under 0.12."""
+    OpenVINO's int4 the same, or, where they part, up to the first step where plain ONNX Runtime's top-two gap is
+    under 0.12."""
     chats = reference(name)["chats"]
     with _runner(backend, name, cache) as r:
         generator = Generator(r)
         for k in CHATS:
             chat = chats[k]
             got = generator.generate(chat["prompt_ids"], len(chat["ids"]))
-            if backend == "OPENVINO" and name.endswith("int4"):
+            if backend == "OPENVINO" and name.endswith("int4") and got != chat["ids"]:
+                # (where the tokens part: plain ONNX Runtime's logits say whether at a step its top two nearly tie)
                 plain = greedy_onnxruntime(folder(name) / "model.onnx", chat["prompt_ids"], len(chat["ids"]))
                 assert plain.tokens == chat["ids"], f"plain ONNX Runtime against onnxruntime-genai, chat {k}"
                 assert_tokens_agree(got, plain, f"npurt OPENVINO int4, chat {k}", tolerance=OPENVINO_INT4_GAP)
