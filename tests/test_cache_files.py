@@ -23,7 +23,7 @@ import pytest
 
 import npurt.cache
 from npurt import RunnerFactory
-from npurt.backends.onnxruntime.adapter import EXTERNAL_DATA
+from npurt.backends.onnxruntime.optimized import DATA_FILE as EXTERNAL_DATA
 from npurt.cache import CompiledModelCache
 
 VOCAB, HIDDEN = 1024, 256  # the embedding: 1 MiB of float32, the size from which initializers are kept beside

@@ -272,7 +272,7 @@ class CompiledModelCache:
         if malformed:  # valid JSON of another shape (damaged, forged): refused like any unsound entry
             return Entry(path, None, f"its manifest is malformed (no object under {', '.join(malformed)})")
         data = manifest.get("data", {})
-        strange = sorted(name for name, f in data.items() if not _data_name(name) or not isinstance(f, dict))
+        strange = sorted(name for name, f in data.items() if not is_data_name(name) or not isinstance(f, dict))
         if strange or (data and manifest["format"] < 2):  # (a path out of the entry, forged: never opened)
             return Entry(path, None, f"its manifest is malformed (data files {strange or sorted(data)})")
         if key is not None and manifest.get("key") != key.parts:
@@ -327,7 +327,7 @@ class CompiledModelCache:
         try:
             beside = sorted(p for p in blob.parent.iterdir() if p.name != blob.name) \
                 if blob.parent.name.startswith(STAGE_PREFIX) else []
-            odd = [p.name for p in beside if not _data_name(p.name) or not p.is_file() or p.is_symlink()]
+            odd = [p.name for p in beside if not is_data_name(p.name) or not p.is_file() or p.is_symlink()]
             if odd:
                 raise ValueError(f"the backend wrote {', '.join(odd)} beside the blob: not a file an entry keeps")
             shutil.move(str(blob), tmp / BLOB)
@@ -538,7 +538,7 @@ def _digest_and_location(data: mmap.mmap | bytes) -> tuple[str, bool]:
     return digest[0], found
 
 
-def _data_name(name: Any) -> bool:
+def is_data_name(name: Any) -> bool:
     """Whether a name is one a data file of an entry may have: a plain name in the entry's directory, none of the
     entry's own files."""
     return isinstance(name, str) and bool(name) and name not in (".", "..", BLOB, MANIFEST) \

@@ -37,6 +37,7 @@ from ...engine import Backend, Engine, OpenedModel
 from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Remember, Signature, onnx_port_specs
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
 from .engine import OrtEngine
+from .optimized import KEY_PART, weights_bytes, write_beside
 from .options import OPTIMIZATION, SESSION_FIELDS, SPINNING, intra_op_threads, read_session_options, spinning_off
 from .placement import ModelNodes, Placement
 from .providers import CPU_EP, ExecutionProvider
@@ -59,21 +60,6 @@ OPTIMIZATION_KEY_TEXTS = {
     "all": "GraphOptimizationLevel.ORT_ENABLE_ALL",
 }
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
-# npurt's cache keeps the CPU provider's optimized model with its initializers in a file beside it (ONNX Runtime maps
-# them), where the model's weights reach EXTERNAL_FROM_BYTES: parsed from the protobuf and copied instead, they cost a
-# load of SmolLM2-135M fp32's optimized model (540 MB of weights) ~900-1100 ms against ~590 ms, of PP-OCR's recognizer
-# (10 MB) ~42 ms against ~27 ms; of its classifier (0.5 MB), ~0.4 ms less inline. Tensors under EXTERNAL_MIN_TENSOR
-# stay inline (a norm's weights). The file holds all the other initializers, the model's own external data included
-# (ONNX Runtime writes every one to it): the entry takes about the model's size again. ONNX Runtime can also write
-# its prepacked weights there (session.save_external_prepacked_constant_initializers, an engine option: the key has
-# the session options and the CPU's flags): ~370 ms against ~590 ms on SmolLM2 fp32, for 1.19 GB on disk against
-# 0.65 GB and ~130 MB more resident; not by default. An entry's metadata says where its initializers lie
-# ("external_data": "entry" or "model"); an entry of an earlier npurt says nothing, and is refused and stored again.
-EXTERNAL_DATA = "blob.data"
-EXTERNAL_FROM_BYTES = 1 << 20
-EXTERNAL_MIN_TENSOR = 64 << 10
-EXTERNAL_NAME_KEY = "session.optimized_model_external_initializers_file_name"
-EXTERNAL_SIZE_KEY = "session.optimized_model_external_initializers_min_size_in_bytes"
 _CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
 
@@ -360,7 +346,7 @@ class OrtBackend(Backend):
             cpu = cache.this_boot("cpu", _cpu_fingerprint) if cache is not None else _cpu_fingerprint()
             # (the rule for the initializers' file is in the key: entries of an npurt that kept them inline are
             # other entries, never read as these)
-            device = {"device": "CPU", "cpu": cpu, "initializers": f"beside from {EXTERNAL_FROM_BYTES} bytes"}
+            device = {"device": "CPU", "cpu": cpu, "initializers": KEY_PART}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
             "optimization": OPTIMIZATION_KEY_TEXTS[self._optimization_name()],
@@ -492,16 +478,7 @@ class OrtBackend(Backend):
             return session
         elif optimized_to is not None:
             so.optimized_model_filepath = str(optimized_to)
-            name = self._session_options.get(EXTERNAL_NAME_KEY)  # (written as engine_options ask)
-            if name is not None and (not str(name) or os.path.basename(str(name)) != str(name)
-                                     or str(name) in (".", "..", "blob", "manifest.json")):
-                raise NpuError(f"engine_options {EXTERNAL_NAME_KEY!r}: a plain file name beside the cache's optimized "
-                               f"model, got {name!r}")
-            if name is None and self._weights_bytes(source) >= EXTERNAL_FROM_BYTES:
-                name = EXTERNAL_DATA
-                so.add_session_config_entry(EXTERNAL_NAME_KEY, name)
-                if EXTERNAL_SIZE_KEY not in self._session_options:
-                    so.add_session_config_entry(EXTERNAL_SIZE_KEY, str(EXTERNAL_MIN_TENSOR))
+            write_beside(so, self._session_options, lambda: weights_bytes(source, self.compiled_cache))
             if self.options.log_level != "DEBUG":
                 so.log_severity_level = 3  # ORT warns that an ALL-level model is CPU-specific: the cache key says so
         try:
@@ -513,13 +490,6 @@ class OrtBackend(Backend):
                                f"forbids nodes on the CPU): {self._nodes_left_behind(source) or e}") from None
             raise NpuError(f"{label}: cannot create the session for {self.model_path.name}: "
                            f"{type(e).__name__}: {e}") from None
-
-    def _weights_bytes(self, source: bytes | str) -> int:
-        """The bytes of a model's weights: edited bytes', else the file's and its external data's."""
-        if isinstance(source, bytes):
-            return len(source)
-        cache = self.compiled_cache
-        return cache.weights_bytes(Path(source)) if cache is not None else os.path.getsize(source)
 
     def _session_setup(self, source: bytes | str, strict: bool = True) -> tuple[ort.SessionOptions, dict[str, str]]:
         """The session options and the EP's provider options; ``strict``: fallback="error" forbids CPU nodes."""
