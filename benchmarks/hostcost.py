@@ -77,7 +77,7 @@ MODELS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
     "cls": ("ocr_cls", {"x": (1, 3, 48, 192)}),
 }
 JOBS = {"digits": 2000, "cls": 300}  # per block (full run)
-QUICK_JOBS = {"digits": 150, "cls": 30}  # (--quick checks the script runs and reports)
+QUICK_JOBS = {"digits": 80, "cls": 15}  # (--quick checks the script runs and reports)
 CPU_LIMIT_US = 5.0
 RATE_LIMIT = {"cls": 0.95, "digits": 0.85}  # jobs/s npurt / raw, by model
 SUCCESS = StatusCode.SUCCESS

@@ -73,7 +73,7 @@ from npurt.bench import paired_difference_ms as paired_ms
 
 STREAM_LIMIT, FIRST_PASS_LIMIT, VAD_CHUNK_LIMIT = 1.05, 1.2, 1.10
 CALL_LIMITS = {"silero-vad": 1.10, "ocr_cls": 1.03}
-PAGES, QUICK_PAGES = 12, 2
+PAGES, QUICK_PAGES = 12, 1
 PAGE_SEED = 7
 
 
@@ -204,7 +204,7 @@ def vad_section(backend: str, quick: bool, table: Table, report: Report) -> None
         raw_name = f"raw {RAW_ENGINE[backend]}"
         found = {name: segments(p, len(audio)) for name, p in probs.items()}
         subjects = [CallSubject(name, ChunkCycle(step, chunks)) for name, step in steps.items()]
-        budget = Budget(niter=400 if quick else 6000, time_s=None, warmup=20, blocks=10)
+        budget = Budget(niter=200 if quick else 6000, time_s=None, warmup=20, blocks=10)
         stats = dict(zip(steps, measure_latency(subjects, budget)))
         copies = runner.stats["copies"] + carrier.stats["copies"]
     finally:
@@ -269,8 +269,8 @@ def call_section(backend: str, quick: bool, table: Table, report: Report) -> Non
     rng = np.random.default_rng(0)
     cases = [("silero-vad", VAD_MODEL[backend], {"input": rng.random((1, 576), np.float32) - 0.5,
                                                  "state": np.zeros((2, 1, 128), np.float32), "sr": SR},
-              4000 if not quick else 400),
-             ("ocr_cls", "ocr_cls", {"x": rng.random((1, 3, 48, 192), np.float32)}, 1500 if not quick else 150)]
+              4000 if not quick else 200),
+             ("ocr_cls", "ocr_cls", {"x": rng.random((1, 3, 48, 192), np.float32)}, 1500 if not quick else 60)]
     for label, model, template, iterations in cases:
         path = model_path(model)
         runner = npurt_runner(backend, path)

@@ -75,7 +75,7 @@ from npurt.runner import Runner
 
 MODELS = {"cls": ("ocr_cls", (1, 3, 48, 192)), "rec": ("ocr_rec", (1, 3, 48, 320))}
 BLOCK_S = {"cls": 0.5, "rec": 1.0}  # seconds per block and subject (full run)
-QUICK_BLOCK_S = 0.06  # (--quick checks the script runs and reports: the suite runs it)
+QUICK_BLOCK_S = 0.03  # (--quick checks the script runs and reports: the suite runs it)
 LIMIT, BARE_LIMIT = 0.98, 0.90
 HINTS = (None, "LATENCY", "THROUGHPUT")
 
@@ -526,7 +526,7 @@ def main() -> int:
         for name in names:
             for n in n_values(args.max_n):
                 measure(backend, name, n, QUICK_BLOCK_S if args.quick else BLOCK_S[name], blocks, table, report)
-            hints_at_one_run(backend, name, 100 if args.quick else (1200 if name == "cls" else 300), blocks, hints,
+            hints_at_one_run(backend, name, 50 if args.quick else (1200 if name == "cls" else 300), blocks, hints,
                              report)
     return finish(report, args.json)
 

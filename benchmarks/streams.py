@@ -186,7 +186,7 @@ def main() -> int:
     audio, source = vad_audio()
     chunks = audio_chunks(audio)
     blocks = 5 if args.quick else 9
-    chunk_budget = 300 if args.quick else 2400  # chunks per block, over all streams
+    chunk_budget = 150 if args.quick else 2400  # chunks per block, over all streams
     report = Report(f"Concurrent silero-vad streams through one npurt runner against one engine request per stream, "
                     f"CPU, {'quick' if args.quick else 'full'} run",
                     notes=[f"audio: {len(chunks)} chunks of {source}; {blocks} blocks per side"])
