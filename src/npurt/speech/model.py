@@ -19,6 +19,13 @@ The folder's forms, by what it has:
   ``execute_async`` + ``wait`` (OpenVINO's start_async: its own stream thread, as OpenVINO GenAI runs its decoder;
   faster than infer() on the calling thread on the shared 2-core VM, where the encoder is not). ``stateful=False``
   feeds the cache back as on the other backends; so do OpenVINO's other devices (the form is checked on its CPU).
+- Where the runners' shapes are pinned (as a decoder's are in ``npurt.generate``: backend QNN, device NPU, or option
+  ``static_shapes`` True; the stateful path aside) the steps run ``static_cache``'s form of ``decoder_with_past``:
+  the self-attention cache at ``max_target_positions`` rows, the step's row given as ``position``, one compiled shape
+  a row count instead of one a length. The window's cache (``DecoderCache.static``) is allocated once at that many
+  rows; each step's new row (the form's only cache output) is written at its position in place. The form is checked
+  against the export before first use (``static_cache.check``); where it cannot be made or fails, the steps feed the
+  growing cache instead, saying why (``static_refused``), unless ``static_cache=True`` asked for it.
 
 Each window's state (``DecoderCache``) belongs to its caller: one ``WhisperModel`` serves many threads (npurt's
 runners are thread-safe). Beam search reorders a cache's rows (``DecoderCache.select``); the cross-attention
@@ -39,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from . import openvino_state
+from . import static_cache as static_module
 
 ENCODER = "encoder_model.onnx"
 DECODER = "decoder_model.onnx"
@@ -99,6 +107,9 @@ class DecoderCache:
     # stateful: per row count, the step's tensors (its ids, beam_idx and logits arrays written and read in place)
     runs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, Any]] | None = None
     released: bool = False  # stateful: WhisperModel.release gave its stream back (no more steps)
+    # static (static_cache's form): self_kv holds max_target_positions rows, the first ``position`` of them written
+    static: bool = False
+    position: int = 0
 
     def __post_init__(self) -> None:
         if self.stateful:
@@ -114,6 +125,8 @@ class DecoderCache:
     def length(self) -> int:
         if self.stateful:
             return self.state_length
+        if self.static:
+            return self.position
         return int(next(iter(self.self_kv.values())).shape[2])
 
     def select(self, rows: Sequence[int] | np.ndarray) -> None:
@@ -126,7 +139,14 @@ class DecoderCache:
             return
         if order.shape[0] != self.rows:  # the row count changes: the cross-attention rows follow
             self.cross_kv = {k: _rows(v, len(order)) for k, v in self.cross_kv.items()}
+            if self.static:  # new arrays of the new count; the rows written only (the rest are never read)
+                self.self_kv = {k: _gathered(v, order, self.position) for k, v in self.self_kv.items()}
+                return
         if np.array_equal(order, np.arange(self.rows)):
+            return
+        if self.static:  # in place, the rows written only
+            for v in self.self_kv.values():
+                v[:, :, :self.position] = v[order, :, :self.position]
             return
         self.self_kv = {k: np.ascontiguousarray(v[order]) for k, v in self.self_kv.items()}
 
@@ -142,6 +162,13 @@ def _identity(rows: int) -> np.ndarray:
     return order
 
 
+def _gathered(cache: np.ndarray, order: np.ndarray, position: int) -> np.ndarray:
+    """A static cache of ``len(order)`` rows whose first ``position`` positions are ``cache``'s rows ``order``."""
+    out = np.zeros((len(order), *cache.shape[1:]), cache.dtype)
+    out[:, :, :position] = cache[order, :, :position]
+    return out
+
+
 def _rows(array: np.ndarray, rows: int) -> np.ndarray:
     """``array``'s first row repeated ``rows`` times (the cross-attention keys of a window are one row's)."""
     return np.ascontiguousarray(np.broadcast_to(array[:1], (rows, *array.shape[1:])))
@@ -151,10 +178,14 @@ class WhisperModel:
     """The encoder's and the decoder's runners over one folder, on one backend and device."""
 
     def __init__(self, folder: str | Path, backend: str = "AUTO", options: Mapping[str, Any] | None = None, *,
-                 stateful: bool | None = None) -> None:
+                 stateful: bool | None = None, static_cache: bool | None = None) -> None:
         """``stateful``: the self-attention cache as OpenVINO state (``openvino_state``). None: where OPENVINO runs on
         its CPU, falling back to the cache fed back (``state_refused`` says why) where the form cannot be made or
-        fails its check; True: there or a ValueError / NpuError; False: never."""
+        fails its check; True: there or a ValueError / NpuError; False: never.
+        ``static_cache``: the steps on ``static_cache``'s form (a cache of max_target_positions rows). None: where the
+        shapes are pinned (``pinned``) and the stateful path is not taken, falling back to the growing cache
+        (``static_refused`` says why) where the form cannot be made or fails its check; True: on any backend, or a
+        ValueError / NpuError; False: never."""
         from ..factory import RunnerFactory, create_auto
         from ..types import NpuError
 
@@ -174,6 +205,12 @@ class WhisperModel:
         self._temporary: Path | None = None  # the stateful form's folder where no cache_dir keeps it
         self.stateful = False
         self.state_refused: str | None = None  # why the stateful form was not used where it would have been
+        self.static = False  # the steps run static_cache's form
+        self.static_refused: str | None = None  # why the static form was not used where it would have been
+        self.static_verdict: dict[str, object] | None = None  # its check against the export
+        self.static_layout: static_module.StepLayout | None = None
+        if stateful and static_cache:
+            raise ValueError("stateful=True and static_cache=True: the self-attention cache is one or the other")
         try:
             if name == "AUTO":
                 self.encoder, choice = create_auto(self.files.encoder, opts)
@@ -183,10 +220,13 @@ class WhisperModel:
                 self.encoder = RunnerFactory.create_runner(name, self.files.encoder, opts)
                 self._runners.append(self.encoder)
             self.backend = name
+            # as npurt.generate decides a decoder's shapes are pinned (generate.model.prepare)
+            self.pinned = name == "QNN" or str(opts.get("device") or "").upper() == "NPU" or \
+                opts.get("static_shapes") is True
             if self.files.decoder is not None and self.files.decoder_with_past is not None:
                 self.decoder = RunnerFactory.create_runner(name, self.files.decoder, opts)
                 self._runners.append(self.decoder)
-                self.stateful = self._use_state(name, stateful)
+                self.stateful = self._use_state(name, False if static_cache else stateful)
                 if self.stateful:
                     try:
                         self.decoder_with_past = self._stateful_runner(self.files.decoder_with_past, opts)
@@ -194,13 +234,25 @@ class WhisperModel:
                         if stateful:
                             raise
                         self.stateful, self.state_refused = False, str(e)
-                if not self.stateful:
+                if not self.stateful and (static_cache or (static_cache is None and self.pinned)):
+                    try:
+                        self.decoder_with_past = self._static_runner(self.files.decoder_with_past, name, opts)
+                        self.static = True
+                    except NpuError as e:
+                        if static_cache:
+                            raise
+                        self.static_refused = str(e)
+                if not self.stateful and not self.static:
                     self.decoder_with_past = RunnerFactory.create_runner(name, self.files.decoder_with_past, opts)
                 self._runners.append(self.decoder_with_past)
                 self.merged = False
             else:
                 if stateful:
                     raise ValueError(f"{self.files.folder}: stateful=True takes {DECODER_WITH_PAST}")
+                if static_cache:
+                    raise ValueError(f"{self.files.folder}: static_cache=True takes {DECODER_WITH_PAST}")
+                if self.pinned:
+                    self.static_refused = f"the static cache is derived from {DECODER_WITH_PAST}, not in the folder"
                 if name == "OPENVINO" and openvino_merged:
                     raise ValueError(
                         f"{self.files.folder}: OpenVINO cannot run {DECODER_MERGED} (its CPU plug-in refuses the "
@@ -248,6 +300,44 @@ class WhisperModel:
         derived = {k: v for k, v in opts.items() if k != "cache_dir"}
         return RunnerFactory.create_runner("OPENVINO", path, {**derived, "device": "CPU", "engine_options": engine})
 
+    def _static_runner(self, with_past: Path, backend: str, opts: dict[str, Any]) -> Any:
+        """The runner over ``static_cache``'s form of ``with_past`` (derived into cache_dir, else a folder removed at
+        close), its check against the export run while the runner compiles; NpuError / NpuUnsupportedError where
+        the form cannot be made or is refused."""
+        from ..factory import RunnerFactory
+
+        cache_dir = opts.get("cache_dir")
+        if cache_dir:
+            folder = static_module.folder_for(with_past, Path(cache_dir))
+        else:
+            folder = self._temporary = Path(tempfile.mkdtemp(prefix="npurt-whisper-"))
+        npu = backend == "QNN" or str(opts.get("device") or "").upper() == "NPU"
+        path, layout = static_module.static_decoder(with_past, folder, copy_weights=npu)
+        check = static_module.check(with_past, path, layout, "openvino" if backend == "OPENVINO" else "onnxruntime",
+                                   folder)
+        derived = dict(opts)
+        if npu:
+            # the caches and the logits in the model's own (CPU) view, as generate's decoders take them: the NPU's
+            # view (FP16 on QNN) converted in the graph, not by a host copy of every cache tensor every step
+            for past, new_row in layout.pairs:
+                derived[f"input_tensor_type.{past}"] = "CPU"
+                derived[f"output_tensor_type.{new_row}"] = "CPU"
+                cross = past.replace(".decoder.", ".encoder.")
+                derived[f"input_tensor_type.{cross}"] = "CPU"
+            derived[f"output_tensor_type.{static_module.LOGITS}"] = "CPU"
+        try:
+            runner = RunnerFactory.create_runner(backend, path, derived)
+        except BaseException:
+            check.cancel()
+            raise
+        try:
+            self.static_verdict = check.verdict()
+        except BaseException:
+            runner.close()
+            raise
+        self.static_layout = layout
+        return runner
+
     def _cache_names(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """(present name, past name) of the self-attention and the cross-attention caches, by layer."""
         self_names: list[tuple[str, str]] = []
@@ -277,9 +367,20 @@ class WhisperModel:
             feeds.update(self._empty_past(hidden))
             feeds["use_cache_branch"] = np.zeros(1, np.bool_)
         out = self._prefill_async(feeds, ids.shape[1], hidden.shape[1]) if self.stateful else self.decoder.run(feeds)
-        cache = DecoderCache({past: out[present] for present, past in self._self_names},
-                             {past: out[present] for present, past in self._cross_names},
-                             hidden if self.merged else None, stateful=self.stateful)
+        self_kv = {past: out[present] for present, past in self._self_names}
+        if self.static:  # the cache at its full rows, once a window; the prompt's rows first
+            assert self.static_layout is not None
+            rows = self.static_layout.max_length
+            if ids.shape[1] > rows:
+                raise ValueError(f"a prompt of {ids.shape[1]} ids is longer than the decoder's {rows} positions")
+            full = {}
+            for past, kv in self_kv.items():
+                full[past] = np.zeros((kv.shape[0], kv.shape[1], rows, kv.shape[3]), kv.dtype)
+                full[past][:, :, :kv.shape[2]] = kv
+            self_kv = full
+        cache = DecoderCache(self_kv, {past: out[present] for present, past in self._cross_names},
+                             hidden if self.merged else None, stateful=self.stateful, static=self.static,
+                             position=ids.shape[1])
         return out["logits"][0], cache
 
     def _prefill_async(self, feeds: dict[str, np.ndarray], length: int, frames: int) -> dict[str, np.ndarray]:
@@ -337,6 +438,8 @@ class WhisperModel:
             raise ValueError(f"{tokens.shape[0]} ids for a cache of {cache.rows} rows")
         if cache.stateful:
             return self._stateful_step(cache, tokens)
+        if cache.static:
+            return self._static_step(cache, tokens)
         feeds: dict[str, np.ndarray] = {"input_ids": tokens, **cache.self_kv, **cache.cross_kv}
         if self.merged:
             assert cache.hidden is not None
@@ -345,6 +448,22 @@ class WhisperModel:
         out = self.decoder_with_past.run(feeds)
         cache.self_kv = {past: out[present] for present, past in self._self_names}
         logits: np.ndarray = out["logits"][:, -1]
+        return logits
+
+    def _static_step(self, cache: DecoderCache, tokens: np.ndarray) -> np.ndarray:
+        """One step on the static form: the cache of max_target_positions rows as it is, the step's position; the new
+        row it returns written at that position (the cache's only change)."""
+        assert self.static_layout is not None
+        position = cache.position
+        if position >= self.static_layout.max_length:
+            raise ValueError(f"the decoder has {self.static_layout.max_length} positions; a step at position "
+                             f"{position} has none")
+        out = self.decoder_with_past.run({"input_ids": tokens, static_module.POSITION: np.array([position], np.int64),
+                                          **cache.self_kv, **cache.cross_kv})
+        for past, new_row in self.static_layout.pairs:
+            cache.self_kv[past][:, :, position] = out[new_row][:, :, 0]
+        cache.position = position + 1
+        logits: np.ndarray = out[static_module.LOGITS][:, -1]
         return logits
 
     def _stateful_step(self, cache: DecoderCache, tokens: np.ndarray) -> np.ndarray:
@@ -440,6 +559,9 @@ class WhisperModel:
         info = self.encoder.device_info
         return (f"{self.backend} on {info.attached}" + (" (merged decoder)" if self.merged else "")
                 + (" (self-attention cache as OpenVINO state)" if self.stateful else "")
+                + (f" (self-attention cache static: {self.static_layout.max_length} rows, each step's row written in "
+                   "place)" if self.static and self.static_layout else "")
+                + (f" (self-attention cache growing: {self.static_refused})" if self.static_refused else "")
                 + (f" (self-attention cache fed back: {self.state_refused})" if self.state_refused else ""))
 
     def close(self) -> None:

@@ -57,11 +57,15 @@ class Transcriber:
     ``max_audio_seconds``: longer audio is refused before it is decoded (None: no cap).
     ``stateful``: on OPENVINO, the decoder's self-attention cache kept inside the plug-in as OpenVINO state (None:
     on its CPU; False: fed back every step, as on the other backends and devices; see ``speech.model``).
+    ``static_cache``: the decoder's self-attention cache at a fixed ``max_target_positions`` rows, each step's row
+    written in place (None: where the runners' shapes are pinned: backend QNN, device NPU, or option
+    ``static_shapes`` True; True: on any backend; False: never; see ``speech.static_cache``).
     ValueError for a folder that is not such an export; NpuError where an engine cannot load it."""
 
     def __init__(self, folder: str | os.PathLike[str], backend: str = "AUTO", device: str = "AUTO",
                  options: Mapping[str, Any] | None = None, *,
-                 max_audio_seconds: float | None = audio_in.DEFAULT_MAX_SECONDS, stateful: bool | None = None) -> None:
+                 max_audio_seconds: float | None = audio_in.DEFAULT_MAX_SECONDS, stateful: bool | None = None,
+                 static_cache: bool | None = None) -> None:
         from ..text import Tokenizer
 
         self.folder = Path(folder)
@@ -69,7 +73,8 @@ class Transcriber:
         audio_in.load_decoder()  # before the runners: libsndfile loaded after the QNN EP crashes (see audio)
         self.feature_settings = feats.FeatureSettings.read(self.folder) if self.folder.is_dir() else \
             feats.FeatureSettings()
-        self.model = WhisperModel(self.folder, backend, {**(options or {}), "device": device}, stateful=stateful)
+        self.model = WhisperModel(self.folder, backend, {**(options or {}), "device": device}, stateful=stateful,
+                                  static_cache=static_cache)
         try:
             self.tokenizer = Tokenizer(self.folder)
             self.tokens = special.read(self.folder, self.tokenizer.convert_tokens_to_ids)
