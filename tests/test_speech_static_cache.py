@@ -134,6 +134,52 @@ def test_random_whisper_transcriber_pinned_equals_growing_greedy_and_beam() -> N
                 want = growing.transcribe(samples, sample_rate=16000, beam_size=beam, max_new_tokens=20)
                 assert got.ids == want.ids and len(got.ids) > 0, (name, beam)
         assert pinned.model.decoder_with_past.stats["compiles"] == 2
+        # the beams' row count checked at its first step against each row alone (a pinned device's batch)
+        assert list(pinned.model.batch_checks) == [5] and pinned.model.batch_checks[5][0], pinned.model.batch_checks
+        assert not growing.model.batch_checks
+
+
+class _WrongSecondRow:
+    """Fault injection, as a device that computes a batch row wrong would (the embedder met one on Qualcomm's HTP):
+    the runner's outputs as they are, but row 1's logits of a run of several rows negated."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = dict(self.runner.run(feeds))
+        if feeds["input_ids"].shape[0] > 1:
+            out["logits"] = out["logits"].copy()
+            out["logits"][1] *= -1
+        return out
+
+
+def test_a_row_count_computed_wrong_runs_a_row_at_a_time() -> None:
+    """Where a step of several rows gives a row's logits other than that row alone, the steps of that row count run
+    a row at a time from then on, saying so: the beams' logits are then the rows' own."""
+    root = folder("whisper-random")
+    model = WhisperModel(root, "ONNXRUNTIME", PINNED)
+    try:
+        real = model.decoder_with_past
+        hidden = model.encode(np.random.default_rng(2).standard_normal((1, 80, 3000)).astype(np.float32))
+        _, a = model.prefill(hidden, [50257, 50362])
+        _, b = model.prefill(hidden, [50257, 50362])
+        model.step(a, [11])
+        model.step(b, [11])
+        a.select([0, 0])
+        want = model.step(a, [5, 7])  # the device's batch as it is: checked, used
+        assert model.batch_checks[2][0]
+        model.batch_checks.clear()
+        model.decoder_with_past = _WrongSecondRow(real)
+        b.select([0, 0])
+        with pytest.warns(RuntimeWarning, match="steps of 2 rows run a row at a time"):
+            got = model.step(b, [5, 7])
+        assert not model.batch_checks[2][0] and model.batch_checks[2][1] < 0
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)  # the rows' own logits, not the wrong batch's
+        np.testing.assert_allclose(model.step(b, [9, 9]), model.step(a, [9, 9]), rtol=0, atol=1e-5)  # later too
+        model.decoder_with_past = real
+    finally:
+        model.close()
 
 
 def test_the_check_refuses_a_wrong_form(tmp_path: Path) -> None:
@@ -219,6 +265,9 @@ def test_random_whisper_static_steps_on_the_htp_emulator() -> None:
             got = htp.step(a, ids)
             assert float(np.max(np.abs(got - want))) <= 1e-2 * float(np.max(np.abs(want))), ids
         assert htp.decoder_with_past.stats["compiles"] == 1 and htp.decoder_with_past.stats["copies"] == 0
+        a.select([0, 0])  # two beams: the HTP's [2, 1] step checked against each row alone (bit-equal here)
+        htp.step(a, [7, 9])
+        assert htp.batch_checks[2][0], htp.batch_checks
         placement = dict(htp.decoder_with_past.device_info.placement)  # (known once its shape is compiled)
         assert list(placement) == ["QNNExecutionProvider"], placement
     finally:

@@ -38,6 +38,7 @@ import re
 import shutil
 import tempfile
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ DECODER = "decoder_model.onnx"
 DECODER_WITH_PAST = "decoder_with_past_model.onnx"
 DECODER_MERGED = "decoder_model_merged.onnx"
 
+BATCH_COSINE = 0.9999  # a beam row's logits in a step of several rows against the same row alone: the least accepted
 _CROSS_KEPT = 4  # released windows' cross-attention arrays kept for the next prompts' runs, at most
 _PRESENT = re.compile(r"^present\.(\d+)\.(decoder|encoder)\.(key|value)$")
 
@@ -209,6 +211,8 @@ class WhisperModel:
         self.static_refused: str | None = None  # why the static form was not used where it would have been
         self.static_verdict: dict[str, object] | None = None  # its check against the export
         self.static_layout: static_module.StepLayout | None = None
+        # the pinned path's row counts (beams) checked against their rows run alone: count -> (used, least cosine)
+        self.batch_checks: dict[int, tuple[bool, float]] = {}
         if stateful and static_cache:
             raise ValueError("stateful=True and static_cache=True: the self-attention cache is one or the other")
         try:
@@ -458,13 +462,59 @@ class WhisperModel:
         if position >= self.static_layout.max_length:
             raise ValueError(f"the decoder has {self.static_layout.max_length} positions; a step at position "
                              f"{position} has none")
-        out = self.decoder_with_past.run({"input_ids": tokens, static_module.POSITION: np.array([position], np.int64),
-                                          **cache.self_kv, **cache.cross_kv})
+        rows = tokens.shape[0]
+        alone: list[dict[str, np.ndarray]] = []
+        check = self.batch_checks.get(rows)
+        if rows > 1 and self.pinned and check is None:
+            out, alone = self._check_batch(cache, tokens, position)
+            check = self.batch_checks[rows]
+        elif check is None or check[0]:
+            out = self._static_run(cache, tokens, position, slice(None))
+        if check is not None and not check[0]:
+            # the device computes this row count wrong: one row at a time (the batch-1 shape, checked at load)
+            alone = alone or [self._static_run(cache, tokens[r:r + 1], position, slice(r, r + 1))
+                              for r in range(rows)]
+            out = {name: np.concatenate([a[name] for a in alone]) for name in alone[0]}
         for past, new_row in self.static_layout.pairs:
             cache.self_kv[past][:, :, position] = out[new_row][:, :, 0]
         cache.position = position + 1
         logits: np.ndarray = out[static_module.LOGITS][:, -1]
         return logits
+
+    def _static_run(self, cache: DecoderCache, tokens: np.ndarray, position: int, rows: slice
+                    ) -> dict[str, np.ndarray]:
+        """The static form over ``rows`` of the cache (the form writes nothing: the host writes its new rows)."""
+        def part(array: np.ndarray) -> np.ndarray:
+            return array if array.shape[0] == 1 else array[rows]
+        out: dict[str, np.ndarray] = self.decoder_with_past.run(
+            {"input_ids": tokens, static_module.POSITION: np.array([position], np.int64),
+             **{k: part(v) for k, v in cache.self_kv.items()}, **{k: part(v) for k, v in cache.cross_kv.items()}})
+        return out
+
+    def _check_batch(self, cache: DecoderCache, tokens: np.ndarray, position: int
+                     ) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+        """A row count's first step on a pinned device, run together and each row alone: a device that computes a
+        batch row wrong (seen on Qualcomm's HTP for an encoder's [2, 16]) would give wrong beams as SUCCESS. Where a
+        row's logits part from its run alone (cosine under ``BATCH_COSINE``), that row count runs a row at a time
+        from then on (``batch_checks``, and a warning saying so)."""
+        rows = tokens.shape[0]
+        out = self._static_run(cache, tokens, position, slice(None))
+        alone = [self._static_run(cache, tokens[r:r + 1], position, slice(r, r + 1)) for r in range(rows)]
+        worst = 1.0
+        for r in range(rows):
+            a = np.asarray(out[static_module.LOGITS][r, -1], np.float64)
+            b = np.asarray(alone[r][static_module.LOGITS][0, -1], np.float64)
+            norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+            cosine = float(a @ b) / norms if norms > 0 else float(np.array_equal(a, b))
+            worst = min(worst, cosine if np.isfinite(cosine) else -1.0)
+        ok = worst >= BATCH_COSINE
+        with self._streams_lock:
+            self.batch_checks[rows] = (ok, worst)
+        if not ok:
+            warnings.warn(f"{self.backend}: the decoder's steps of {rows} rows give a row's logits other than the row "
+                          f"alone (cosine {worst:.4f}); steps of {rows} rows run a row at a time", RuntimeWarning,
+                          stacklevel=4)
+        return out, alone
 
     def _stateful_step(self, cache: DecoderCache, tokens: np.ndarray) -> np.ndarray:
         """One step on the stateful form: the tensors of this row count made once (the runner's plan for them is
