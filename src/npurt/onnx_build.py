@@ -9,11 +9,14 @@ can clash with a name of the model or of another builder. The caller decides whe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+
+from . import onnx_proto
+
+if TYPE_CHECKING:
+    import onnx
 
 Step = tuple[str, dict[str, Any], list[str]]  # one node of a chain: op, attributes, the inputs after the running one
 
@@ -35,7 +38,7 @@ class GraphBuilder:
         """An initializer holding ``values`` (a sequence of ints is int64, as shapes and indices are)."""
         array = values if isinstance(values, np.ndarray) else np.asarray(values, np.int64)
         name = self._name("const")
-        self.graph.initializer.append(numpy_helper.from_array(array, name))
+        self.graph.initializer.append(onnx_proto.from_array(array, name))
         return name
 
     def node(self, op: str, inputs: Sequence[str], output: str | None = None, *, domain: str = "",
@@ -43,7 +46,7 @@ class GraphBuilder:
         """A node of ``op`` over ``inputs``; its output is ``output`` where given, else a new name, returned."""
         name = self._name(op)
         out = output if output is not None else name
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=name, domain=domain or None, **attrs))
+        self.nodes.append(onnx_proto.make_node(op, list(inputs), [out], name=name, domain=domain or None, **attrs))
         return out
 
     def chain(self, src: str, dst: str, steps: Sequence[Step]) -> None:

@@ -20,6 +20,7 @@ from onnx import TensorProto
 from . import formats, qdq
 from .onnx_build import GraphBuilder, Step
 from .onnx_graph import graph_inputs
+from .onnx_proto import set_shape
 from .ports import Port
 from .types import DataType, NpuUnsupportedError, TensorType
 
@@ -46,20 +47,6 @@ DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
 
 def opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def set_shape(value: onnx.ValueInfoProto, shape: Sequence[int | None], elem_type: int | None = None) -> None:
-    tt = value.type.tensor_type
-    if elem_type is not None:
-        tt.elem_type = elem_type
-    tt.ClearField("shape")
-    tt.shape.SetInParent()  # a scalar still has a (rank-0) shape
-    for axis, d in enumerate(shape):
-        dim = tt.shape.dim.add()
-        if d is None or d < 0:  # left open: a name of its own, so no two open dims are taken as equal
-            dim.dim_param = f"{value.name}:{axis}"
-        else:
-            dim.dim_value = int(d)
 
 
 def rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from . import onnx_proto
 from .onnx_graph import Skeleton, Weight
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ def write(model: onnx.ModelProto, skeleton: Skeleton, path: Path, *, link: bool 
             written.append(path.with_name(name))
         return linked[source]
 
+    sources: dict[str, Path] = {}  # an external data file's location -> the file (most weights share one)
     with open(skeleton.path, "rb") as export:
         for weight in skeleton.weights.values():
             if weight.name in present:
@@ -54,8 +56,10 @@ def write(model: onnx.ModelProto, skeleton: Skeleton, path: Path, *, link: bool 
                 tensor = _message(export, weight)
                 if weight.external:
                     entries = {e.key: e.value for e in tensor.external_data}
-                    source = _external_file(skeleton.path, entries.get("location", ""))
-                    _set_external(tensor, beside(source), entries.get("offset"), entries.get("length"))
+                    location = entries.get("location", "")
+                    if location not in sources:
+                        sources[location] = _external_file(skeleton.path, location)
+                    _set_external(tensor, beside(sources[location]), entries.get("offset"), entries.get("length"))
             model.graph.initializer.append(tensor)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_bytes(model.SerializeToString())
@@ -93,9 +97,7 @@ def linked_files(path: Path) -> Iterator[Path]:
 
 def _message(export: BinaryIO, weight: Weight) -> onnx.TensorProto:
     """The weight's TensorProto as the file has it (an external one's is small: where its bytes are)."""
-    import onnx
-
-    tensor = onnx.TensorProto()
+    tensor: onnx.TensorProto = onnx_proto.messages().TensorProto()
     start, end = weight.message
     tensor.ParseFromString(os.pread(export.fileno(), end - start, start))
     if not tensor.name:  # (a Constant node's value: named by the node's output)
@@ -104,20 +106,16 @@ def _message(export: BinaryIO, weight: Weight) -> onnx.TensorProto:
 
 
 def _header(weight: Weight) -> onnx.TensorProto:
-    import onnx
-
-    tensor = onnx.TensorProto()
+    tensor: onnx.TensorProto = onnx_proto.messages().TensorProto()
     tensor.name, tensor.data_type = weight.name, weight.elem_type
     tensor.dims.extend(weight.dims)
     return tensor
 
 
 def _set_external(tensor: onnx.TensorProto, location: str, offset: str | None, length: str | None) -> None:
-    import onnx
-
     del tensor.external_data[:]
     tensor.ClearField("raw_data")
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.data_location = onnx_proto.messages().TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", offset), ("length", length)):
         if value is not None:
             entry = tensor.external_data.add()

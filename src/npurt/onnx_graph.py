@@ -5,8 +5,9 @@ a model's whole size in memory, which glibc seldom hands back. ``read_skeleton``
 bytes with the large initializers (and weight-holding Constant nodes) of its main graph cut out; each is recorded as
 a ``Weight``: its name, element type, dims, and where its bytes lie in the file. Small initializers stay (shape
 arithmetic reads them: Reshape targets, Slice bounds); so do integer ones of any size. Nothing here imports the
-``onnx`` package on the way to a shape (its import alone costs more time and memory than a small model's load);
-``Skeleton.model`` parses the bytes with it for the callers that edit the graph.
+``onnx`` package (its import alone costs more time and memory than a small model's load): ``Skeleton.model``
+parses the bytes into ONNX's messages for the callers that edit the graph (``onnx_proto``: onnx's own classes, without
+the package's import).
 
 ``output_shapes`` answers what a runner with pinned input shapes must report: ONNX Runtime's own inference over the
 weightless graph (the weights declared as inputs of their dims, the pinned inputs at their shapes), with only its
@@ -88,10 +89,10 @@ class Skeleton:
 
     @property
     def model(self) -> onnx.ModelProto:
-        """The weightless model as protobuf objects (imports onnx). ValueError where protobuf cannot parse it."""
-        import onnx
+        """The weightless model as protobuf objects (``onnx_proto``'s). ValueError where protobuf cannot parse it."""
+        from . import onnx_proto
 
-        model = onnx.ModelProto()
+        model: onnx.ModelProto = onnx_proto.messages().ModelProto()
         try:
             model.ParseFromString(self.data)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError: a message the skeleton's walk did not open
@@ -169,6 +170,8 @@ def _read_skeleton(fd: int, path: Path, min_weight_bytes: int) -> Skeleton:
                     continue
                 if tag == GRAPH_INITIALIZER:
                     weight = _weight(buf, a, b, path, min_weight_bytes)
+                elif mapped.find(b"Constant", a, b) < 0:  # (not a Constant: its op_type would be in its bytes)
+                    continue
                 else:  # a Constant node holding a weight (as some exporters write every weight): its value
                     weight = _constant_weight(buf, a, b, path, min_weight_bytes)
                 if weight is not None:

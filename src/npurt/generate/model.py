@@ -193,7 +193,7 @@ _FACTS = "export.json"  # an ExportFacts beside the derived form in npurt's cach
 def _export_facts(model_path: Path, max_length: int, cache_dims: dict[str, tuple[int, str]], folder: Path,
                   kept: bool) -> ExportFacts:
     """The export's facts: from the cache folder where an earlier load kept them (``kept``), else read from its
-    graph without its weights (onnx imported: ~0.15 s) and kept there."""
+    graph without its weights (ONNX's messages, ``onnx_proto``: no onnx import) and kept there."""
     if kept:
         try:
             value = json.loads((folder / _FACTS).read_text())
@@ -270,7 +270,7 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bo
     path = folder / ("decoder_batch.onnx" if batched else "decoder_static.onnx")
     if not path.exists():
         from .. import onnx_external
-        from . import static_form  # onnx and the graph builder: imported only where a static form is made
+        from . import static_form  # ONNX's messages and the graph builder: imported only where a form is made
 
         try:
             skeleton = onnx_graph.read_skeleton(model_path)

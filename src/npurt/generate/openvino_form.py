@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -93,6 +92,8 @@ def _remove(onnx_path: Path) -> None:
 
 
 def _convert(source: Path, path: Path, shape: layout.Layout, *, growing: bool, named: str) -> None:
+    import subprocess  # (only where a form is converted: not on the ONNX Runtime backends' loads)
+
     draft = path.with_name(f"{path.stem}.{os.getpid()}.partial.xml")  # (other processes may write theirs)
     pairs = json.dumps({p.past: p.present for p in shape.pairs})
     done = subprocess.run([sys.executable, str(_CHILD), str(source), str(draft), pairs,

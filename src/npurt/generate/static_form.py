@@ -33,14 +33,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
+from .. import onnx_proto
 from ..onnx_build import GraphBuilder
-from ..onnx_edit import set_shape
+from ..onnx_proto import TensorProto, make_tensor_value_info, set_shape
 from .layout import ATTENTION_MASK, GROUP_QUERY, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout, read
+
+if TYPE_CHECKING:
+    import onnx
 
 FULL_SUFFIX = "__npurt_full"
 BATCH_DIM = "batch"  # the batch form's open batch dim, on every port that has one
@@ -81,7 +84,8 @@ def derive(model: onnx.ModelProto, max_length: int, sequence: int | None = None,
         every_row = b.node("Range", [zero, b.node("Squeeze", [total]), one])
         visible = b.node("GreaterOrEqual", [every_row, zero])
         b.node("Unsqueeze", [b.node("Cast", [visible], to=TensorProto.INT64), b.const([0])], ATTENTION_MASK)
-        head, tail = list(b.nodes), list[onnx.NodeProto]()
+        head: list[onnx.NodeProto] = list(b.nodes)
+        tail: list[onnx.NodeProto] = []
     else:
         head, tail = _concat_cache(graph, b, shape, s, rows, sliced)
     _around_the_export(graph, b, shape, head, tail, 1)
@@ -119,7 +123,8 @@ def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None =
         total = b.node("Add", [b.node("ReduceMax", [POSITION], keepdims=0), b.node("Squeeze", [s])])
         every_row = b.node("Range", [zero, total, one])  # [max(position) + S]
         b.node("Cast", [b.node("Less", [every_row, ends])], ATTENTION_MASK, to=TensorProto.INT64)
-        head, tail = list(b.nodes), list[onnx.NodeProto]()
+        head: list[onnx.NodeProto] = list(b.nodes)
+        tail: list[onnx.NodeProto] = []
     else:
         every_row = b.node("Range", [zero, b.node("Add", [b.const(np.array(max_length, np.int64)),
                                                           b.node("Squeeze", [s])]), one])
@@ -169,7 +174,7 @@ def _with_position(model: onnx.ModelProto, shape: Layout, batch: int | None, seq
     """A copy of ``model`` whose inputs are ``input_ids`` [batch, sequence], ``position`` [batch] and the cache at
     max_length rows: the export's own inputs that the position replaces (the mask, the position ids) become
     tensors computed in front of it (by the caller, with the builder returned)."""
-    form = onnx.ModelProto()
+    form: onnx.ModelProto = onnx_proto.messages().ModelProto()
     form.CopyFrom(model)
     graph = form.graph
     kept = [v for v in graph.input if v.name not in (ATTENTION_MASK, POSITION_IDS)]
@@ -180,7 +185,7 @@ def _with_position(model: onnx.ModelProto, shape: Layout, batch: int | None, seq
     if sequence is None:
         ids.type.tensor_type.shape.dim[1].dim_param = "sequence_length"
     rows: list[int | str | None] = [batch if batch is not None else BATCH_DIM]
-    graph.input.append(helper.make_tensor_value_info(POSITION, TensorProto.INT64, rows))
+    graph.input.append(make_tensor_value_info(POSITION, TensorProto.INT64, rows))
     for pair in shape.pairs:
         set_shape(next(v for v in graph.input if v.name == pair.past), (batch, *pair.shape[1:]))
     return form, graph, GraphBuilder(graph, PREFIX)

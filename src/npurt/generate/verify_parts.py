@@ -29,16 +29,18 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
-from .. import onnx_external
+from .. import onnx_external, onnx_proto
 from ..onnx_graph import Skeleton, read_skeleton
+from ..onnx_proto import TensorProto
 from .layout import ATTENTION_MASK, GQA_OP, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout
 from .static_form import FULL_SUFFIX
+
+if TYPE_CHECKING:
+    import onnx
 
 _MS = "com.microsoft"
 _NOISE = 7.0  # added to the buffer's rows past the position: any read of them moves the output
@@ -71,7 +73,7 @@ def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: flo
 
     try:
         shapes = _shapes(shape.max_length, chunk)
-        session = ort.InferenceSession(control.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(control.SerializeToString(), _one_thread(), providers=["CPUExecutionProvider"])
         worst: dict[str, Any] = {"ok": True, "where": "", "max_diff": 0.0, "tolerance": tolerance, "proof": "parts",
                                  "shapes": len(shapes)}
         controls = []
@@ -94,6 +96,17 @@ def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: flo
     return worst
 
 
+def _one_thread() -> Any:
+    """Session options for the parts' small graphs: the calling thread alone. A pool's threads would spin after each
+    run (ONNX Runtime's default) on the cores the rest of the load needs, for runs of well under a millisecond."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return options
+
+
 def _wrapped(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto
              ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | None:
     """The derived graph's nodes before and after the export's own (its logits renamed as static_form renames them),
@@ -101,7 +114,7 @@ def _wrapped(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto
     place of the mask and the position ids."""
     renamed = []
     for node in e_graph.node:
-        copy = onnx.NodeProto()
+        copy: onnx.NodeProto = onnx_proto.messages().NodeProto()
         copy.CopyFrom(node)
         for i, name in enumerate(copy.output):
             if name == LOGITS:
@@ -217,21 +230,19 @@ def _control_model(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, head: lis
     used = {name for n in nodes for name in n.input}
     logits = next(o for o in e_graph.output if o.name == LOGITS)
     inputs = [*(next(i for i in d_graph.input if i.name == name) for name in (INPUT_IDS, POSITION)),
-              helper.make_tensor_value_info(LOGITS + FULL_SUFFIX, logits.type.tensor_type.elem_type,
-                                            [1, None, shape.vocab])]
-    outputs = [helper.make_empty_tensor_value_info(name)
+              onnx_proto.make_tensor_value_info(LOGITS + FULL_SUFFIX, logits.type.tensor_type.elem_type,
+                                                [1, None, shape.vocab])]
+    outputs = [onnx_proto.make_empty_value_info(name)
                for name in [ATTENTION_MASK, *([POSITION_IDS] if shape.has_position_ids else []), LOGITS,
                             *sorted(targets)]]
-    graph = helper.make_graph(nodes, "npurt_ports", inputs, outputs,
-                              [i for i in d_graph.initializer if i.name in used])
+    graph = onnx_proto.make_graph(nodes, "npurt_ports", inputs, outputs,
+                                  [i for i in d_graph.initializer if i.name in used])
     return _model(graph, opsets)
 
 
 def _model(graph: onnx.GraphProto, opsets: list[onnx.OperatorSetIdProto]) -> onnx.ModelProto:
     """A model of ``graph`` at the export's opsets (the derived form's head is made at them too)."""
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
-    return model
+    return onnx_proto.make_model(graph, opsets, ir_version=8)
 
 
 def _shapes(max_length: int, chunk: int) -> list[tuple[int, int]]:
@@ -247,11 +258,15 @@ def _shapes(max_length: int, chunk: int) -> list[tuple[int, int]]:
 def _run_control(session: Any, e_graph: onnx.GraphProto, shape: Layout, position: int, s: int
                  ) -> tuple[dict[str, np.ndarray], str]:
     """The control values at (position, s), and what npurt's ports got wrong ("" where nothing)."""
-    rng = np.random.default_rng(position * 1000 + s)
-    ids = rng.integers(0, shape.vocab or 2, (1, s), dtype=np.int64)
+    rng = _Noise(position * 1000 + s)
+    ids = rng.integers(shape.vocab or 2, (1, s))
     vocab = shape.vocab or 2
-    full = np.arange(s * vocab).reshape(1, s, vocab).astype(  # (each row its own values)
-        helper.tensor_dtype_to_np_dtype(next(o for o in e_graph.output if o.name == LOGITS).type.tensor_type.elem_type))
+    dtype = onnx_proto.tensor_dtype_to_np_dtype(
+        next(o for o in e_graph.output if o.name == LOGITS).type.tensor_type.elem_type)
+    # each element its own value: made in float32 where that holds them exactly (an int64 range converted is ~4x the
+    # memory touched, ~10 ms a shape at a 49k vocabulary)
+    exact = dtype == np.float32 and s * vocab <= 2 ** 24
+    full = (np.arange(s * vocab, dtype=dtype) if exact else np.arange(s * vocab).astype(dtype)).reshape(1, s, vocab)
     names = [o.name for o in session.get_outputs()]
     values = dict(zip(names, session.run(names, {INPUT_IDS: ids, POSITION: np.array([position], np.int64),
                                                  LOGITS + FULL_SUFFIX: full})))
@@ -275,7 +290,7 @@ def _attention_modes(nodes: Sequence[onnx.NodeProto], skeleton: Skeleton, graph:
 
     node = nodes[0]
     pair = shape.pairs[0]
-    dtype = helper.tensor_dtype_to_np_dtype(pair.elem_type)
+    dtype = onnx_proto.tensor_dtype_to_np_dtype(pair.elem_type)
     heads = next(a.i for a in node.attribute if a.name == "num_heads")
     kv, head_dim = shape.kv_heads, shape.head_dim
     packed = not node.input[1]
@@ -286,34 +301,33 @@ def _attention_modes(nodes: Sequence[onnx.NodeProto], skeleton: Skeleton, graph:
     roles = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
              *node.input[7:9]]
     inputs = [r if (i >= 7 or node.input[i]) else "" for i, r in enumerate(roles[:len(node.input)])]
-    one = helper.make_node(GQA_OP, inputs, ["output", "present_key", "present_value"], domain=_MS)
+    one = onnx_proto.make_node(GQA_OP, inputs, ["output", "present_key", "present_value"], domain=_MS)
     one.attribute.extend(node.attribute)
-    fed = [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in inputs[:7] if n]
+    fed = [onnx_proto.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in inputs[:7] if n]
     for value in fed:  # (seqlens_k and total_sequence_length typed as the export computes them: _typed)
         value.type.tensor_type.elem_type = pair.elem_type
-    model = _model(helper.make_graph([one], "npurt_attention", fed,
-                                     [helper.make_empty_tensor_value_info(n)
-                                      for n in one.output],
-                                     [onnx.numpy_helper.from_array(a, n) for n, a in tables.items()]), opsets)
-    session = ort.InferenceSession(_typed(model, controls[0], node), providers=["CPUExecutionProvider"])
+    model = _model(onnx_proto.make_graph([one], "npurt_attention", fed,
+                                          [onnx_proto.make_empty_value_info(n) for n in one.output],
+                                          [onnx_proto.from_array(a, n) for n, a in tables.items()]), opsets)
+    session = ort.InferenceSession(_typed(model, controls[0], node), _one_thread(), providers=["CPUExecutionProvider"])
     width = (heads + 2 * kv) * head_dim if packed else heads * head_dim
     label = f"{GQA_OP} {node.name or node.output[0]}" + (f" (and {len(nodes) - 1} like it)" if len(nodes) > 1 else "")
     for (position, s), control in zip(shapes, controls):
-        rng = np.random.default_rng(position * 1000 + s + 1)
-        feeds: dict[str, np.ndarray] = {"query": rng.standard_normal((1, s, width)).astype(dtype)}
+        rng = _Noise(position * 1000 + s + 1)
+        feeds: dict[str, np.ndarray] = {"query": rng.unit((1, s, width)).astype(dtype)}
         if not packed:
-            feeds["key"] = rng.standard_normal((1, s, kv * head_dim)).astype(dtype)
-            feeds["value"] = rng.standard_normal((1, s, kv * head_dim)).astype(dtype)
+            feeds["key"] = rng.unit((1, s, kv * head_dim)).astype(dtype)
+            feeds["value"] = rng.unit((1, s, kv * head_dim)).astype(dtype)
         feeds["seqlens_k"] = control[node.input[5]]
         feeds["total_sequence_length"] = control[node.input[6]]
-        past = {n: rng.standard_normal((1, kv, position, head_dim)).astype(dtype) for n in ("past_key", "past_value")}
+        past = {n: rng.unit((1, kv, position, head_dim)).astype(dtype) for n in ("past_key", "past_value")}
         output, present_key, present_value = session.run(None, {**feeds, **past})
         # the same run with each past and its present one buffer of max_length rows (noise past the position)
         buffers = {}
         binding = session.io_binding()
         binding.bind_output("output")  # (the first output bound: copy_outputs_to_cpu's first)
         for name in ("past_key", "past_value"):
-            buffer = rng.standard_normal((1, kv, shape.max_length, head_dim)).astype(dtype) + dtype.type(_NOISE)
+            buffer = rng.unit((1, kv, shape.max_length, head_dim)).astype(dtype) + dtype.type(_NOISE)
             buffer[:, :, :position] = past[name]
             buffers[name] = (buffer, buffer.copy())
             value = ort.OrtValue.ortvalue_from_numpy(buffer)
@@ -342,13 +356,47 @@ def _attention_modes(nodes: Sequence[onnx.NodeProto], skeleton: Skeleton, graph:
             worst["max_diff"] = max(worst["max_diff"], diff)
 
 
+class _Noise:
+    """Pseudo-random values from a seed (SplitMix64 over a counter): numpy.random's import alone is ~20-40 ms of a
+    cold load, for values whose distribution does not matter here (any generic values show a difference)."""
+
+    _GAMMA = np.uint64(0x9E3779B97F4A7C15)
+    _MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+    def __init__(self, seed: int) -> None:
+        self._seed = np.array([seed], np.uint64) * self._GAMMA  # (arrays wrap around silently; scalars warn)
+        self._drawn = 0
+
+    def _bits(self, count: int) -> np.ndarray:
+        """``count`` uniform uint64 words, the next ones of this seed's stream."""
+        z = self._seed + np.arange(self._drawn + 1, self._drawn + count + 1, dtype=np.uint64) * self._GAMMA
+        self._drawn += count
+        z = (z ^ (z >> np.uint64(30))) * self._MIX[0]
+        z = (z ^ (z >> np.uint64(27))) * self._MIX[1]
+        result: np.ndarray = z ^ (z >> np.uint64(31))
+        return result
+
+    def integers(self, high: int, shape: tuple[int, ...]) -> np.ndarray:
+        """int64 values in [0, high)."""
+        values: np.ndarray = (self._bits(int(np.prod(shape))) % np.uint64(high)).astype(np.int64)
+        return values.reshape(shape)
+
+    def unit(self, shape: tuple[int, ...]) -> np.ndarray:
+        """float32 values of mean 0 and variance 1 (uniform over [-sqrt(3), sqrt(3))), two from each word."""
+        count = int(np.prod(shape))
+        words = self._bits((count + 1) // 2).view(np.uint32)[:count]
+        scale = np.float32(2.0 * 3.0 ** 0.5 / (1 << 24))
+        values: np.ndarray = ((words >> np.uint32(8)).astype(np.float32) * scale - np.float32(3.0 ** 0.5))
+        return values.reshape(shape)
+
+
 def _typed(model: onnx.ModelProto, control: dict[str, np.ndarray], node: onnx.NodeProto) -> bytes:
     """The one-node model with its control inputs typed as the export computes them."""
     for value in model.graph.input:
         if value.name == "seqlens_k":
-            value.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(control[node.input[5]].dtype)
+            value.type.tensor_type.elem_type = onnx_proto.np_dtype_to_tensor_dtype(control[node.input[5]].dtype)
         elif value.name == "total_sequence_length":
-            value.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(control[node.input[6]].dtype)
+            value.type.tensor_type.elem_type = onnx_proto.np_dtype_to_tensor_dtype(control[node.input[6]].dtype)
     data: bytes = model.SerializeToString()
     return data
 
@@ -359,11 +407,11 @@ def _array(skeleton: Skeleton, graph: onnx.GraphProto, places: dict[str, tuple[P
     file."""
     kept = next((i for i in graph.initializer if i.name == name), None)
     if kept is not None:
-        return onnx.numpy_helper.to_array(kept)
+        return onnx_proto.to_array(kept)
     weight = skeleton.weights[name]
     where = places[name]
     if where is None:
         raise ValueError(f"{name}: values in a typed field")
     path, offset, length = where
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(weight.elem_type))
+    dtype = np.dtype(onnx_proto.tensor_dtype_to_np_dtype(weight.elem_type))
     return np.fromfile(path, dtype, length // dtype.itemsize, offset=offset).reshape(weight.dims)
