@@ -66,6 +66,9 @@ class Generator:
         # per run length: the ids array and the run bound to it; the prefill chunk's and the step's are kept, and
         # the one other length the last prompt had
         self._io: dict[int, tuple[np.ndarray, BoundRun]] = {}
+        # the step's run bound now, which gives the stream its cache (onnxruntime-genai's Generator allocates its own
+        # as it is made too): not on the way to the first token (SmolLM2: 60 buffers, ~10-20 ms of a 2-core VM)
+        self._bound(1)
         self._tokens: list[int] = []  # the ids the cache holds, row by row
         # OpenVINO's growing form appends each run to the rows its state holds and fails a run that does not start
         # there (openvino_convert): the rows it holds (None: not known), cut before a run from an earlier position

@@ -147,10 +147,13 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
         def confirm() -> str:
             verdict = check.verdict()
             if verdict.get("proof") == "parts":
-                return (f"by its parts on {engine}: the export's nodes and weights unchanged, the cache read by "
-                        f"GroupQueryAttention alone, npurt's ports exact, and the attention's "
-                        f"{verdict['configurations']} configuration(s) with past and present in one buffer within "
-                        f"{verdict['max_diff']:.2g} of a growing past (tolerance {verdict['tolerance']:.2g}) on "
+                head = verdict.get("lm_head")
+                return (f"by its parts on {engine}: the export's nodes and weights unchanged"
+                        + (f" (its {head} LM head run on the last row only)" if head else "")
+                        + ", the cache read by GroupQueryAttention alone, npurt's ports exact, the attention's "
+                        f"{verdict['configurations']} configuration(s) with past and present in one buffer as with "
+                        "a growing past" + (", and the LM head's last row of a run as that row alone" if head else "")
+                        + f", within {verdict['max_diff']:.2g} (tolerance {verdict['tolerance']:.2g}) on "
                         f"{verdict['shapes']} prompt, chunk and step shapes")
             checked = (f"logits within {verdict['max_diff']:.2g} of the export's (tolerance "
                        f"{verdict['tolerance']:.2g}) on {engine}, a {verdict['prompt_tokens']}-id prompt in one run "
@@ -258,7 +261,7 @@ def _derived(make: Callable[[Path, layout.Layout, Path], Path], model_path: Path
 _FOLDERS_LOCK = threading.Lock()
 _FOLDER_LOCKS: dict[Path, threading.Lock] = {}  # a folder of derived models -> the lock of its derivation
 
-_VERSION = 7  # of the derivation and its facts: a change to static_form or openvino_convert makes new cache entries
+_VERSION = 8  # of the derivation and its facts: a change to static_form or openvino_convert makes new cache entries
 
 
 def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bool = False, *,

@@ -7,12 +7,15 @@ buffer of max_length rows (GroupQueryAttention's own shared-buffer mode). So the
 logits wherever:
 
 1. its nodes are the export's, in order, between npurt's head and the slice, over the export's own weights (the same
-   bytes of the same files, the same dims) and inputs: read from both graphs;
+   bytes of the same files, the same dims) and inputs: read from both graphs. Where the form runs a row-wise LM head
+   over its input's last row (``static_form.row_wise_head``), the slice is that input's, right before the head;
 2. the cache reaches nothing but GroupQueryAttention: each past is read only as a node's past key or value, each
    present is only that node's output, read by nothing: read from the graph;
 3. the head feeds the export what it is fed without the form (a mask of ones over position + S rows, position ids
    position .. position + S - 1) and the slice is the last row: run on the engine, together with what the export
-   computes from them for each GroupQueryAttention (its seqlens_k and total_sequence_length);
+   computes from them for each GroupQueryAttention (its seqlens_k and total_sequence_length); a row-wise LM head
+   gives the last row of S rows as it gives that row alone: its operator and attributes over its input's width, on
+   random weights (fewer columns) and rows, run on the engine for each S;
 4. each GroupQueryAttention configuration of the graph (its attributes, its rotary tables) gives the same output and
    the same cache rows with past and present in one buffer of max_length rows, the rows past the position holding
    noise, as with a past of position rows: run on the engine with random inputs on the prompt, chunk and step
@@ -37,25 +40,28 @@ from .. import onnx_external, onnx_proto
 from ..onnx_graph import Skeleton, read_skeleton
 from ..onnx_proto import TensorProto
 from .layout import ATTENTION_MASK, GQA_OP, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout
-from .static_form import FULL_SUFFIX
+from .static_form import FULL_SUFFIX, LAST_SUFFIX, row_wise_head
 
 if TYPE_CHECKING:
     import onnx
 
 _MS = "com.microsoft"
 _NOISE = 7.0  # added to the buffer's rows past the position: any read of them moves the output
+_HEAD_COLUMNS = 64  # the columns of a row-wise LM head's check (each output column is its own dot product)
 
 
 def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: float) -> dict[str, object] | None:
-    """The verdict (``ok``, ``where``, ``max_diff``, ``tolerance``, ``proof``, ``configurations``, ``shapes``) of
-    the derived form by its parts, or None where the form is not one they prove (the full check decides then)."""
+    """The verdict (``ok``, ``where``, ``max_diff``, ``tolerance``, ``proof``, ``configurations``, ``shapes``; and
+    ``lm_head``, its operator, where the form runs a row-wise LM head on the last row) of the derived form by its
+    parts, or None where the form is not one they prove (the full check decides then)."""
     try:
         e_skeleton, d_skeleton = read_skeleton(export), read_skeleton(derived)
     except (OSError, ValueError):
         return None
     e_model = e_skeleton.model
     e_graph, d_graph = e_model.graph, d_skeleton.model.graph
-    wrapped = _wrapped(e_graph, d_graph)
+    weight_dims = {w.name: w.dims for w in e_skeleton.weights.values()}
+    wrapped = _wrapped(e_graph, d_graph, weight_dims)
     gqa = [n for n in e_graph.node if n.op_type == GQA_OP and n.domain == _MS]
     try:
         places = onnx_external.places(e_skeleton)
@@ -64,9 +70,12 @@ def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: flo
     if wrapped is None or not gqa or not _same_weights(e_skeleton, d_skeleton, e_graph, d_graph, places) \
             or not _cache_only_in_attention(e_graph, shape) or not all(_plain(n, shape) for n in gqa):
         return None
-    head, tail = wrapped
+    head, tail, lm_head = wrapped
     opsets = list(e_model.opset_import)
-    control = _control_model(e_graph, d_graph, head, tail, gqa, shape, opsets)
+    cut = _Cut.of(e_graph, lm_head, weight_dims)
+    if cut is None:
+        return None
+    control = _control_model(e_graph, d_graph, head, tail, gqa, shape, opsets, cut)
     if control is None:
         return None
     import onnxruntime as ort
@@ -78,7 +87,7 @@ def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: flo
                                  "shapes": len(shapes)}
         controls = []
         for position, s in shapes:
-            values, wrong = _run_control(session, e_graph, shape, position, s)
+            values, wrong = _run_control(session, shape, cut, position, s)
             if wrong:
                 return {**worst, "ok": False, "where": f"npurt's ports at position {position} with {s} new: {wrong}",
                         "max_diff": float("inf")}
@@ -91,6 +100,9 @@ def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: flo
         worst["configurations"] = len(configurations)
         for nodes in configurations.values():
             _attention_modes(nodes, e_skeleton, e_graph, places, shape, shapes, controls, worst, opsets)
+        if lm_head is not None:
+            worst["lm_head"] = lm_head.op_type
+            _head_rows(lm_head, e_skeleton, e_graph, cut.width, sorted({s for _, s in shapes}), worst, opsets)
     except Exception:  # noqa: BLE001 - a part the engine cannot run: the full check decides (and says why)
         return None
     return worst
@@ -107,21 +119,28 @@ def _one_thread() -> Any:
     return options
 
 
-def _wrapped(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto
-             ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | None:
-    """The derived graph's nodes before and after the export's own (its logits renamed as static_form renames them),
-    where the export's nodes are there unchanged and in order, and its inputs are the export's with the position in
-    place of the mask and the position ids."""
+def _wrapped(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, weight_dims: dict[str, tuple[int, ...]]
+             ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], onnx.NodeProto | None] | None:
+    """The derived graph's nodes before and after the export's own (its logits renamed as static_form renames them,
+    or its row-wise LM head over its input's last row: that head, the export's, returned), where the export's nodes
+    are there unchanged and in order, and its inputs are the export's with the position in place of the mask and
+    the position ids."""
+    lm_head, cut = _sliced_head(e_graph, d_graph, weight_dims)
     renamed = []
     for node in e_graph.node:
         copy: onnx.NodeProto = onnx_proto.messages().NodeProto()
         copy.CopyFrom(node)
-        for i, name in enumerate(copy.output):
-            if name == LOGITS:
-                copy.output[i] = LOGITS + FULL_SUFFIX
-        for i, name in enumerate(copy.input):
-            if name == LOGITS:
-                copy.input[i] = LOGITS + FULL_SUFFIX
+        if node is lm_head:  # the slice of its input's last row right before it, which it reads
+            assert cut is not None
+            renamed.append(cut)
+            copy.input[0] = cut.output[0]
+        elif lm_head is None:
+            for i, name in enumerate(copy.output):
+                if name == LOGITS:
+                    copy.output[i] = LOGITS + FULL_SUFFIX
+            for i, name in enumerate(copy.input):
+                if name == LOGITS:
+                    copy.input[i] = LOGITS + FULL_SUFFIX
         renamed.append(copy)
     nodes = list(d_graph.node)
     start = next((h for h in range(len(nodes) - len(renamed) + 1) if nodes[h] == renamed[0]), None)
@@ -140,10 +159,30 @@ def _wrapped(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto
                                                        for n in head):
         return None
     made_after = {o for n in tail for o in n.output}
+    if lm_head is not None:
+        return (head, tail, lm_head) if not tail else None  # (the logits are the head's own output)
     if LOGITS not in made_after or not all(set(n.input) <= made_after | d_initializers | {LOGITS + FULL_SUFFIX}
                                            for n in tail):
         return None
-    return head, tail
+    return head, tail, None
+
+
+def _sliced_head(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, weight_dims: dict[str, tuple[int, ...]]
+                 ) -> tuple[onnx.NodeProto | None, onnx.NodeProto | None]:
+    """The export's row-wise LM head and the derived graph's Slice of its input's last row, where the derived graph's
+    logits come from that head over that slice (else None, None): a Slice node of the standard domain reading the
+    head's input, whose output alone the head reads in its place."""
+    lm_head = row_wise_head(e_graph, weight_dims)
+    if lm_head is None:
+        return None, None
+    rows = lm_head.input[0]
+    d_head = next((n for n in d_graph.node if LOGITS in n.output), None)
+    cut = next((n for n in d_graph.node if rows + LAST_SUFFIX in n.output), None)
+    if d_head is None or cut is None or not d_head.input or d_head.input[0] != rows + LAST_SUFFIX \
+            or cut.op_type != "Slice" or cut.domain not in ("", "ai.onnx") or list(cut.output) != [rows + LAST_SUFFIX] \
+            or not cut.input or cut.input[0] != rows:
+        return None, None
+    return lm_head, cut
 
 
 def _same_weights(e_skeleton: Skeleton, d_skeleton: Skeleton, e_graph: onnx.GraphProto, d_graph: onnx.GraphProto,
@@ -216,24 +255,59 @@ def _cone(graph: onnx.GraphProto, targets: set[str], leaves: set[str]) -> list[o
     return [n for n in graph.node if id(n) in needed]
 
 
+class _Cut:
+    """Where the derived form takes the last row: of the export's full logits (``source`` its logits renamed, the
+    slice after the export), or of a row-wise LM head's input (the slice before the head); ``width``: that tensor's
+    last dim, ``elem_type`` its type."""
+
+    def __init__(self, source: str, rows: str, width: int, elem_type: int) -> None:
+        self.source, self.rows, self.width, self.elem_type = source, rows, width, elem_type
+
+    @staticmethod
+    def of(e_graph: onnx.GraphProto, lm_head: onnx.NodeProto | None, weight_dims: dict[str, tuple[int, ...]]
+           ) -> _Cut | None:
+        logits = next(o for o in e_graph.output if o.name == LOGITS)
+        elem_type = logits.type.tensor_type.elem_type  # (a row-wise head's output has its input's type)
+        dims = logits.type.tensor_type.shape.dim
+        if lm_head is None:
+            vocab = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else 0
+            return _Cut(LOGITS + FULL_SUFFIX, LOGITS, vocab, elem_type) if vocab else None
+        width = _head_width(lm_head, e_graph, weight_dims)
+        return _Cut(lm_head.input[0], lm_head.input[0] + LAST_SUFFIX, width, elem_type) if width else None
+
+
+def _head_width(node: onnx.NodeProto, graph: onnx.GraphProto, weight_dims: dict[str, tuple[int, ...]]) -> int:
+    """A row-wise LM head's input width (K): a MatMul's weight's rows, a MatMulNBits' attribute K (0: not known)."""
+    if node.op_type == "MatMulNBits":
+        return next((a.i for a in node.attribute if a.name == "K"), 0)
+    dims = _dims(graph, weight_dims, node.input[1])
+    return int(dims[0]) if dims else 0
+
+
+def _dims(graph: onnx.GraphProto, weight_dims: dict[str, tuple[int, ...]], name: str) -> tuple[int, ...] | None:
+    kept = next((tuple(i.dims) for i in graph.initializer if i.name == name), None)
+    return kept if kept is not None else weight_dims.get(name)
+
+
 def _control_model(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, head: list[onnx.NodeProto],
                    tail: list[onnx.NodeProto], gqa: list[onnx.NodeProto], shape: Layout,
-                   opsets: list[onnx.OperatorSetIdProto]) -> onnx.ModelProto | None:
+                   opsets: list[onnx.OperatorSetIdProto], cut: _Cut) -> onnx.ModelProto | None:
     """npurt's head and slice with the export's nodes that compute each GroupQueryAttention's seqlens_k and
     total_sequence_length from the mask and ids: inputs the ids, the position and the export's full logits;
-    outputs the mask, the position ids, the logits and those control values."""
+    outputs the mask, the position ids, the logits and those control values. Where the form slices a row-wise LM
+    head's input, that slice in place of the tail, on that input."""
     targets = {n.input[i] for n in gqa for i in (5, 6)}
     cone = _cone(e_graph, targets, {INPUT_IDS, ATTENTION_MASK, POSITION_IDS})
     if cone is None:
         return None
-    nodes = [*head, *cone, *tail]
+    made = {o for n in tail for o in n.output}
+    slicer = [n for n in d_graph.node if cut.rows in n.output and cut.rows not in made]  # (the head's input's)
+    nodes = [*head, *cone, *tail, *slicer]
     used = {name for n in nodes for name in n.input}
-    logits = next(o for o in e_graph.output if o.name == LOGITS)
     inputs = [*(next(i for i in d_graph.input if i.name == name) for name in (INPUT_IDS, POSITION)),
-              onnx_proto.make_tensor_value_info(LOGITS + FULL_SUFFIX, logits.type.tensor_type.elem_type,
-                                                [1, None, shape.vocab])]
+              onnx_proto.make_tensor_value_info(cut.source, cut.elem_type, [1, None, cut.width])]
     outputs = [onnx_proto.make_empty_value_info(name)
-               for name in [ATTENTION_MASK, *([POSITION_IDS] if shape.has_position_ids else []), LOGITS,
+               for name in [ATTENTION_MASK, *([POSITION_IDS] if shape.has_position_ids else []), cut.rows,
                             *sorted(targets)]]
     graph = onnx_proto.make_graph(nodes, "npurt_ports", inputs, outputs,
                                   [i for i in d_graph.initializer if i.name in used])
@@ -255,28 +329,28 @@ def _shapes(max_length: int, chunk: int) -> list[tuple[int, int]]:
     return list(dict.fromkeys((p, s) for p, s in wanted if s >= 1 and p >= 0 and p + s <= max_length))
 
 
-def _run_control(session: Any, e_graph: onnx.GraphProto, shape: Layout, position: int, s: int
+def _run_control(session: Any, shape: Layout, cut: _Cut, position: int, s: int
                  ) -> tuple[dict[str, np.ndarray], str]:
     """The control values at (position, s), and what npurt's ports got wrong ("" where nothing)."""
     rng = _Noise(position * 1000 + s)
     ids = rng.integers(shape.vocab or 2, (1, s))
-    vocab = shape.vocab or 2
-    dtype = onnx_proto.tensor_dtype_to_np_dtype(
-        next(o for o in e_graph.output if o.name == LOGITS).type.tensor_type.elem_type)
+    width = cut.width
+    dtype = onnx_proto.tensor_dtype_to_np_dtype(cut.elem_type)
     # each element its own value: made in float32 where that holds them exactly (an int64 range converted is ~4x the
     # memory touched, ~10 ms a shape at a 49k vocabulary)
-    exact = dtype == np.float32 and s * vocab <= 2 ** 24
-    full = (np.arange(s * vocab, dtype=dtype) if exact else np.arange(s * vocab).astype(dtype)).reshape(1, s, vocab)
+    exact = dtype == np.float32 and s * width <= 2 ** 24
+    full = (np.arange(s * width, dtype=dtype) if exact else np.arange(s * width).astype(dtype)).reshape(1, s, width)
     names = [o.name for o in session.get_outputs()]
     values = dict(zip(names, session.run(names, {INPUT_IDS: ids, POSITION: np.array([position], np.int64),
-                                                 LOGITS + FULL_SUFFIX: full})))
+                                                 cut.source: full})))
     if not np.array_equal(values[ATTENTION_MASK], np.ones((1, position + s), np.int64)):
         return values, f"attention_mask {values[ATTENTION_MASK].tolist()} is not ones over {position + s} rows"
     if shape.has_position_ids and not np.array_equal(values[POSITION_IDS],
                                                      np.arange(position, position + s, dtype=np.int64)[None]):
         return values, f"position_ids {values[POSITION_IDS].tolist()} are not {position} .. {position + s - 1}"
-    if not np.array_equal(values[LOGITS], full[:, -1:]):
-        return values, "the logits are not the last row's"
+    if not np.array_equal(values[cut.rows], full[:, -1:]):
+        return values, ("the logits are not the last row's" if cut.rows == LOGITS else
+                        f"the LM head's input {cut.rows} is not its last row")
     return values, ""
 
 
@@ -354,6 +428,65 @@ def _attention_modes(nodes: Sequence[onnx.NodeProto], skeleton: Skeleton, graph:
                 worst["where"] = at
                 worst["ok"] = diff <= tolerance
             worst["max_diff"] = max(worst["max_diff"], diff)
+
+
+def _head_rows(node: onnx.NodeProto, skeleton: Skeleton, graph: onnx.GraphProto, width: int, rows: list[int],
+               worst: dict[str, Any], opsets: list[onnx.OperatorSetIdProto]) -> None:
+    """A row-wise LM head (its operator and attributes, over random weights of its input's width and at most
+    _HEAD_COLUMNS columns) on the engine: the last of each count of rows as that row alone gives it, into
+    ``worst``. ValueError where its weights' dims are not per column (the caller's full check decides then)."""
+    import onnxruntime as ort
+
+    def weight(name: str) -> tuple[tuple[int, ...], int]:  # (dims, element type)
+        kept = next((i for i in graph.initializer if i.name == name), None)
+        if kept is not None:
+            return tuple(kept.dims), kept.data_type
+        cut_out = skeleton.weights[name]
+        return tuple(cut_out.dims), cut_out.elem_type
+
+    columns_of = (next((a.i for a in node.attribute if a.name == "N"), 0) if node.op_type == "MatMulNBits"
+                  else weight(node.input[1])[0][-1])
+    columns = min(columns_of, _HEAD_COLUMNS)
+    if columns < 1:
+        raise ValueError(f"{node.name}: its columns are not known")
+    rng = _Noise(len(rows) * 7919 + width)
+    weights: list[TensorProto] = []
+    names: list[str] = []
+    for name in node.input[1:]:
+        names.append(name and f"w{len(names)}")
+        if not name:
+            continue
+        dims, elem_type = weight(name)
+        if not dims or (node.op_type == "MatMulNBits" and dims[0] % columns_of):
+            raise ValueError(f"{name}: dims not per column")
+        fewer = (dims[0], columns) if node.op_type == "MatMul" else (dims[0] // columns_of * columns, *dims[1:])
+        dtype = onnx_proto.tensor_dtype_to_np_dtype(elem_type)
+        values = (rng.integers(256, fewer).astype(dtype) if np.issubdtype(dtype, np.integer)
+                  else (rng.unit(fewer) * np.float32(0.05)).astype(dtype))
+        weights.append(onnx_proto.from_array(values, names[-1]))
+    one = onnx_proto.make_node(node.op_type, ["rows", *names], ["out"], domain=node.domain or None)
+    for attribute in node.attribute:
+        copy = onnx_proto.make_attribute(attribute.name, columns) if attribute.name == "N" else attribute
+        one.attribute.append(copy)
+    logits = next(o for o in graph.output if o.name == LOGITS)
+    dtype = onnx_proto.tensor_dtype_to_np_dtype(logits.type.tensor_type.elem_type)
+    model = _model(onnx_proto.make_graph(
+        [one], "npurt_lm_head", [onnx_proto.make_tensor_value_info("rows", logits.type.tensor_type.elem_type,
+                                                                   [1, None, width])],
+        [onnx_proto.make_empty_value_info("out")], weights), opsets)
+    session = ort.InferenceSession(model.SerializeToString(), _one_thread(), providers=["CPUExecutionProvider"])
+    label = f"the LM head {node.name or node.output[0]} ({node.op_type})"
+    for s in rows:
+        inputs = rng.unit((1, s, width)).astype(dtype)
+        (every,) = session.run(None, {"rows": inputs})
+        (last,) = session.run(None, {"rows": inputs[:, -1:]})
+        diff = float(np.abs(np.asarray(every[:, -1:], np.float64) - last).max())
+        diff = diff if np.isfinite(diff) else float("inf")
+        tolerance = worst["tolerance"] * max(1.0, float(np.abs(every).max()))
+        if worst["ok"] and (diff > tolerance or diff > worst["max_diff"]):
+            worst["where"] = f"{label}: the last of {s} rows against that row alone"
+            worst["ok"] = diff <= tolerance
+        worst["max_diff"] = max(worst["max_diff"], diff)
 
 
 class _Noise:
