@@ -4,8 +4,14 @@ Runtime backend against onnxruntime-genai on the same folder, in fresh processes
 Each run is a fresh Python process (``npurt.bench.fresh``): it loads the folder and generates greedily from the second
 reference chat's prompt (38 ids) to 64 new ids (no eos stop: both sides run the same number of steps), and reports
 its load time (from the engine's import to the model loaded: onnxruntime-genai's import loads ONNX Runtime, npurt's
-only as it loads a model), time to first token, decode ids/s after the first, and its memory (peak RSS added over
-the imports; npurt's check against the export runs in a child process beside the load, whose peak is reported too).
+only as it loads a model); the app's own imports before it (npurt's sides: ``npurt`` and numpy, ~0.2-0.3 s on this
+VM, numpy's OpenBLAS threads ~0.1 s of it; the GenAI sides': numpy, whose arrays they return), timed apart and
+left out of the load as ``npurt.bench.loads`` leaves out every side's imports but the engine's, and shown added to
+it as "start" (no target); the making of its generator (each side's allocates its KV cache there:
+onnxruntime-genai's ``og.Generator``, npurt's ``Generator``); time to first token (from the prompt handed over to
+the first id); decode ids/s after the first; and its memory (peak RSS added over the app's imports; npurt's check
+against the export runs in a child process beside the load, whose peak is reported too). The child loads this file
+by its path, so that nothing but the standard library is imported before each side starts its clock.
 The sides:
 
 - ``onnxruntime-genai``: ``og.Model(folder)``, ``append_tokens``, ``generate_next_token`` (its defaults);
@@ -56,9 +62,12 @@ def _child_peak_mib() -> float:
 def npurt_side(probe: Any, folder: str, prompt: list[int], cache_dir: str | None, threads: int | None
                ) -> dict[str, Any]:
     """npurt's VAIML backend (ONNX Runtime's CPU provider) over the folder: load, then 64 greedy ids."""
-    start = time.perf_counter()  # (the imports counted on both sides: npurt imports ONNX Runtime only as it loads)
-    from npurt import Generator, RunnerFactory
+    began = time.perf_counter()
+    from npurt import Generator, RunnerFactory  # (the app's imports: npurt and numpy; ONNX Runtime's is in the load)
 
+    imports_ms = (time.perf_counter() - began) * 1e3
+    probe.baseline()  # (the memory added from here)
+    start = time.perf_counter()
     options: dict[str, Any] = {"device": "CPU", "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": 16}}
     if cache_dir:
         options["cache_dir"] = cache_dir
@@ -66,15 +75,23 @@ def npurt_side(probe: Any, folder: str, prompt: list[int], cache_dir: str | None
         options["num_threads"] = threads
     runner = probe.keep(RunnerFactory.create_runner("VAIML", folder, options))
     load_ms = (time.perf_counter() - start) * 1e3
+    made = time.perf_counter()
     generator = probe.keep(Generator(runner))
+    generator_ms = (time.perf_counter() - made) * 1e3
     ids = generator.generate(prompt, NEW_TOKENS, eos_token_id=[])
     stats = generator.stats
-    return {"load_ms": load_ms, "first_inference_ms": stats["time_to_first_token_s"] * 1e3,
-            "decode_per_s": stats["decode_tokens_per_s"], "ids": ids, "child_peak_mib": _child_peak_mib()}
+    return {"load_ms": load_ms, "imports_ms": imports_ms, "generator_ms": generator_ms,
+            "first_inference_ms": stats["time_to_first_token_s"] * 1e3, "decode_per_s": stats["decode_tokens_per_s"],
+            "ids": ids, "child_peak_mib": _child_peak_mib()}
 
 
 def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
     """onnxruntime-genai over the folder: load, then 64 greedy ids, timed as npurt's Generator times itself."""
+    began = time.perf_counter()
+    import numpy  # noqa: F401 - the app's import (get_next_tokens gives numpy arrays: else imported at the first id)
+
+    imports_ms = (time.perf_counter() - began) * 1e3
+    probe.baseline()
     start = time.perf_counter()
     import onnxruntime_genai as og
 
@@ -82,7 +99,9 @@ def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
     load_ms = (time.perf_counter() - start) * 1e3
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=len(prompt) + NEW_TOKENS, min_length=len(prompt) + NEW_TOKENS)
+    made = time.perf_counter()
     generator = og.Generator(model, params)
+    generator_ms = (time.perf_counter() - made) * 1e3
     began = time.perf_counter()
     generator.append_tokens(prompt)
     generator.generate_next_token()
@@ -92,7 +111,8 @@ def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
         generator.generate_next_token()
         ids.append(int(generator.get_next_tokens()[0]))
     end = time.perf_counter()
-    return {"load_ms": load_ms, "first_inference_ms": (first - began) * 1e3,
+    return {"load_ms": load_ms, "imports_ms": imports_ms, "generator_ms": generator_ms,
+            "first_inference_ms": (first - began) * 1e3,
             "decode_per_s": (len(ids) - 1) / (end - first) if len(ids) > 1 else 0.0, "ids": ids,
             "child_peak_mib": 0.0}
 
@@ -100,25 +120,35 @@ def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
 def openvino_side(probe: Any, folder: str, prompt: list[int], cache_dir: str) -> dict[str, Any]:
     """npurt's OPENVINO backend over the builder's fp32 folder at f32 (its converted stateful form from cache_dir):
     load, then 64 greedy ids."""
-    start = time.perf_counter()
-    from npurt import Generator, RunnerFactory
+    began = time.perf_counter()
+    from npurt import Generator, RunnerFactory  # (the app's imports, as npurt_side's; OpenVINO's is in the load)
 
+    imports_ms = (time.perf_counter() - began) * 1e3
+    probe.baseline()
+    start = time.perf_counter()
     runner = probe.keep(RunnerFactory.create_runner("OPENVINO", folder, {
         "device": "CPU", "inference_precision": "f32", "cache_dir": cache_dir,
         "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": 16}}))
     load_ms = (time.perf_counter() - start) * 1e3
+    made = time.perf_counter()
     generator = probe.keep(Generator(runner))
+    generator_ms = (time.perf_counter() - made) * 1e3
     ids = generator.generate(prompt, NEW_TOKENS, eos_token_id=[])
     stats = generator.stats
-    return {"load_ms": load_ms, "first_inference_ms": stats["time_to_first_token_s"] * 1e3,
-            "decode_per_s": stats["decode_tokens_per_s"], "ids": ids, "child_peak_mib": 0.0}
+    return {"load_ms": load_ms, "imports_ms": imports_ms, "generator_ms": generator_ms,
+            "first_inference_ms": stats["time_to_first_token_s"] * 1e3, "decode_per_s": stats["decode_tokens_per_s"],
+            "ids": ids, "child_peak_mib": 0.0}
 
 
 def openvino_genai_side(probe: Any, folder: str, prompt: list[int], kv_cache: str = "f32") -> dict[str, Any]:
     """OpenVINO GenAI's LLMPipeline over an IR of the same weights (optimum-intel's export) at f32: load, then 64
     greedy ids, the first token and the rest timed by a streamer as npurt's Generator times itself."""
+    began = time.perf_counter()
+    import numpy as np  # (the app's import, as npurt's sides'; OpenVINO's and GenAI's are in the load)
+
+    imports_ms = (time.perf_counter() - began) * 1e3
+    probe.baseline()
     start = time.perf_counter()
-    import numpy as np
     import openvino as ov
     import openvino_genai as ovg
 
@@ -139,7 +169,8 @@ def openvino_genai_side(probe: Any, folder: str, prompt: list[int], kv_cache: st
     began = time.perf_counter()
     out = pipe.generate(ov.Tensor(np.array([prompt], np.int64)), config, Stamps())
     ids = [int(t) for t in np.asarray(out.tokens[0]).ravel()][:NEW_TOKENS]
-    return {"load_ms": load_ms, "first_inference_ms": (times[0] - began) * 1e3,
+    return {"load_ms": load_ms, "imports_ms": imports_ms, "generator_ms": 0.0,
+            "first_inference_ms": (times[0] - began) * 1e3,
             "decode_per_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0, "ids": ids,
             "child_peak_mib": 0.0}
 
@@ -171,7 +202,9 @@ def run(precision: str, runs: int, threads: int | None, scratch: Path, openvino_
     # the poem's prompt (38 ids): its answer runs 64 ids without an eos on both precisions, so that both sides make the
     # same ids (onnxruntime-genai's min_length suppresses an eos, npurt's eos_token_id=[] does not)
     prompt = real_models.reference(f"smollm2-genai-{precision}")["chats"][1]["prompt_ids"]  # type: ignore[index]
-    me = "benchmarks.real_chat"
+    # by file: the child loads this module without its package (benchmarks/__init__ imports npurt and numpy, which
+    # would then be in before the clock starts; only the standard library is imported at the top of this file)
+    me = str(Path(__file__).resolve())
     if openvino_genai is not None:  # npurt OPENVINO against OpenVINO GenAI's LLMPipeline, each at its defaults
         sides = {"OpenVINO GenAI": (f"{me}:openvino_genai_side", {"folder": str(openvino_genai), "prompt": prompt,
                                                                   "kv_cache": genai_kv_cache}),
@@ -193,6 +226,7 @@ def run(precision: str, runs: int, threads: int | None, scratch: Path, openvino_
     }
     return _rounds(sides, "onnxruntime-genai", runs,
                    {"load cold": ("npurt cold", "load_ms"), "load cached": ("npurt cached", "load_ms"),
+                    "start cold": ("npurt cold", "start_ms"), "start cached": ("npurt cached", "start_ms"),
                     "peak memory": ("npurt cold", "peak_mib"), "decode": ("npurt cached", "decode_per_s"),
                     "first token": ("npurt cached", "first_inference_ms")},
                    {"precision": precision, "threads": threads or "defaults", "engine": "CPU provider"})
@@ -221,8 +255,13 @@ def _rounds(sides: dict[str, tuple[str, dict[str, Any]]], anchor: str, runs: int
     def median(name: str, key: str) -> float:
         return float(statistics.median(r[name][key] for r in rounds))
 
-    figures = {name: {key: median(name, key) for key in ("load_ms", "first_inference_ms", "decode_per_s", "peak_mib",
-                                                          "process_peak_mib", "child_peak_mib")} for name in sides}
+    for r in rounds:
+        for got in r.values():
+            got["start_ms"] = got["imports_ms"] + got["load_ms"]
+    figures = {name: {key: median(name, key) for key in ("load_ms", "imports_ms", "start_ms", "generator_ms",
+                                                          "first_inference_ms",
+                                                          "decode_per_s", "peak_mib", "process_peak_mib",
+                                                          "child_peak_mib")} for name in sides}
     ratios = {what: float(statistics.median(r[name][key] / r[anchor][key] for r in rounds))
               for what, (name, key) in wanted.items()}
     return {**about, "anchor": anchor, "runs": runs, "same_ids": same, "figures": figures, "ratios": ratios}
@@ -254,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"({result['engine']})")
         print(label)
         for name, f in result["figures"].items():
-            print(f"  {name:18} load {f['load_ms']:7.0f} ms  first token {f['first_inference_ms']:6.1f} ms  "
+            print(f"  {name:18} load {f['load_ms']:7.0f} ms (imports before it {f['imports_ms']:4.0f})  "
+                  f"generator {f['generator_ms']:5.1f} ms  "
+                  f"first token {f['first_inference_ms']:6.1f} ms  "
                   f"decode {f['decode_per_s']:6.1f} ids/s  peak {f['peak_mib']:6.0f} MiB "
                   f"(process {f['process_peak_mib']:.0f}, check {f['child_peak_mib']:.0f})")
         print(f"  same ids every run, every side: {result['same_ids']}")
