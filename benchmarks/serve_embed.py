@@ -17,7 +17,10 @@ and against the in-process rate of the same texts (issue 59's "Fast, served").
 The sentences are ``benchmarks.embeddings.sentences`` (mixed lengths). Each round runs every side once, the order
 turned each round; the ratios are medians of the rounds' ratios. Every served vector is compared with the in-process
 one (the largest difference is reported). The load average at each round's start is reported: on a shared machine
-the rates move with it (the ratios less).
+the rates move with it (the ratios less). So is the CPU each side took a sentence (medians; Linux): the in-process
+side's, and for each served side its clients' (this process, where the eight openai clients run: ~3 ms a request)
+and its server's, which on a busy machine tell more than the rates (the served sides share the cores with their
+clients; the in-process side has them to itself).
 
 Targets, for each server: eight clients >= 1.3x one client's aggregate; eight clients >= 0.8x the in-process rate.
 The exit status is 0 where one of the servers meets both.
@@ -31,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -55,6 +59,19 @@ def served(address: str, texts: list[str], clients: int) -> tuple[float, np.ndar
     return seconds, np.stack(vectors)
 
 
+def process_cpu(pid: int | None = None) -> float:
+    """CPU seconds (user + system) this process (``pid`` None) or process ``pid`` has taken; NaN where unknown."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def servers(threads: int) -> dict[str, list[str]]:
     """Each server's flags beyond the common ones: at most ``threads`` engine threads in all (with one thread, no
     second run beside the first)."""
@@ -74,15 +91,18 @@ def run(runs: int, count: int, threads: int) -> dict[str, Any]:
     texts = sentences(count)
     rounds: list[dict[str, float]] = []
     loads: list[float] = []
+    cpus: dict[str, list[float]] = {}  # CPU seconds a sentence, each round: in_process, <side>/clients, <side>/server
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         local = stack.enter_context(Embedder(folder, "ONNXRUNTIME", "CPU", {"num_threads": threads}))
         addresses: dict[str, str] = {}
+        pids: dict[str, int] = {}
         for name, flags in servers(threads).items():
             args = ["--backend", "onnxruntime", "--device", "CPU", *flags, "--http", "127.0.0.1:0",
                     "--auto-truncate", "--embed", f"minilm={folder}"]  # as encode truncates (a few are past 256)
             service = stack.enter_context(ServiceProcess.start({}, Path(tmp) / f"{name}.sock", args))
             addresses[name] = service.http_address
+            pids[name] = service.process.pid
         want = local.encode(texts)  # warm-up, and the vectors every side is compared with
         for address in addresses.values():
             served(address, texts[:32], CLIENTS)
@@ -92,20 +112,26 @@ def run(runs: int, count: int, threads: int) -> dict[str, Any]:
             times: dict[str, float] = {}
             turn = r % len(sides)
             for side in sides[turn:] + sides[:turn]:
+                own = process_cpu()
                 if side == "in_process":
                     start = time.perf_counter()
                     local.encode(texts)
                     times[side] = time.perf_counter() - start
+                    cpus.setdefault(side, []).append((process_cpu() - own) / count)
                 else:
                     name, clients = side.split("/")
+                    server = process_cpu(pids[name])
                     seconds, got = served(addresses[name], texts, int(clients))
                     times[side] = seconds
+                    cpus.setdefault(f"{side}/clients", []).append((process_cpu() - own) / count)
+                    cpus.setdefault(f"{side}/server", []).append((process_cpu(pids[name]) - server) / count)
                     worst = max(worst, float(np.abs(got - want).max()))
             rounds.append({k: count / v for k, v in times.items()})
     result: dict[str, Any] = {
         "sentences": count, "threads": threads, "runs": runs, "clients": CLIENTS,
         "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)},
         "in_process_per_s": statistics.median(r["in_process"] for r in rounds), "servers": {},
+        "cpu_ms_per_sentence": {k: 1e3 * statistics.median(v) for k, v in cpus.items()},
         "targets": TARGETS, "max_abs_diff_vs_in_process": worst}
     for name, flags in servers(threads).items():
         one, eight = f"{name}/1", f"{name}/{CLIENTS}"
@@ -133,11 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     load = result["load_average"]
     print(f"{result['sentences']} sentences, {args.threads} engine threads, {args.runs} rounds (medians); load "
           f"average at the rounds' starts {load['median']:.2f} ({load['min']:.2f}-{load['max']:.2f})")
-    print(f"  in process      {result['in_process_per_s']:8.1f} sentences/s  (Embedder.encode of all, one call)")
+    cpu = result["cpu_ms_per_sentence"]
+    print(f"  in process      {result['in_process_per_s']:8.1f} sentences/s  (Embedder.encode of all, one call; "
+          f"CPU {cpu['in_process']:.1f} ms a sentence)")
     for name, side in result["servers"].items():
         print(f"  {name} ({' '.join(side['flags'])})")
-        print(f"    one client    {side['one_per_s']:8.1f} sentences/s")
-        print(f"    eight clients {side['eight_per_s']:8.1f} sentences/s")
+        for label, clients in (("one client   ", 1), ("eight clients", CLIENTS)):
+            per_s = side["one_per_s" if clients == 1 else "eight_per_s"]
+            key = f"{name}/{clients}"
+            print(f"    {label} {per_s:8.1f} sentences/s  (CPU a sentence: server {cpu[key + '/server']:.1f} ms, "
+                  f"clients {cpu[key + '/clients']:.1f} ms)")
         for key, value in side["ratios"].items():
             verdict = "met" if side["met"][key] else "MISSED"
             print(f"    {key:22s} {value:5.2f}x  (target >= {TARGETS[key]}x: {verdict})")

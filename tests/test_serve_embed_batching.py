@@ -6,6 +6,7 @@ loop (small) or in a worker thread (large)."""
 from __future__ import annotations
 
 import base64
+import threading
 import time
 
 import numpy as np
@@ -95,6 +96,75 @@ def test_one_thread_runs_everything_waiting_together(throughput):
     finally:
         batcher.close("test over")
     assert [n for *_, n in spans] == [8] and list(batcher.recent) == [(8, 8)]
+
+
+def _gated(embedder: Embedder, spans: list[tuple[float, float, int]], started: threading.Event,
+           gate: threading.Event):
+    """The real run, the first held until ``gate`` is set (a run in progress for as long as the test needs)."""
+    timed = _timed(embedder, spans)
+
+    def run(ids):
+        if not started.is_set():
+            started.set()
+            assert gate.wait(timeout=60)
+        return timed(ids)
+    return run
+
+
+def test_a_thread_free_beside_a_run_gathers_inputs_before_it_runs(throughput):
+    ids = throughput.tokenize(TEXTS[:4])
+    want = [throughput.encode_ids([i]) for i in ids]
+    spans: list[tuple[float, float, int]] = []
+    started, gate = threading.Event(), threading.Event()
+    batcher = TokenBatcher("t", _gated(throughput, spans, started, gate), 16384, 64, concurrent_runs=2,
+                           gather_inputs=3, gather_seconds=30)
+    try:
+        futures = [batcher.submit([ids[0]])]
+        assert started.wait(timeout=60)  # the first run is in progress (held)
+        for i in ids[1:]:  # one at a time, as clients send them: the free thread waits for the third
+            futures.append(batcher.submit([i]))
+            time.sleep(0.05)
+        got = [f.result(timeout=60) for f in futures[1:]]
+        assert [n for *_, n in spans] == [3]  # the three ran together, while the first was still held
+        gate.set()
+        got.insert(0, futures[0].result(timeout=60))
+    finally:
+        gate.set()
+        batcher.close("test over")
+    assert sorted(n for *_, n in spans) == [1, 3] and batcher.runs == 2
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 1e-6
+
+
+def test_a_gathering_thread_runs_at_once_when_the_run_beside_it_ends_and_a_lone_request_never_waits(throughput):
+    ids = throughput.tokenize(TEXTS[:2])
+    spans: list[tuple[float, float, int]] = []
+    started, gate = threading.Event(), threading.Event()
+    batcher = TokenBatcher("t", _gated(throughput, spans, started, gate), 16384, 64, concurrent_runs=2,
+                           gather_inputs=8, gather_seconds=30)
+    try:
+        first = batcher.submit([ids[0]])
+        assert started.wait(timeout=60)
+        second = batcher.submit([ids[1]])
+        time.sleep(0.2)
+        assert not second.done()  # gathering: one input of the eight it waits for
+        start = time.monotonic()
+        gate.set()  # the run beside it ends: nothing to gather for, both threads free
+        second.result(timeout=60), first.result(timeout=60)
+        assert time.monotonic() - start < 10  # not the 30 s gathering window
+        start = time.monotonic()
+        batcher.submit([ids[0]]).result(timeout=60)  # alone: no run beside it, no wait
+        assert time.monotonic() - start < 10
+    finally:
+        gate.set()
+        batcher.close("test over")
+
+
+def test_gathering_settings_are_checked(throughput):
+    for inputs, seconds in ((0, 0.004), (3, -1.0), (3, 100.0)):
+        with pytest.raises(ValueError, match="gather"):
+            TokenBatcher("t", throughput.encode_ids, 16384, 64, concurrent_runs=2, gather_inputs=inputs,
+                         gather_seconds=seconds)
 
 
 def test_a_run_that_fails_tells_its_requests_and_the_threads_go_on(throughput):
