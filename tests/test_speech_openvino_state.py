@@ -19,6 +19,7 @@ from npurt.speech.audio import load_decoder
 from npurt.speech.model import WhisperModel
 from npurt.types import NpuError
 from tests.helpers.real_models import folder, reference
+from tests.helpers.whisper import clip_features, reference_greedy
 
 pytestmark = pytest.mark.skipif("OPENVINO" not in RunnerFactory.available_backends(), reason="no OPENVINO backend")
 load_decoder()  # libsndfile before any runner: after onnxruntime-qnn's EP it crashes (npurt.speech.audio)
@@ -151,25 +152,12 @@ def test_random_whisper_greedy_on_openvino_state_equals_transformers() -> None:
     """The random-weight Whisper's greedy ids (its reference: transformers', 20 ids after <|startoftranscript|>)
     through the stateful steps, released and taken again clip after clip."""
     root, ref = folder("whisper-random"), reference("whisper-random")
-    optimum = folder("whisper-optimum")
-    features = {c["clip"]: np.load(optimum / c["features"]) for c in reference("whisper-optimum")["clips"]
-                if c["features"]}
+    features = clip_features()
     model = WhisperModel(root, "OPENVINO", {"device": "CPU"})
     try:
         assert model.stateful
         for clip in ref["clips"]:
-            logits, cache = model.prefill(model.encode(features[clip["clip"]][None]), ref["prompt_ids"])
-            scores = logits[-1:].astype(np.float32)
-            ids: list[int] = []
-            while len(ids) < ref["max_new_tokens"]:
-                scores[:, ref["suppress_tokens"]] = -np.inf
-                if not ids:
-                    scores[:, ref["begin_suppress_tokens"]] = -np.inf
-                token = int(np.argmax(scores[0]))
-                if token == ref["eot_id"]:
-                    break
-                ids.append(token)
-                scores = np.array(model.step(cache, [token]), np.float32)
+            ids, cache = reference_greedy(model, features[clip["clip"]], ref)
             model.release(cache)
             assert ids == clip["ids"], clip["clip"]
     finally:

@@ -21,32 +21,16 @@ from npurt.speech.audio import load_decoder
 from npurt.speech.model import WhisperModel
 from npurt.types import NpuUnsupportedError
 from tests.helpers.real_models import folder, reference
+from tests.helpers.whisper import clip_features, reference_greedy
 
 load_decoder()  # libsndfile before any runner: after onnxruntime-qnn's EP it crashes (npurt.speech.audio)
 
 PINNED = {"static_shapes": True}  # as an NPU's runners: one compiled engine per input shape
 
 
-def _features() -> dict[str, np.ndarray]:
-    optimum = folder("whisper-optimum")
-    return {c["clip"]: np.load(optimum / c["features"]) for c in reference("whisper-optimum")["clips"]
-            if c["features"]}
-
-
 def _greedy(model: WhisperModel, features: np.ndarray, ref: dict[str, Any]) -> list[int]:
-    """The reference's greedy decode (its prompt, suppressions and length) on ``model``."""
-    logits, cache = model.prefill(model.encode(features[None]), ref["prompt_ids"])
-    scores = logits[-1:].astype(np.float32)
-    ids: list[int] = []
-    while len(ids) < ref["max_new_tokens"]:
-        scores[:, ref["suppress_tokens"]] = -np.inf
-        if not ids:
-            scores[:, ref["begin_suppress_tokens"]] = -np.inf
-        token = int(np.argmax(scores[0]))
-        if token == ref["eot_id"]:
-            break
-        ids.append(token)
-        scores = np.array(model.step(cache, [token]), np.float32)
+    """The reference's greedy decode on ``model``, its cache checked (static where the model's is) and released."""
+    ids, cache = reference_greedy(model, features, ref)
     assert cache.static == model.static and cache.length == len(ref["prompt_ids"]) + len(ids)
     model.release(cache)
     return ids
@@ -58,7 +42,7 @@ def test_random_whisper_pinned_greedy_equals_transformers_in_one_compiled_shape(
     (ONNXRUNTIME here; VAIML on the real tiny.en below)."""
     backend = "ONNXRUNTIME"
     root, ref = folder("whisper-random"), reference("whisper-random")
-    features = _features()
+    features = clip_features()
     model = WhisperModel(root, backend, PINNED)
     try:
         assert model.pinned and model.static and not model.static_refused, model.describe()

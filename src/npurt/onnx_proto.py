@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["AttributeProto", "GraphProto", "ModelProto", "NodeProto", "OperatorSetIdProto", "TensorProto",
            "TensorShapeProto", "TypeProto", "ValueInfoProto", "from_array", "make_attribute", "make_empty_value_info",
            "make_graph", "make_model", "make_node", "make_tensor_value_info", "messages", "np_dtype_to_tensor_dtype",
-           "set_shape", "tensor_dtype_to_np_dtype", "to_array"]
+           "rename_tensor", "set_shape", "tensor_dtype_to_np_dtype", "to_array"]
 
 _MESSAGES = frozenset(("AttributeProto", "GraphProto", "ModelProto", "NodeProto", "OperatorSetIdProto", "TensorProto",
                        "TensorShapeProto", "TypeProto", "ValueInfoProto"))
@@ -208,6 +208,18 @@ def set_shape(value: ValueInfoProto, shape: Sequence[int | None], elem_type: int
             dim.dim_param = f"{value.name}:{axis}"
         else:
             dim.dim_value = int(d)
+
+
+def rename_tensor(graph: GraphProto, old: str, new: str) -> None:
+    """Tensor ``old`` is ``new``, for the node that writes it and every node that reads it (a graph output of that
+    name is left as it is: the caller writes the output anew)."""
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == old:
+                node.output[i] = new
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
 
 
 # TensorProto's element types that are numpy's own dtypes, one element per item (raw_data little-endian)

@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import onnx_proto
 from ..onnx_build import GraphBuilder
-from ..onnx_proto import TensorProto, make_tensor_value_info, set_shape
+from ..onnx_proto import TensorProto, make_tensor_value_info, rename_tensor, set_shape
 from .layout import ATTENTION_MASK, GROUP_QUERY, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout, read
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None =
         index = b.node("Unsqueeze", [rows, b.const([1, 3])])  # [B, 1, S, 1]
         for pair in pairs:
             full = pair.present + FULL_SUFFIX
-            _rename_output(graph, pair.present, full)
+            rename_tensor(graph, pair.present, full)
             new = b.node("Slice", [full, start, ends_all, axis])
             where = b.node("Expand", [index, b.node("Shape", [new])])
             b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
@@ -172,7 +172,7 @@ def _around_the_export(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, h
         export = [*graph.node[:at], *b.nodes, *graph.node[at:]]
         b.nodes.clear()
     else:
-        _rename_output(graph, LOGITS, LOGITS + FULL_SUFFIX)
+        rename_tensor(graph, LOGITS, LOGITS + FULL_SUFFIX)
         b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])],
                LOGITS)
         export = list(graph.node)
@@ -263,7 +263,7 @@ def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str
     index_shape = b.const([1, 1, -1, 1])
     for pair in shape.pairs:
         full = pair.present + FULL_SUFFIX
-        _rename_output(graph, pair.present, full)
+        rename_tensor(graph, pair.present, full)
         new = b.node("Slice", [full, start, ends, axis])
         where = b.node("Expand", [b.node("Reshape", [rows, index_shape]), b.node("Shape", [new])])
         b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
@@ -275,17 +275,6 @@ def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str
 def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
     """The export's nodes that read ``old`` read ``new`` instead."""
     for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name == old:
-                node.input[i] = new
-
-
-def _rename_output(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """The node that computes graph output ``old`` writes ``new`` instead (and its readers read it)."""
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == old:
-                node.output[i] = new
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new

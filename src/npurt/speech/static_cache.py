@@ -88,6 +88,7 @@ def derive(model: onnx.ModelProto, weight_dims: Mapping[str, tuple[int, ...]] | 
 
     from ..onnx_build import GraphBuilder
     from ..onnx_graph import graph_inputs
+    from ..onnx_proto import rename_tensor
 
     graph = model.graph
     inputs = {v.name: v for v in graph_inputs(graph)}
@@ -153,7 +154,7 @@ def derive(model: onnx.ModelProto, weight_dims: Mapping[str, tuple[int, ...]] | 
         if past.endswith(".key"):
             _mask_attention(present, readers, mask, b)
         full = f"{_PREFIX}_{present}"
-        _rename(graph, present, full)
+        rename_tensor(graph, present, full)
         new_row = NEW_ROW + past.removeprefix("past_key_values.")
         b.node("Slice", [full, b.const([max_length]), b.const([max_length + 1]), b.const([2])], new_row)
         pairs.append((past, new_row))
@@ -213,17 +214,6 @@ def _set_dims(value: onnx.ValueInfoProto, dims: tuple[int | str, ...]) -> None:
             dim.dim_param = d
         else:
             dim.dim_value = d
-
-
-def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """Tensor ``old`` is ``new``, for the node that writes it and every node that reads it."""
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == old:
-                node.output[i] = new
-        for i, name in enumerate(node.input):
-            if name == old:
-                node.input[i] = new
 
 
 def _prune(graph: onnx.GraphProto) -> None:
