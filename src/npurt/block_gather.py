@@ -35,7 +35,7 @@ def rewrite(model: onnx.ModelProto, weight_types: Mapping[str, int] | None = Non
     (the output takes the scales' type). ValueError naming a node whose settings are not the ones taken."""
     from onnx import TensorProto, helper
 
-    from .onnx_build import GraphBuilder  # (imports onnx: only where a model is rewritten)
+    from .onnx_build import GraphBuilder  # (only where a model is rewritten)
 
     graph = model.graph
     nodes = [n for n in graph.node if n.op_type == OP and n.domain == DOMAIN]

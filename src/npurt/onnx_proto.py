@@ -58,7 +58,9 @@ def messages() -> ModuleType:
     if _loaded is None:
         with _lock:
             if _loaded is None:
-                _loaded = sys.modules.get(_ONNX_PB2) or _load()
+                # (onnx's own where imported: through the import system, which waits for an import in progress on
+                # another thread instead of taking a module still being set up)
+                _loaded = importlib.import_module(_ONNX_PB2) if _ONNX_PB2 in sys.modules else _load()
     return _loaded
 
 

@@ -336,10 +336,14 @@ def _run_control(session: Any, shape: Layout, cut: _Cut, position: int, s: int
     ids = rng.integers(shape.vocab or 2, (1, s))
     width = cut.width
     dtype = onnx_proto.tensor_dtype_to_np_dtype(cut.elem_type)
-    # each element its own value: made in float32 where that holds them exactly (an int64 range converted is ~4x the
-    # memory touched, ~10 ms a shape at a 49k vocabulary)
-    exact = dtype == np.float32 and s * width <= 2 ** 24
-    full = (np.arange(s * width, dtype=dtype) if exact else np.arange(s * width).astype(dtype)).reshape(1, s, width)
+    # each element its own value where float32 holds them all exactly (made in float32: an int64 range converted is
+    # ~4x the memory touched, ~10 ms a shape at a 49k vocabulary); else each row its index, exact in any float dtype
+    # for these row counts (a range past float16's 65504 would be inf from its second row on: every row alike, and a
+    # slice of the wrong row unseen)
+    if dtype == np.float32 and s * width <= 2 ** 24:
+        full = np.arange(s * width, dtype=dtype).reshape(1, s, width)
+    else:
+        full = np.broadcast_to(np.arange(s).astype(dtype)[None, :, None], (1, s, width)).copy()
     names = [o.name for o in session.get_outputs()]
     values = dict(zip(names, session.run(names, {INPUT_IDS: ids, POSITION: np.array([position], np.int64),
                                                  cut.source: full})))

@@ -204,7 +204,9 @@ class WhisperModel:
         # writes into them (18 MB for tiny.en: fresh arrays cost their pages' first touch every window)
         self._cross_free: list[dict[str, np.ndarray]] = []
         self._streams_lock = threading.Lock()
-        self._temporary: Path | None = None  # the stateful form's folder where no cache_dir keeps it
+        # the derived forms' folder where no cache_dir keeps them (one for both: a stateful form refused before the
+        # static one is tried leaves its files there too, removed at close)
+        self._temporary: Path | None = None
         self.stateful = False
         self.state_refused: str | None = None  # why the stateful form was not used where it would have been
         self.static = False  # the steps run static_cache's form
@@ -294,15 +296,18 @@ class WhisperModel:
         from ..factory import RunnerFactory
 
         cache_dir = opts.get("cache_dir")
-        if cache_dir:
-            folder = openvino_state.folder_for(with_past, Path(cache_dir))
-        else:
-            folder = self._temporary = Path(tempfile.mkdtemp(prefix="npurt-whisper-"))
+        folder = openvino_state.folder_for(with_past, Path(cache_dir)) if cache_dir else self._scratch()
         path = openvino_state.stateful_decoder(with_past, folder)
         # the cache at f32 as the form was checked (the CPU plug-in's own default compresses it to u8)
         engine = {**openvino_state.ENGINE_OPTIONS, **dict(opts.get("engine_options") or {})}
         derived = {k: v for k, v in opts.items() if k != "cache_dir"}
         return RunnerFactory.create_runner("OPENVINO", path, {**derived, "device": "CPU", "engine_options": engine})
+
+    def _scratch(self) -> Path:
+        """The derived forms' folder of this model (made once), removed at close."""
+        if self._temporary is None:
+            self._temporary = Path(tempfile.mkdtemp(prefix="npurt-whisper-"))
+        return self._temporary
 
     def _static_runner(self, with_past: Path, backend: str, opts: dict[str, Any]) -> Any:
         """The runner over ``static_cache``'s form of ``with_past`` (derived into cache_dir, else a folder removed at
@@ -311,11 +316,8 @@ class WhisperModel:
         from ..factory import RunnerFactory
 
         cache_dir = opts.get("cache_dir")
-        if cache_dir:
-            folder = static_module.folder_for(with_past, Path(cache_dir))
-        else:
-            folder = self._temporary = Path(tempfile.mkdtemp(prefix="npurt-whisper-"))
         npu = backend == "QNN" or str(opts.get("device") or "").upper() == "NPU"
+        folder = static_module.folder_for(with_past, Path(cache_dir), npu) if cache_dir else self._scratch()
         path, layout = static_module.static_decoder(with_past, folder, copy_weights=npu)
         check = static_module.check(with_past, path, layout, "openvino" if backend == "OPENVINO" else "onnxruntime",
                                    folder)
@@ -495,15 +497,19 @@ class WhisperModel:
                      ) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
         """A row count's first step on a pinned device, run together and each row alone: a device that computes a
         batch row wrong (seen on Qualcomm's HTP for an encoder's [2, 16]) would give wrong beams as SUCCESS. Where a
-        row's logits part from its run alone (cosine under ``BATCH_COSINE``), that row count runs a row at a time
-        from then on (``batch_checks``, and a warning saying so)."""
+        row's logits and new cache rows part from its run alone (cosine under ``BATCH_COSINE``), that row count runs a
+        row at a time from then on (``batch_checks``, and a warning saying so)."""
         rows = tokens.shape[0]
         out = self._static_run(cache, tokens, position, slice(None))
         alone = [self._static_run(cache, tokens[r:r + 1], position, slice(r, r + 1)) for r in range(rows)]
         worst = 1.0
-        for r in range(rows):
-            a = np.asarray(out[static_module.LOGITS][r, -1], np.float64)
-            b = np.asarray(alone[r][static_module.LOGITS][0, -1], np.float64)
+        assert self.static_layout is not None
+        new_rows = [new_row for _, new_row in self.static_layout.pairs]
+        for r in range(rows):  # the row's logits and the new cache rows it returns, against the row alone
+            a = np.concatenate([np.asarray(out[static_module.LOGITS][r, -1], np.float64).ravel(),
+                                *(np.asarray(out[n][r], np.float64).ravel() for n in new_rows)])
+            b = np.concatenate([np.asarray(alone[r][static_module.LOGITS][0, -1], np.float64).ravel(),
+                                *(np.asarray(alone[r][n][0], np.float64).ravel() for n in new_rows)])
             norms = float(np.linalg.norm(a) * np.linalg.norm(b))
             cosine = float(a @ b) / norms if norms > 0 else float(np.array_equal(a, b))
             worst = min(worst, cosine if np.isfinite(cosine) else -1.0)

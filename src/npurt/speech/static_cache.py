@@ -23,9 +23,10 @@ computed the export's own positions and masks are removed (nothing reads them).
 
 Before first use the form is checked against the export (``check``): the export fed a growing cache, the form the
 same rows in a cache of max_length rows whose unused rows are random noise (a mask that let one count shows), on
-the engine the runner uses, their logits and new rows compared (``verify.Check``'s verdict and tolerance, kept
-beside the form). The generate path's checker (``verify_child``) cannot run it: it feeds ``attention_mask`` and a
-cache of ``past_key_values.{i}.key`` alone, where this decoder takes no mask and needs its cross-attention inputs.
+the CPU of the runner's engine (the graph npurt derived is checked, not a device's numerics), their logits and new
+rows compared (``verify.Check``'s verdict and tolerance, kept beside the form). The generate path's checker
+(``verify_child``) cannot run it: it feeds ``attention_mask`` and a cache of ``past_key_values.{i}.key`` alone,
+where this decoder takes no mask and needs its cross-attention inputs.
 
     python static_cache.py JSON      (the check's child: prints one JSON verdict)
 """
@@ -256,11 +257,12 @@ def _layer_order(name: str) -> tuple[int, str]:
     return int(found.group(1)), found.group(2)
 
 
-def folder_for(with_past: Path, cache_dir: Path) -> Path:
-    """The folder of ``cache_dir`` that keeps the static form of this export (keyed by its path, size and time)."""
+def folder_for(with_past: Path, cache_dir: Path, copy_weights: bool = False) -> Path:
+    """The folder of ``cache_dir`` that keeps the static form of this export (keyed by its path, size and time, and
+    whether its weights are copied: an NPU's runner loads the form with onnx, which refuses hard-linked data)."""
     stat = with_past.stat()
     key = hashlib.sha256(json.dumps([str(with_past.resolve()), stat.st_size, stat.st_mtime_ns, "static",
-                                     _VERSION]).encode())
+                                     _VERSION, copy_weights]).encode())
     return cache_dir / "speech" / key.hexdigest()[:32]
 
 
@@ -283,11 +285,14 @@ def static_decoder(with_past: Path, folder: Path, *, copy_weights: bool = False)
     from .. import onnx_external, onnx_graph
     from ..generate.verify import keep_json
 
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NpuError(f"cannot make the static form's folder {folder}: {e}") from None
     try:
         skeleton = onnx_graph.read_skeleton(with_past)
         model = skeleton.model
-    except ValueError as e:
+    except (OSError, ValueError) as e:
         raise NpuError(f"cannot read ONNX model {with_past}: {e}") from None
     try:
         layout = derive(model, {w.name: w.dims for w in skeleton.weights.values()})
