@@ -20,7 +20,7 @@ from onnx import TensorProto
 from . import formats, qdq
 from .onnx_build import GraphBuilder, Step
 from .onnx_graph import graph_inputs
-from .onnx_proto import set_shape
+from .onnx_proto import rename_uses, set_shape
 from .ports import Port
 from .types import DataType, NpuUnsupportedError, TensorType
 
@@ -47,27 +47,6 @@ DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
 
 def opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs_too: bool) -> None:
-    """Rename tensor ``old`` to ``new`` in node inputs (and outputs), also inside subgraphs that see it."""
-    for node in graph.node:
-        for i, n in enumerate(node.input):
-            if n == old:
-                node.input[i] = new
-        if outputs_too:
-            for i, n in enumerate(node.output):
-                if n == old:
-                    node.output[i] = new
-        for attr in node.attribute:
-            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-            for sub in subgraphs:
-                shadowed = {v.name for v in sub.input} | {i.name for i in sub.initializer}
-                if old not in shadowed:
-                    rename_uses(sub, old, new, outputs_too=False)
-    for vi in graph.value_info:
-        if vi.name == old:
-            vi.name = new
 
 
 class GraphEditor:

@@ -26,7 +26,8 @@ from onnx import TensorProto, helper
 
 from .frames import NV12_OFFSETS, NV12_TO_RGB, FrameInput, normalization, swaps_channels
 from .onnx_build import GraphBuilder
-from .onnx_edit import MIN_OPSET_FOR_EDITS, converted_to_opset13, opset, rename_uses
+from .onnx_edit import MIN_OPSET_FOR_EDITS, converted_to_opset13, opset
+from .onnx_proto import rename_uses
 from .types import DataType
 
 SUFFIX = "__npurt_frame"

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["AttributeProto", "GraphProto", "ModelProto", "NodeProto", "OperatorSetIdProto", "TensorProto",
            "TensorShapeProto", "TypeProto", "ValueInfoProto", "from_array", "make_attribute", "make_empty_value_info",
            "make_graph", "make_model", "make_node", "make_tensor_value_info", "messages", "np_dtype_to_tensor_dtype",
-           "rename_tensor", "set_shape", "tensor_dtype_to_np_dtype", "to_array"]
+           "rename_uses", "set_shape", "tensor_dtype_to_np_dtype", "to_array"]
 
 _MESSAGES = frozenset(("AttributeProto", "GraphProto", "ModelProto", "NodeProto", "OperatorSetIdProto", "TensorProto",
                        "TensorShapeProto", "TypeProto", "ValueInfoProto"))
@@ -212,16 +212,26 @@ def set_shape(value: ValueInfoProto, shape: Sequence[int | None], elem_type: int
             dim.dim_value = int(d)
 
 
-def rename_tensor(graph: GraphProto, old: str, new: str) -> None:
-    """Tensor ``old`` is ``new``, for the node that writes it and every node that reads it (a graph output of that
-    name is left as it is: the caller writes the output anew)."""
+def rename_uses(graph: GraphProto, old: str, new: str, outputs_too: bool) -> None:
+    """Rename tensor ``old`` to ``new`` in node inputs (and outputs), also inside subgraphs that see it."""
+    graph_kind = messages().AttributeProto.GRAPH
     for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == old:
-                node.output[i] = new
-        for i, name in enumerate(node.input):
-            if name == old:
+        for i, n in enumerate(node.input):
+            if n == old:
                 node.input[i] = new
+        if outputs_too:
+            for i, n in enumerate(node.output):
+                if n == old:
+                    node.output[i] = new
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == graph_kind else list(attr.graphs)
+            for sub in subgraphs:
+                shadowed = {v.name for v in sub.input} | {i.name for i in sub.initializer}
+                if old not in shadowed:
+                    rename_uses(sub, old, new, outputs_too=False)
+    for vi in graph.value_info:
+        if vi.name == old:
+            vi.name = new
 
 
 # TensorProto's element types that are numpy's own dtypes, one element per item (raw_data little-endian)

@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import onnx_proto
 from ..onnx_build import GraphBuilder
-from ..onnx_proto import TensorProto, make_tensor_value_info, rename_tensor, set_shape
+from ..onnx_proto import TensorProto, make_tensor_value_info, rename_uses, set_shape
 from .layout import ATTENTION_MASK, GROUP_QUERY, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout, read
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def derive_batch(model: onnx.ModelProto, max_length: int, sequence: int | None =
         index = b.node("Unsqueeze", [rows, b.const([1, 3])])  # [B, 1, S, 1]
         for pair in pairs:
             full = pair.present + FULL_SUFFIX
-            rename_tensor(graph, pair.present, full)
+            rename_uses(graph, pair.present, full, outputs_too=True)
             new = b.node("Slice", [full, start, ends_all, axis])
             where = b.node("Expand", [index, b.node("Shape", [new])])
             b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
@@ -172,7 +172,7 @@ def _around_the_export(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, h
         export = [*graph.node[:at], *b.nodes, *graph.node[at:]]
         b.nodes.clear()
     else:
-        rename_tensor(graph, LOGITS, LOGITS + FULL_SUFFIX)
+        rename_uses(graph, LOGITS, LOGITS + FULL_SUFFIX, outputs_too=True)
         b.node("Slice", [LOGITS + FULL_SUFFIX, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])],
                LOGITS)
         export = list(graph.node)
@@ -202,13 +202,20 @@ def row_wise_head(graph: onnx.GraphProto, weight_dims: Mapping[str, tuple[int, .
         return None
     node: onnx.NodeProto = makers[0]
     if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) == 2:
-        weight = next((tuple(i.dims) for i in graph.initializer if i.name == node.input[1]),
-                      (weight_dims or {}).get(node.input[1]))
+        weight = initializer_dims(graph, weight_dims, node.input[1])
         return node if weight is not None and len(weight) == 2 else None
     if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and len(node.input) >= 3 \
             and not any(node.input[4:5]):
         return node
     return None
+
+
+def initializer_dims(graph: onnx.GraphProto, weight_dims: Mapping[str, tuple[int, ...]] | None, name: str
+                     ) -> tuple[int, ...] | None:
+    """The dims of initializer ``name``: the graph's own, else ``weight_dims``' (those left out of it); None where
+    it is neither."""
+    kept = next((tuple(i.dims) for i in graph.initializer if i.name == name), None)
+    return kept if kept is not None else (weight_dims or {}).get(name)
 
 
 def _with_position(model: onnx.ModelProto, shape: Layout, batch: int | None, sequence: int | None
@@ -246,7 +253,7 @@ def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str
         visible = b.node("GreaterOrEqual", [every_row, zero])
         for pair in shape.pairs:
             used = b.node("Slice", [pair.past, b.const([0]), POSITION, b.const([2])])
-            _rename_input(graph, pair.past, used)
+            rename_uses(graph, pair.past, used, outputs_too=False)
     else:  # cache rows before the position, then every new token (the export makes it causal among them)
         every_row = b.node("Range", [zero, b.node("Add", [b.const(np.array(max_length, np.int64)),
                                                           b.node("Squeeze", [s])]), one])
@@ -263,18 +270,10 @@ def _concat_cache(graph: onnx.GraphProto, b: GraphBuilder, shape: Layout, s: str
     index_shape = b.const([1, 1, -1, 1])
     for pair in shape.pairs:
         full = pair.present + FULL_SUFFIX
-        rename_tensor(graph, pair.present, full)
+        rename_uses(graph, pair.present, full, outputs_too=True)
         new = b.node("Slice", [full, start, ends, axis])
         where = b.node("Expand", [b.node("Reshape", [rows, index_shape]), b.node("Shape", [new])])
         b.node("ScatterElements", [pair.past, where, new], pair.present, axis=2)
     tail = list(b.nodes)
     b.nodes.clear()
     return head, tail
-
-
-def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """The export's nodes that read ``old`` read ``new`` instead."""
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name == old:
-                node.input[i] = new

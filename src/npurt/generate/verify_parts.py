@@ -40,7 +40,7 @@ from .. import onnx_external, onnx_proto
 from ..onnx_graph import Skeleton, read_skeleton
 from ..onnx_proto import TensorProto
 from .layout import ATTENTION_MASK, GQA_OP, INPUT_IDS, LOGITS, POSITION, POSITION_IDS, Layout
-from .static_form import FULL_SUFFIX, LAST_SUFFIX, row_wise_head
+from .static_form import FULL_SUFFIX, LAST_SUFFIX, initializer_dims, row_wise_head
 
 if TYPE_CHECKING:
     import onnx
@@ -280,13 +280,8 @@ def _head_width(node: onnx.NodeProto, graph: onnx.GraphProto, weight_dims: dict[
     """A row-wise LM head's input width (K): a MatMul's weight's rows, a MatMulNBits' attribute K (0: not known)."""
     if node.op_type == "MatMulNBits":
         return next((a.i for a in node.attribute if a.name == "K"), 0)
-    dims = _dims(graph, weight_dims, node.input[1])
+    dims = initializer_dims(graph, weight_dims, node.input[1])
     return int(dims[0]) if dims else 0
-
-
-def _dims(graph: onnx.GraphProto, weight_dims: dict[str, tuple[int, ...]], name: str) -> tuple[int, ...] | None:
-    kept = next((tuple(i.dims) for i in graph.initializer if i.name == name), None)
-    return kept if kept is not None else weight_dims.get(name)
 
 
 def _control_model(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, head: list[onnx.NodeProto],

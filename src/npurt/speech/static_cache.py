@@ -89,7 +89,7 @@ def derive(model: onnx.ModelProto, weight_dims: Mapping[str, tuple[int, ...]] | 
 
     from ..onnx_build import GraphBuilder
     from ..onnx_graph import graph_inputs
-    from ..onnx_proto import rename_tensor
+    from ..onnx_proto import rename_uses
 
     graph = model.graph
     inputs = {v.name: v for v in graph_inputs(graph)}
@@ -155,7 +155,7 @@ def derive(model: onnx.ModelProto, weight_dims: Mapping[str, tuple[int, ...]] | 
         if past.endswith(".key"):
             _mask_attention(present, readers, mask, b)
         full = f"{_PREFIX}_{present}"
-        rename_tensor(graph, present, full)
+        rename_uses(graph, present, full, outputs_too=True)
         new_row = NEW_ROW + past.removeprefix("past_key_values.")
         b.node("Slice", [full, b.const([max_length]), b.const([max_length + 1]), b.const([2])], new_row)
         pairs.append((past, new_row))
