@@ -5,8 +5,8 @@ padding masked) and its missing rows filled with copies of its last row (whose r
 A batch shape on an NPU can be computed wrong and still return SUCCESS (Qualcomm's HTP emulator computes row 1 of
 a [2, 16] MiniLM batch wrong). So each bucket of more than one row is verified when it is set up: a batch of
 ragged probe rows run in it must give, row by row, what each row gives alone in the bucket of one row at that
-sequence length (cosine >= ``COSINE``). A bucket that fails is refused (``on_wrong="error"``: NpuError) or left
-out, its batches run one row at a time, with a ``BucketWarning`` saying so (``on_wrong="batch1"``).
+sequence length (cosine >= ``batch_rows.LEAST_COSINE``). A bucket that fails is refused (``on_wrong="error"``:
+NpuError) or left out, its batches run one row at a time, with a ``BucketWarning`` saying so (``on_wrong="batch1"``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..batch_rows import LEAST_COSINE, row_cosine
 from ..types import NpuError
 from .batching import Batch, check_budget, longest_first
 
-COSINE = 0.9999  # a row in a batch against the same row alone: the least cosine accepted
 DEFAULT_SEQUENCES = (16, 32, 64, 128, 256, 512)
 DEFAULT_BATCH = 8
 DEFAULT_BUCKET_TOKENS = 2048  # the positions the default buckets of more than one row hold at most
@@ -105,14 +105,10 @@ def verify(shape: tuple[int, int], forward: Forward, vocab_size: int, bracket: S
     for r in range(batch):
         alone = np.asarray(forward(ids[r:r + 1], mask[r:r + 1]), np.float64)[0]
         row = together[r]
-        denominator = float(np.linalg.norm(row) * np.linalg.norm(alone))
-        cosine = float(row @ alone) / denominator if denominator > 0 else float(np.array_equal(row, alone))
-        if not np.isfinite(cosine):
-            cosine = -1.0
-        worst = min(worst, cosine)
+        worst = min(worst, row_cosine(row, alone))
         difference = float(np.abs(row - alone).max()) if np.isfinite(row).all() else float("inf")
         largest = max(largest, difference)
-    return BucketCheck(shape, worst >= COSINE, worst, largest)
+    return BucketCheck(shape, worst >= LEAST_COSINE, worst, largest)
 
 
 class Buckets:

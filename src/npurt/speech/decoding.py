@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import DecoderCache, WhisperModel
+from .decoder_cache import DecoderCache
+from .model import WhisperModel
 from .tokens import SpecialTokens
 
 NEG_INF = np.float32(-np.inf)

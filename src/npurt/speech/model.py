@@ -46,15 +46,16 @@ from typing import Any
 
 import numpy as np
 
+from ..batch_rows import LEAST_COSINE, row_cosine
 from . import openvino_state
 from . import static_cache as static_module
+from .decoder_cache import DecoderCache, repeat_first_row
 
 ENCODER = "encoder_model.onnx"
 DECODER = "decoder_model.onnx"
 DECODER_WITH_PAST = "decoder_with_past_model.onnx"
 DECODER_MERGED = "decoder_model_merged.onnx"
 
-BATCH_COSINE = 0.9999  # a beam row's logits in a step of several rows against the same row alone: the least accepted
 _CROSS_KEPT = 4  # released windows' cross-attention arrays kept for the next prompts' runs, at most
 _PRESENT = re.compile(r"^present\.(\d+)\.(decoder|encoder)\.(key|value)$")
 
@@ -89,70 +90,6 @@ class WhisperFiles:
         return files
 
 
-@dataclass
-class DecoderCache:
-    """One window's decoder state for ``rows`` sequences: the self-attention cache (grown a row per step) and the
-    cross-attention keys and values (computed once for the window).
-
-    On the stateful path (``stateful``) the self-attention cache lives in ``stream``'s variables once the first step
-    has run; ``self_kv`` stays the prompt's rows (the variables' value after a reset), ``order`` the rows the next
-    step continues (None: each its own), and the cross-attention keys and values keep one row for every row."""
-
-    self_kv: dict[str, np.ndarray]  # past_key_values.{i}.decoder.{key,value} -> [rows, heads, length, head_dim]
-    cross_kv: dict[str, np.ndarray]  # past_key_values.{i}.encoder.{key,value} -> [rows, heads, frames, head_dim]
-    hidden: np.ndarray | None  # the encoder's output, where the merged form needs it at every step
-    stateful: bool = False
-    stream: Any = None  # the stateful path's stream, taken at the first step (WhisperModel.release gives it back)
-    order: np.ndarray | None = None  # stateful: int32 [rows], each row's source row in the state
-    state_rows: int = 1  # stateful: the rows the state holds
-    state_length: int = 0  # stateful: the positions the state holds
-    # stateful: per row count, the step's tensors (its ids, beam_idx and logits arrays written and read in place)
-    runs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, Any]] | None = None
-    released: bool = False  # stateful: WhisperModel.release gave its stream back (no more steps)
-    # static (static_cache's form): self_kv holds max_target_positions rows, the first ``position`` of them written
-    static: bool = False
-    position: int = 0
-
-    def __post_init__(self) -> None:
-        if self.stateful:
-            self.state_length = int(next(iter(self.self_kv.values())).shape[2])
-
-    @property
-    def rows(self) -> int:
-        if self.stateful:
-            return self.state_rows if self.order is None else int(self.order.shape[0])
-        return int(next(iter(self.self_kv.values())).shape[0])
-
-    @property
-    def length(self) -> int:
-        if self.stateful:
-            return self.state_length
-        if self.static:
-            return self.position
-        return int(next(iter(self.self_kv.values())).shape[2])
-
-    def select(self, rows: Sequence[int] | np.ndarray) -> None:
-        """Keep these rows of the self-attention cache, in this order (beam search: each beam's parent)."""
-        order = np.asarray(rows, np.int64)
-        if self.stateful:  # the next step gathers them inside the plug-in (beam_idx)
-            if order.size and (order.min() < 0 or order.max() >= self.rows):
-                raise ValueError(f"rows {order.tolist()} of a cache of {self.rows}")
-            self.order = (order if self.order is None else self.order[order]).astype(np.int32)
-            return
-        if order.shape[0] != self.rows:  # the row count changes: the cross-attention rows follow
-            self.cross_kv = {k: _rows(v, len(order)) for k, v in self.cross_kv.items()}
-            if self.static:  # new arrays of the new count; the rows written only (the rest are never read)
-                self.self_kv = {k: _gathered(v, order, self.position) for k, v in self.self_kv.items()}
-                return
-        if np.array_equal(order, np.arange(self.rows)):
-            return
-        if self.static:  # in place, the rows written only
-            for v in self.self_kv.values():
-                v[:, :, :self.position] = v[order, :, :self.position]
-            return
-        self.self_kv = {k: np.ascontiguousarray(v[order]) for k, v in self.self_kv.items()}
-
-
 _IDENTITY: dict[int, np.ndarray] = {}
 
 
@@ -162,18 +99,6 @@ def _identity(rows: int) -> np.ndarray:
     if order is None:
         order = _IDENTITY[rows] = np.arange(rows, dtype=np.int32)
     return order
-
-
-def _gathered(cache: np.ndarray, order: np.ndarray, position: int) -> np.ndarray:
-    """A static cache of ``len(order)`` rows whose first ``position`` positions are ``cache``'s rows ``order``."""
-    out = np.zeros((len(order), *cache.shape[1:]), cache.dtype)
-    out[:, :, :position] = cache[order, :, :position]
-    return out
-
-
-def _rows(array: np.ndarray, rows: int) -> np.ndarray:
-    """``array``'s first row repeated ``rows`` times (the cross-attention keys of a window are one row's)."""
-    return np.ascontiguousarray(np.broadcast_to(array[:1], (rows, *array.shape[1:])))
 
 
 class WhisperModel:
@@ -449,7 +374,7 @@ class WhisperModel:
         feeds: dict[str, np.ndarray] = {"input_ids": tokens, **cache.self_kv, **cache.cross_kv}
         if self.merged:
             assert cache.hidden is not None
-            feeds["encoder_hidden_states"] = _rows(cache.hidden, cache.rows)
+            feeds["encoder_hidden_states"] = repeat_first_row(cache.hidden, cache.rows)
             feeds["use_cache_branch"] = np.ones(1, np.bool_)
         out = self.decoder_with_past.run(feeds)
         cache.self_kv = {past: out[present] for present, past in self._self_names}
@@ -497,8 +422,8 @@ class WhisperModel:
                      ) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
         """A row count's first step on a pinned device, run together and each row alone: a device that computes a
         batch row wrong (seen on Qualcomm's HTP for an encoder's [2, 16]) would give wrong beams as SUCCESS. Where a
-        row's logits and new cache rows part from its run alone (cosine under ``BATCH_COSINE``), that row count runs a
-        row at a time from then on (``batch_checks``, and a warning saying so)."""
+        row's logits and new cache rows part from its run alone (cosine under ``batch_rows.LEAST_COSINE``), that row
+        count runs a row at a time from then on (``batch_checks``, and a warning saying so)."""
         rows = tokens.shape[0]
         out = self._static_run(cache, tokens, position, slice(None))
         alone = [self._static_run(cache, tokens[r:r + 1], position, slice(r, r + 1)) for r in range(rows)]
@@ -510,10 +435,8 @@ class WhisperModel:
                                 *(np.asarray(out[n][r], np.float64).ravel() for n in new_rows)])
             b = np.concatenate([np.asarray(alone[r][static_module.LOGITS][0, -1], np.float64).ravel(),
                                 *(np.asarray(alone[r][n][0], np.float64).ravel() for n in new_rows)])
-            norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-            cosine = float(a @ b) / norms if norms > 0 else float(np.array_equal(a, b))
-            worst = min(worst, cosine if np.isfinite(cosine) else -1.0)
-        ok = worst >= BATCH_COSINE
+            worst = min(worst, row_cosine(a, b))
+        ok = worst >= LEAST_COSINE
         with self._streams_lock:
             self.batch_checks[rows] = (ok, worst)
         if not ok:
