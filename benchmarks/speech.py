@@ -19,9 +19,10 @@ over the six utterances of ``speech-clips`` (3-10 s).
   with ``WhisperProcessor``'s features, ``generate(do_sample=False, num_beams=1)`` at the folder's generation config;
 - ``ctranslate2``: ``ctranslate2.models.Whisper(model.bin, compute_type="float32")`` (faster-whisper's engine) with the
   feature extractor's features, ``generate([prompt], beam_size=1)``;
-- ``openvino-genai`` (with the OPENVINO row): ``openvino_genai.WhisperPipeline(DIR, "CPU",
-  INFERENCE_NUM_THREADS=T, KV_CACHE_PRECISION="f32").generate(samples)`` (its own features, greedy, its stateful
-  decoder; its cache at npurt's f32, where optimum-intel's IR asks for f16: ``--genai-kv-cache f16``), in npurt's
+- ``openvino-genai`` (with the OPENVINO row): ``openvino_genai.WhisperPipeline(DIR, "CPU", INFERENCE_NUM_THREADS=T,
+  INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32").generate(samples)`` (its own features, greedy, its
+  stateful decoder; at npurt's f32, where optimum-intel's IR asks for an f16 cache (``--genai-kv-cache f16``) and the
+  CPU plug-in infers in bf16 on a CPU with AMX unless told f32), in npurt's
   process, DIR the ``whisper-openvino`` product of tools/real_models (optimum-intel's IR of the same weights) or
   ``--openvino-genai DIR``. It gives text, not ids: its text is compared with CTranslate2's.
 
@@ -266,9 +267,10 @@ class GenAI:
     def __init__(self, folder: Path, threads: int, kv_cache: str = "f32") -> None:
         import openvino_genai  # type: ignore[import-untyped]  # (no stubs, no py.typed)
 
-        # (the same cache precision as npurt's: optimum-intel's IR asks for f16 in its runtime options)
+        # (the same precisions as npurt's: optimum-intel's IR asks for an f16 cache in its runtime options, and the
+        # CPU plug-in infers in bf16 on a CPU with AMX / AVX-512 BF16 unless told f32, as npurt tells it)
         self.pipeline = openvino_genai.WhisperPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=threads,
-                                                       KV_CACHE_PRECISION=kv_cache)
+                                                       INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION=kv_cache)
 
     def transcribe(self, samples: np.ndarray) -> str:
         text: str = self.pipeline.generate(samples, return_timestamps=False).texts[0]
