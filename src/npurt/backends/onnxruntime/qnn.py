@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -187,6 +186,8 @@ class QnnProvider(ExecutionProvider):
     def refusal_reasons(self, model: str, provider_options: Mapping[str, str], optimization: int) -> dict[str, str]:
         """The QNN EP says why it refuses a node only in ONNX Runtime's verbose log (op validation): a session made
         again in a child process with that log on stderr, parsed (the app's own stderr and log stay untouched)."""
+        import subprocess  # (only here: ~10 ms of every process's first ONNX Runtime backend, its cached load's 2-3 %)
+
         request = json.dumps({"model": model, "options": dict(provider_options), "optimization": optimization})
         try:
             child = subprocess.run([sys.executable, "-c", _VALIDATION_PROBE, request], capture_output=True,
