@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tests.helpers.real_models import folder, reference
+
+from tools.real_models import path as folder
+from tools.real_models import reference
 
 CLIP = "fox"  # the shortest of speech-clips (3.20 s)
 LOG: Any = None
@@ -54,13 +56,13 @@ def ref_ids(model: str) -> list[int]:
 
 
 def top_two_gap(scores: np.ndarray) -> tuple[int, int, float]:
-    order = np.argsort(scores)[::-1][:2]
+    order = np.argsort(-scores, kind="stable")[:2]  # (on a tie the lower id first, as greedy's argmax picks)
     return int(order[0]), int(order[1]), float(scores[order[0]] - scores[order[1]])
 
 
 def top5(scores: np.ndarray) -> list[list[float]]:
     """The five highest (id, value) of masked scores: the values at a near tie."""
-    order = np.argsort(scores)[::-1][:5]
+    order = np.argsort(-scores, kind="stable")[:5]
     return [[int(i), float(scores[i])] for i in order]
 
 
@@ -281,6 +283,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     LOG = open(out / f"{mode}.log", "a")  # noqa: SIM115
     log(f"{mode} {model_name} pid {os.getpid()} affinity {sorted(os.sched_getaffinity(0))}")
+    if mode not in ("htp", "cpu"):
+        raise SystemExit(f"tools.htp_whisper: mode 'htp' or 'cpu', got {mode!r} (see the module's docstring)")
     (run_htp if mode == "htp" else run_cpu)(out, model_name)
 
 

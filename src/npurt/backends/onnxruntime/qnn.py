@@ -186,7 +186,7 @@ class QnnProvider(ExecutionProvider):
     def refusal_reasons(self, model: str, provider_options: Mapping[str, str], optimization: int) -> dict[str, str]:
         """The QNN EP says why it refuses a node only in ONNX Runtime's verbose log (op validation): a session made
         again in a child process with that log on stderr, parsed (the app's own stderr and log stay untouched)."""
-        import subprocess  # (only here: ~10 ms of every process's first ONNX Runtime backend, its cached load's 2-3 %)
+        import subprocess  # (only here: 7-17 ms of every process's first ONNX Runtime backend, its cached load's 2-3 %)
 
         request = json.dumps({"model": model, "options": dict(provider_options), "optimization": optimization})
         try:
