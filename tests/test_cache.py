@@ -455,7 +455,7 @@ def test_the_optimization_level_in_the_key_is_onnxruntimes_own_text():
     """ONNX Runtime's key names the optimization level by the text str(level) gives (written out in the adapter:
     pybind11's str is slow the first time in a process): every level's text agrees, and levels differ, so entries
     stored before still serve and a changed level still misses."""
-    from npurt.backends.onnxruntime.adapter import OPTIMIZATION_KEY_TEXTS, OPTIMIZATION_LEVELS
+    from npurt.backends.onnxruntime.options import OPTIMIZATION_KEY_TEXTS, OPTIMIZATION_LEVELS
 
     assert OPTIMIZATION_KEY_TEXTS == {name: str(level) for name, level in OPTIMIZATION_LEVELS.items()}
     assert len(set(OPTIMIZATION_KEY_TEXTS.values())) == len(OPTIMIZATION_LEVELS)

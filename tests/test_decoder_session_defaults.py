@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from npurt import RunnerFactory
-from npurt.backends.onnxruntime import adapter
+from npurt.backends.onnxruntime import options as ort_options
 from npurt.backends.onnxruntime.engine import OrtEngine
 from npurt.backends.onnxruntime.options import decoder_threads
 from npurt.options import NUM_THREADS_ENV
@@ -57,7 +57,7 @@ def test_onnxruntime_genai_s_thread_count() -> None:
 
 @pytest.mark.parametrize("backend", ["ONNXRUNTIME", "VAIML"])
 def test_a_decoder_runs_with_onnxruntime_genai_s_threads(model: Path, backend: str) -> None:
-    expected = decoder_threads(adapter.cores())
+    expected = decoder_threads(ort_options.cores())
     with decoder_runner(backend, model) as r:
         assert session_threads(r) == expected
         settings = dict(r.device_info.engine_settings)
@@ -66,7 +66,7 @@ def test_a_decoder_runs_with_onnxruntime_genai_s_threads(model: Path, backend: s
 
 
 def test_the_default_follows_the_cpus_the_process_may_use(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(adapter, "cores", lambda: 8)
+    monkeypatch.setattr(ort_options, "cores", lambda: 8)
     with decoder_runner("ONNXRUNTIME", model) as r:
         assert session_threads(r) == 4
         assert dict(r.device_info.engine_settings)["intra_op_num_threads"] == "4"
@@ -85,7 +85,7 @@ def test_num_threads_and_engine_options_win_over_the_decoder_default(model: Path
 
 
 def test_the_thread_hint_still_shares_the_cores(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(adapter, "cores", lambda: 8)
+    monkeypatch.setattr(ort_options, "cores", lambda: 8)
     with decoder_runner("ONNXRUNTIME", model, performance_hint="THROUGHPUT", max_concurrent_runs=4) as r:
         assert session_threads(r) == 2  # 8 cores over 4 runs, before the decoder's default
         assert dict(r.device_info.engine_settings)["allow_spinning"] == "0"

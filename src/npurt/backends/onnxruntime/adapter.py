@@ -38,27 +38,13 @@ from ...ports import DATA_TYPES_ONNX, Port, PortFactory, PortSpec, Remember, Sig
 from ...types import DeviceInfo, NodePlacement, NpuError, NpuUnsupportedError, TensorDirection
 from .engine import OrtEngine
 from .optimized import KEY_PART, weights_bytes, write_beside
-from .options import OPTIMIZATION, SESSION_FIELDS, SPINNING, intra_op_threads, read_session_options, spinning_off
+from .options import OPTIMIZATION_KEY_TEXTS, engine_settings, optimization_name, read_session_options, session_options
 from .placement import ModelNodes, Placement
 from .providers import CPU_EP, ExecutionProvider
 from .sessions import cpu_session
 
 log = logging.getLogger("npurt")
 
-OPTIMIZATION_LEVELS = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
-# each level as the cache key names it: the text str(level) gives, written out (pybind11's str of an enum member took
-# ~30 us the first time in a process, in every warm load; tests/test_cache.py checks that the texts agree)
-OPTIMIZATION_KEY_TEXTS = {
-    "disable": "GraphOptimizationLevel.ORT_DISABLE_ALL",
-    "basic": "GraphOptimizationLevel.ORT_ENABLE_BASIC",
-    "extended": "GraphOptimizationLevel.ORT_ENABLE_EXTENDED",
-    "all": "GraphOptimizationLevel.ORT_ENABLE_ALL",
-}
 DEVICE_FAMILIES = ("NPU", "GPU", "CPU")
 _CPU_PROVIDER = ExecutionProvider()  # ONNX Runtime's CPU provider, where a session gets no EP
 
@@ -71,13 +57,6 @@ def _decided(spec: PortSpec, shape: Sequence[Any] | None) -> tuple[int | None, .
     if shape is None or len(shape) != len(spec.shape):
         return spec.shape
     return tuple(d if isinstance(d, int) and d >= 0 else k for d, k in zip(shape, spec.shape))
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class OrtBackend(Backend):
@@ -349,7 +328,7 @@ class OrtBackend(Backend):
             device = {"device": "CPU", "cpu": cpu, "initializers": KEY_PART}
         parts: dict[str, Any] = {
             "backend": self.name, "engine": ort.__version__, **device,
-            "optimization": OPTIMIZATION_KEY_TEXTS[self._optimization_name()],
+            "optimization": OPTIMIZATION_KEY_TEXTS[optimization_name(self._session_options)],
             "session": sorted((k, str(v)) for k, v in self._session_options.items())}
         # the output shapes kept with the entry are decided from the input shapes (pinned ones included), and the
         # views built into an edited graph depend on the input ports
@@ -379,57 +358,12 @@ class OrtBackend(Backend):
 
     # -- sessions ---------------------------------------------------------------------------------------
     def _session_options_object(self, strict: bool = True) -> ort.SessionOptions:
-        so = ort.SessionOptions()
-        so.log_severity_level = (self.provider or _CPU_PROVIDER).log_severity(self.options.log_level)
-        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        threads = self.intra_op_threads()
-        if threads is not None:
-            so.intra_op_num_threads = threads
-        if spinning_off(self.options) and SPINNING not in self._session_options:  # (an entry added twice: a warning)
-            so.add_session_config_entry(SPINNING, "0")
-        level = self._optimization_level()
-        for key, value in self._session_options.items():  # (read at open: read_session_options)
-            if key == OPTIMIZATION:
-                continue  # (the level above)
-            if key in SESSION_FIELDS:
-                setattr(so, key, value)
-            else:
-                so.add_session_config_entry(key, str(value))
-        so.graph_optimization_level = level
-        if strict and self.on_ep and self.options.fallback == "error":
-            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        return so
-
-    def _optimization_level(self) -> ort.GraphOptimizationLevel:
-        """engine_options' graph_optimization_level (ValueError for a bad one), else ONNX Runtime's default: all."""
-        return OPTIMIZATION_LEVELS[self._optimization_name()]
-
-    def _optimization_name(self) -> str:
-        """The optimization level's name in OPTIMIZATION_LEVELS (ValueError for a bad one)."""
-        value = self._session_options.get(OPTIMIZATION, "all")
-        name = str(value).strip().lower()
-        if name not in OPTIMIZATION_LEVELS:
-            raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
-                             f"{', '.join(OPTIMIZATION_LEVELS)}")
-        return name
-
-    def intra_op_threads(self) -> int | None:
-        """Intra-op threads per run (``options.intra_op_threads``, over the CPUs this process may use)."""
-        return intra_op_threads(self.options, cores())
+        return session_options(self.options, self._session_options,
+                               (self.provider or _CPU_PROVIDER).log_severity(self.options.log_level),
+                               no_cpu_fallback=strict and self.on_ep and self.options.fallback == "error")
 
     def engine_settings(self) -> dict[str, str]:
-        """What the sessions run with: the threads and spinning in effect (engine_options win, as on the session),
-        the hint, and every other session option as read (``read_session_options``)."""
-        given = self._session_options
-        threads = given["intra_op_num_threads"] if "intra_op_num_threads" in given else self.intra_op_threads()
-        spinning = given.get(SPINNING, "0" if spinning_off(self.options) else "1")
-        settings = {"intra_op_num_threads": str(threads) if threads else "0 (every physical core)",
-                    "allow_spinning": str(spinning)}
-        if self.options.performance_hint:
-            settings["performance_hint"] = self.options.performance_hint
-        settings.update((k, v.name if isinstance(v, ort.ExecutionMode) else str(v)) for k, v in given.items()
-                        if k not in ("intra_op_num_threads", SPINNING))
-        return settings
+        return engine_settings(self.options, self._session_options)
 
     def _session(self, source: bytes | str, key: str, optimized_to: Path | None = None, optimized: bool = False,
                  data_folder: str | None = None) -> ort.InferenceSession:

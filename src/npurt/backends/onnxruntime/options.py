@@ -4,12 +4,15 @@ provider options), read once when the model opens.
 They come as Python values or as text (the commands' ``--engine-option KEY=VALUE``), so each is read strictly:
 ``bool("0")`` would turn on an arena that the text turns off. SessionOptions fields get their types, config
 entries (``area.key``) stay text, and a name that is neither is refused: an OpenVINO property given to every
-backend tried would otherwise become a config entry that ONNX Runtime ignores.
+backend tried would otherwise become a config entry that ONNX Runtime ignores. ``session_options`` makes the
+SessionOptions of every session of a runner from them and npurt's own choices (threads, spinning), and
+``engine_settings`` reports what is in effect.
 """
 
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +26,22 @@ _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false":
 _COUNTS = ("intra_op_num_threads", "inter_op_num_threads")
 _SWITCHES = ("enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse")
 SESSION_FIELDS = (*_COUNTS, *_SWITCHES, "execution_mode")  # set on SessionOptions as read here
-OPTIMIZATION = "graph_optimization_level"  # kept as given: the adapter reads it (its own names, and the cache key's)
+OPTIMIZATION = "graph_optimization_level"  # kept as given: read by optimization_name (its own names, the cache key's)
+
+OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+# each level as the cache key names it: the text str(level) gives, written out (pybind11's str of an enum member took
+# ~30 us the first time in a process, in every warm load; tests/test_cache.py checks that the texts agree)
+OPTIMIZATION_KEY_TEXTS = {
+    "disable": "GraphOptimizationLevel.ORT_DISABLE_ALL",
+    "basic": "GraphOptimizationLevel.ORT_ENABLE_BASIC",
+    "extended": "GraphOptimizationLevel.ORT_ENABLE_EXTENDED",
+    "all": "GraphOptimizationLevel.ORT_ENABLE_ALL",
+}
 
 
 def decoder_threads(cpus: int) -> int:
@@ -52,6 +70,65 @@ def spinning_off(options: RunnerOptions) -> bool:
     """Whether idle intra-op threads stop spin-waiting: with several runs at once they steal each other's cores. One
     run at a time keeps ONNX Runtime's default (spinning): its threads wait for that run's next parallel section."""
     return options.performance_hint == "THROUGHPUT" and (options.max_concurrent_runs or 2) > 1
+
+
+def cores() -> int:
+    """The CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def optimization_name(given: Mapping[str, Any]) -> str:
+    """engine_options' graph_optimization_level as a name of OPTIMIZATION_LEVELS (ValueError for a bad one), else
+    ONNX Runtime's default: all."""
+    value = given.get(OPTIMIZATION, "all")
+    name = str(value).strip().lower()
+    if name not in OPTIMIZATION_LEVELS:
+        raise ValueError(f"engine_options 'graph_optimization_level': {value!r} is not one of "
+                         f"{', '.join(OPTIMIZATION_LEVELS)}")
+    return name
+
+
+def session_options(options: RunnerOptions, given: Mapping[str, Any], log_severity: int,
+                    no_cpu_fallback: bool = False) -> ort.SessionOptions:
+    """The SessionOptions every session of a runner is made with: npurt's choices (threads, spinning), then the
+    engine options as read (``given``: ``read_session_options``'), ``no_cpu_fallback`` forbidding nodes on the CPU."""
+    so = ort.SessionOptions()
+    so.log_severity_level = log_severity
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    threads = intra_op_threads(options, cores())
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    if spinning_off(options) and SPINNING not in given:  # (an entry added twice: a warning)
+        so.add_session_config_entry(SPINNING, "0")
+    level = OPTIMIZATION_LEVELS[optimization_name(given)]
+    for key, value in given.items():
+        if key == OPTIMIZATION:
+            continue  # (the level above)
+        if key in SESSION_FIELDS:
+            setattr(so, key, value)
+        else:
+            so.add_session_config_entry(key, str(value))
+    so.graph_optimization_level = level
+    if no_cpu_fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    return so
+
+
+def engine_settings(options: RunnerOptions, given: Mapping[str, Any]) -> dict[str, str]:
+    """What the sessions run with: the threads and spinning in effect (engine_options win, as on the session), the
+    hint, and every other session option as read (``read_session_options``)."""
+    threads = given["intra_op_num_threads"] if "intra_op_num_threads" in given else intra_op_threads(options, cores())
+    spinning = given.get(SPINNING, "0" if spinning_off(options) else "1")
+    settings = {"intra_op_num_threads": str(threads) if threads else "0 (every physical core)",
+                "allow_spinning": str(spinning)}
+    if options.performance_hint:
+        settings["performance_hint"] = options.performance_hint
+    settings.update((k, v.name if isinstance(v, ort.ExecutionMode) else str(v)) for k, v in given.items()
+                    if k not in ("intra_op_num_threads", SPINNING))
+    return settings
 
 
 def read_session_options(given: Mapping[str, Any]) -> dict[str, Any]:
