@@ -62,18 +62,25 @@ def _child_peak_mib() -> float:
 def npurt_side(probe: Any, folder: str, prompt: list[int], cache_dir: str | None, threads: int | None
                ) -> dict[str, Any]:
     """npurt's VAIML backend (ONNX Runtime's CPU provider) over the folder: load, then 64 greedy ids."""
-    began = time.perf_counter()
-    from npurt import Generator, RunnerFactory  # (the app's imports: npurt and numpy; ONNX Runtime's is in the load)
-
-    imports_ms = (time.perf_counter() - began) * 1e3
-    probe.baseline()  # (the memory added from here)
-    start = time.perf_counter()
     options: dict[str, Any] = {"device": "CPU", "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": 16}}
     if cache_dir:
         options["cache_dir"] = cache_dir
     if threads:
         options["num_threads"] = threads
-    runner = probe.keep(RunnerFactory.create_runner("VAIML", folder, options))
+    return {**_npurt_generates(probe, "VAIML", folder, options, prompt), "child_peak_mib": _child_peak_mib()}
+
+
+def _npurt_generates(probe: Any, backend: str, folder: str, options: dict[str, Any], prompt: list[int]
+                     ) -> dict[str, Any]:
+    """An npurt side: the app's imports (npurt and numpy; the engine's import is in the load), the load, the
+    Generator's making, then 64 greedy ids."""
+    began = time.perf_counter()
+    from npurt import Generator, RunnerFactory
+
+    imports_ms = (time.perf_counter() - began) * 1e3
+    probe.baseline()  # (the memory added from here)
+    start = time.perf_counter()
+    runner = probe.keep(RunnerFactory.create_runner(backend, folder, options))
     load_ms = (time.perf_counter() - start) * 1e3
     made = time.perf_counter()
     generator = probe.keep(Generator(runner))
@@ -82,7 +89,7 @@ def npurt_side(probe: Any, folder: str, prompt: list[int], cache_dir: str | None
     stats = generator.stats
     return {"load_ms": load_ms, "imports_ms": imports_ms, "generator_ms": generator_ms,
             "first_inference_ms": stats["time_to_first_token_s"] * 1e3, "decode_per_s": stats["decode_tokens_per_s"],
-            "ids": ids, "child_peak_mib": _child_peak_mib()}
+            "ids": ids}
 
 
 def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
@@ -120,24 +127,9 @@ def genai_side(probe: Any, folder: str, prompt: list[int]) -> dict[str, Any]:
 def openvino_side(probe: Any, folder: str, prompt: list[int], cache_dir: str) -> dict[str, Any]:
     """npurt's OPENVINO backend over the builder's fp32 folder at f32 (its converted stateful form from cache_dir):
     load, then 64 greedy ids."""
-    began = time.perf_counter()
-    from npurt import Generator, RunnerFactory  # (the app's imports, as npurt_side's; OpenVINO's is in the load)
-
-    imports_ms = (time.perf_counter() - began) * 1e3
-    probe.baseline()
-    start = time.perf_counter()
-    runner = probe.keep(RunnerFactory.create_runner("OPENVINO", folder, {
+    return {**_npurt_generates(probe, "OPENVINO", folder, {
         "device": "CPU", "inference_precision": "f32", "cache_dir": cache_dir,
-        "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": 16}}))
-    load_ms = (time.perf_counter() - start) * 1e3
-    made = time.perf_counter()
-    generator = probe.keep(Generator(runner))
-    generator_ms = (time.perf_counter() - made) * 1e3
-    ids = generator.generate(prompt, NEW_TOKENS, eos_token_id=[])
-    stats = generator.stats
-    return {"load_ms": load_ms, "imports_ms": imports_ms, "generator_ms": generator_ms,
-            "first_inference_ms": stats["time_to_first_token_s"] * 1e3, "decode_per_s": stats["decode_tokens_per_s"],
-            "ids": ids, "child_peak_mib": 0.0}
+        "decoder": {"max_length": MAX_LENGTH, "prefill_chunk": 16}}, prompt), "child_peak_mib": 0.0}
 
 
 def openvino_genai_side(probe: Any, folder: str, prompt: list[int], kv_cache: str = "f32") -> dict[str, Any]:
