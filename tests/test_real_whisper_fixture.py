@@ -16,6 +16,7 @@ import soundfile
 from tokenizers import Tokenizer
 
 from tests.helpers.real_models import folder, reference
+from tests.helpers.whisper import clip_features
 
 EOT = 50256
 
@@ -115,9 +116,7 @@ def test_saved_features_give_ctranslate2s_ids_through_the_export():
 
 def test_random_whisper_gives_transformers_ids():
     root, ref = folder("whisper-random"), reference("whisper-random")
-    optimum = folder("whisper-optimum")
-    features = {c["clip"]: np.load(optimum / c["features"]) for c in reference("whisper-optimum")["clips"]
-                if c["features"]}
+    features = clip_features()
     for clip in ref["clips"]:
         ids = _greedy(root, features[clip["clip"]], ref["prompt_ids"], ref["suppress_tokens"],
                       ref["begin_suppress_tokens"], ref["max_new_tokens"])

@@ -27,17 +27,12 @@ class DecoderCache:
     stream: Any = None  # the stateful path's stream, taken at the first step (WhisperModel.release gives it back)
     order: np.ndarray | None = None  # stateful: int32 [rows], each row's source row in the state
     state_rows: int = 1  # stateful: the rows the state holds
-    state_length: int = 0  # stateful: the positions the state holds
     # stateful: per row count, the step's tensors (its ids, beam_idx and logits arrays written and read in place)
     runs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, Any]] | None = None
     released: bool = False  # stateful: WhisperModel.release gave its stream back (no more steps)
     # static (static_cache's form): self_kv holds max_target_positions rows, the first ``position`` of them written
     static: bool = False
-    position: int = 0
-
-    def __post_init__(self) -> None:
-        if self.stateful:
-            self.state_length = int(next(iter(self.self_kv.values())).shape[2])
+    position: int = 0  # the positions written (the prompt's, then one a step): static and stateful
 
     @property
     def rows(self) -> int:
@@ -47,9 +42,7 @@ class DecoderCache:
 
     @property
     def length(self) -> int:
-        if self.stateful:
-            return self.state_length
-        if self.static:
+        if self.stateful or self.static:
             return self.position
         return int(next(iter(self.self_kv.values())).shape[2])
 

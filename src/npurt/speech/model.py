@@ -297,13 +297,14 @@ class WhisperModel:
         if self.merged:
             feeds.update(self._empty_past(hidden))
             feeds["use_cache_branch"] = np.zeros(1, np.bool_)
-        out = self._prefill_async(feeds, ids.shape[1], hidden.shape[1]) if self.stateful else self.decoder.run(feeds)
-        self_kv = {past: out[present] for present, past in self._self_names}
-        if self.static:  # the cache at its full rows, once a window; the prompt's rows first
+        if self.static:  # (before the prompt's run: a prompt past the static cache's rows has no place)
             assert self.static_layout is not None
             rows = self.static_layout.max_length
             if ids.shape[1] > rows:
                 raise ValueError(f"a prompt of {ids.shape[1]} ids is longer than the decoder's {rows} positions")
+        out = self._prefill_async(feeds, ids.shape[1], hidden.shape[1]) if self.stateful else self.decoder.run(feeds)
+        self_kv = {past: out[present] for present, past in self._self_names}
+        if self.static:  # the cache at its full rows, once a window; the prompt's rows first
             full = {}
             for past, kv in self_kv.items():
                 full[past] = np.zeros((kv.shape[0], kv.shape[1], rows, kv.shape[3]), kv.dtype)
@@ -480,7 +481,7 @@ class WhisperModel:
             raise NpuError(f"the decoder's step failed: {runner.last_error}")
         cache.order = None
         cache.state_rows = rows
-        cache.state_length += 1
+        cache.position += 1
         return logits
 
     def _tensors(self, rows: int, cache: DecoderCache) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:

@@ -102,9 +102,7 @@ class TokenBatcher:
                 if self._closed:
                     return None
                 self._gather()
-                if self._closed:
-                    return None
-                if self._queue:  # (another free thread may have taken it meanwhile)
+                if self._queue:  # (another free thread may have taken it; once closed it is empty: None above)
                     break
             # this thread's share of what waits: all of it with one thread free, half with two... (by tokens)
             free = self.concurrent_runs - self._running
