@@ -88,6 +88,11 @@ class Skeleton:
     graph: tuple[int, int]
 
     @property
+    def weight_dims(self) -> dict[str, tuple[int, ...]]:
+        """Each cut-out weight's dims by name (what a derived form's reader needs of the weights)."""
+        return {w.name: w.dims for w in self.weights.values()}
+
+    @property
     def model(self) -> onnx.ModelProto:
         """The weightless model as protobuf objects (``onnx_proto``'s). ValueError where protobuf cannot parse it."""
         from . import onnx_proto

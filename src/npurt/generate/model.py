@@ -211,8 +211,7 @@ def _export_facts(model_path: Path, max_length: int, cache_dims: dict[str, tuple
         raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
     try:
         merged.resolve_cache_branch(weightless)
-        shape = layout.read(weightless, max_length, {w.name: w.dims for w in skeleton.weights.values()},
-                            cache_dims)
+        shape = layout.read(weightless, max_length, skeleton.weight_dims, cache_dims)
     except ValueError as e:
         raise NpuUnsupportedError(f"{model_path.name}: {e}") from None
     nodes = weightless.graph.node
@@ -281,9 +280,8 @@ def _onnx_file(model_path: Path, shape: layout.Layout, folder: Path, batched: bo
         except ValueError as e:
             raise NpuError(f"cannot read ONNX model {model_path}: {e}") from None
         merged.resolve_cache_branch(model)
-        weight_dims = {w.name: w.dims for w in skeleton.weights.values()}
-        form = static_form.derive(model, shape.max_length, weight_dims=weight_dims, batch=None if batched else 1,
-                                  sliced=sliced, cache_dims=shape.cache_dims)
+        form = static_form.derive(model, shape.max_length, weight_dims=skeleton.weight_dims,
+                                  batch=None if batched else 1, sliced=sliced, cache_dims=shape.cache_dims)
         try:
             # (a runner that edits the graph for an NPU's views loads it with onnx, which takes no hard link)
             onnx_external.write(form.model, skeleton, path, link=not copy_weights)

@@ -60,7 +60,7 @@ def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: flo
         return None
     e_model = e_skeleton.model
     e_graph, d_graph = e_model.graph, d_skeleton.model.graph
-    weight_dims = {w.name: w.dims for w in e_skeleton.weights.values()}
+    weight_dims = e_skeleton.weight_dims
     wrapped = _wrapped(e_graph, d_graph, weight_dims)
     gqa = [n for n in e_graph.node if n.op_type == GQA_OP and n.domain == _MS]
     try:

@@ -295,7 +295,7 @@ def static_decoder(with_past: Path, folder: Path, *, copy_weights: bool = False)
     except (OSError, ValueError) as e:
         raise NpuError(f"cannot read ONNX model {with_past}: {e}") from None
     try:
-        layout = derive(model, {w.name: w.dims for w in skeleton.weights.values()})
+        layout = derive(model, skeleton.weight_dims)
     except ValueError as e:
         raise NpuUnsupportedError(f"{with_past.name}: no static self-attention cache: {e}") from None
     try:
