@@ -64,6 +64,12 @@ def _config_names(config: dict[str, Any]) -> None:
                                           f"takes the exporters' own name {expected[key]!r}")
 
 
+def shapes_pinned(backend_name: str, device: str, static_shapes: bool | None) -> bool:
+    """Whether a runner's shapes are pinned (each a compiled shape of its own, as an NPU compiles them): backend
+    QNN, device NPU (in any case), or option ``static_shapes`` True. Whisper's steps take the same rule."""
+    return backend_name == "QNN" or device.upper() == "NPU" or static_shapes is True
+
+
 def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) -> PreparedDecoder:
     """The decoder's derived form for ``backend_name`` (a model folder, or its model file: ``folder.resolve``),
     written once (into ``cache_dir`` where there is one, else a folder that goes with the runner), its check against
@@ -95,7 +101,7 @@ def prepare(model_dir_or_file: Path, backend_name: str, options: RunnerOptions) 
             "option 'decoder' on OpenVINO's NPU: the NPU plugin runs decoders through its own static LLM pipeline "
             "(OpenVINO GenAI's NPUW), which npurt does not drive yet (untested here: no Intel NPU); use device='CPU' "
             "or 'GPU', or an ONNX Runtime backend")
-    pinned = backend_name == "QNN" or options.device == "NPU" or options.static_shapes is True
+    pinned = shapes_pinned(backend_name, options.device, options.static_shapes)
     folder = _folder(model_path, spec, backend_name, options, pinned)
     try:
         export = _export_facts(model_path, spec.max_length, found.cache_dims, folder, options.cache_dir is not None)

@@ -70,12 +70,12 @@ def check(export: Path, derived: Path, shape: Layout, chunk: int, tolerance: flo
     if wrapped is None or not gqa or not _same_weights(e_skeleton, d_skeleton, e_graph, d_graph, places) \
             or not _cache_only_in_attention(e_graph, shape) or not all(_plain(n, shape) for n in gqa):
         return None
-    head, tail, lm_head = wrapped
+    head, tail, lm_head, slicer = wrapped
     opsets = list(e_model.opset_import)
     cut = _Cut.of(e_graph, lm_head, weight_dims)
     if cut is None:
         return None
-    control = _control_model(e_graph, d_graph, head, tail, gqa, shape, opsets, cut)
+    control = _control_model(e_graph, d_graph, head, tail, gqa, shape, opsets, cut, slicer)
     if control is None:
         return None
     import onnxruntime as ort
@@ -120,27 +120,22 @@ def _one_thread() -> Any:
 
 
 def _wrapped(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, weight_dims: dict[str, tuple[int, ...]]
-             ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], onnx.NodeProto | None] | None:
+             ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], onnx.NodeProto | None,
+                        onnx.NodeProto | None] | None:
     """The derived graph's nodes before and after the export's own (its logits renamed as static_form renames them,
-    or its row-wise LM head over its input's last row: that head, the export's, returned), where the export's nodes
-    are there unchanged and in order, and its inputs are the export's with the position in place of the mask and
-    the position ids."""
+    or its row-wise LM head over its input's last row: that head, the export's, and the derived graph's slice,
+    returned), where the export's nodes are there unchanged and in order, and its inputs are the export's with the
+    position in place of the mask and the position ids."""
     lm_head, cut = _sliced_head(e_graph, d_graph, weight_dims)
+    export = onnx_proto.make_graph(e_graph.node, e_graph.name, [], [])  # (its nodes copied)
+    if lm_head is None:
+        onnx_proto.rename_uses(export, LOGITS, LOGITS + FULL_SUFFIX, outputs_too=True)
     renamed = []
-    for node in e_graph.node:
-        copy: onnx.NodeProto = onnx_proto.messages().NodeProto()
-        copy.CopyFrom(node)
+    for node, copy in zip(e_graph.node, export.node):
         if node is lm_head:  # the slice of its input's last row right before it, which it reads
             assert cut is not None
             renamed.append(cut)
             copy.input[0] = cut.output[0]
-        elif lm_head is None:
-            for i, name in enumerate(copy.output):
-                if name == LOGITS:
-                    copy.output[i] = LOGITS + FULL_SUFFIX
-            for i, name in enumerate(copy.input):
-                if name == LOGITS:
-                    copy.input[i] = LOGITS + FULL_SUFFIX
         renamed.append(copy)
     nodes = list(d_graph.node)
     start = next((h for h in range(len(nodes) - len(renamed) + 1) if nodes[h] == renamed[0]), None)
@@ -160,27 +155,25 @@ def _wrapped(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, weight_dims: di
         return None
     made_after = {o for n in tail for o in n.output}
     if lm_head is not None:
-        return (head, tail, lm_head) if not tail else None  # (the logits are the head's own output)
+        return (head, tail, lm_head, cut) if not tail else None  # (the logits are the head's own output)
     if LOGITS not in made_after or not all(set(n.input) <= made_after | d_initializers | {LOGITS + FULL_SUFFIX}
                                            for n in tail):
         return None
-    return head, tail, None
+    return head, tail, None, None
 
 
 def _sliced_head(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, weight_dims: dict[str, tuple[int, ...]]
                  ) -> tuple[onnx.NodeProto | None, onnx.NodeProto | None]:
-    """The export's row-wise LM head and the derived graph's Slice of its input's last row, where the derived graph's
-    logits come from that head over that slice (else None, None): a Slice node of the standard domain reading the
-    head's input, whose output alone the head reads in its place."""
+    """The export's row-wise LM head and the derived graph's Slice of its input's last row (else None, None): a
+    Slice node of the standard domain reading the head's input, with that one output (that the head reads it in
+    its place, right after it, is the caller's match of the export's nodes)."""
     lm_head = row_wise_head(e_graph, weight_dims)
     if lm_head is None:
         return None, None
     rows = lm_head.input[0]
-    d_head = next((n for n in d_graph.node if LOGITS in n.output), None)
     cut = next((n for n in d_graph.node if rows + LAST_SUFFIX in n.output), None)
-    if d_head is None or cut is None or not d_head.input or d_head.input[0] != rows + LAST_SUFFIX \
-            or cut.op_type != "Slice" or cut.domain not in ("", "ai.onnx") or list(cut.output) != [rows + LAST_SUFFIX] \
-            or not cut.input or cut.input[0] != rows:
+    if cut is None or cut.op_type != "Slice" or cut.domain not in ("", "ai.onnx") \
+            or list(cut.output) != [rows + LAST_SUFFIX] or not cut.input or cut.input[0] != rows:
         return None, None
     return lm_head, cut
 
@@ -286,18 +279,17 @@ def _head_width(node: onnx.NodeProto, graph: onnx.GraphProto, weight_dims: dict[
 
 def _control_model(e_graph: onnx.GraphProto, d_graph: onnx.GraphProto, head: list[onnx.NodeProto],
                    tail: list[onnx.NodeProto], gqa: list[onnx.NodeProto], shape: Layout,
-                   opsets: list[onnx.OperatorSetIdProto], cut: _Cut) -> onnx.ModelProto | None:
+                   opsets: list[onnx.OperatorSetIdProto], cut: _Cut, slicer: onnx.NodeProto | None
+                   ) -> onnx.ModelProto | None:
     """npurt's head and slice with the export's nodes that compute each GroupQueryAttention's seqlens_k and
     total_sequence_length from the mask and ids: inputs the ids, the position and the export's full logits;
     outputs the mask, the position ids, the logits and those control values. Where the form slices a row-wise LM
-    head's input, that slice in place of the tail, on that input."""
+    head's input (``slicer``, ``_wrapped``'s), that slice in place of the tail, on that input."""
     targets = {n.input[i] for n in gqa for i in (5, 6)}
     cone = _cone(e_graph, targets, {INPUT_IDS, ATTENTION_MASK, POSITION_IDS})
     if cone is None:
         return None
-    made = {o for n in tail for o in n.output}
-    slicer = [n for n in d_graph.node if cut.rows in n.output and cut.rows not in made]  # (the head's input's)
-    nodes = [*head, *cone, *tail, *slicer]
+    nodes = [*head, *cone, *tail, *([slicer] if slicer is not None else [])]
     used = {name for n in nodes for name in n.input}
     inputs = [*(next(i for i in d_graph.input if i.name == name) for name in (INPUT_IDS, POSITION)),
               onnx_proto.make_tensor_value_info(cut.source, cut.elem_type, [1, None, cut.width])]
@@ -433,15 +425,19 @@ def _head_rows(node: onnx.NodeProto, skeleton: Skeleton, graph: onnx.GraphProto,
                worst: dict[str, Any], opsets: list[onnx.OperatorSetIdProto]) -> None:
     """A row-wise LM head (its operator and attributes, over random weights of its input's width and at most
     _HEAD_COLUMNS columns) on the engine: the last of each count of rows as that row alone gives it, into
-    ``worst``. ValueError where its weights' dims are not per column (the caller's full check decides then)."""
+    ``worst``. ValueError where a weight is not an initializer or its dims are not per column (the caller's full
+    check decides then)."""
     import onnxruntime as ort
 
+    weight_dims = skeleton.weight_dims
+    elem_types = {w.name: w.elem_type for w in skeleton.weights.values()}
+    elem_types.update((i.name, i.data_type) for i in graph.initializer)  # (the graph's own first, as its dims)
+
     def weight(name: str) -> tuple[tuple[int, ...], int]:  # (dims, element type)
-        kept = next((i for i in graph.initializer if i.name == name), None)
-        if kept is not None:
-            return tuple(kept.dims), kept.data_type
-        cut_out = skeleton.weights[name]
-        return tuple(cut_out.dims), cut_out.elem_type
+        dims = initializer_dims(graph, weight_dims, name)
+        if dims is None:
+            raise ValueError(f"{name}: not an initializer")
+        return dims, elem_types[name]
 
     columns_of = (next((a.i for a in node.attribute if a.name == "N"), 0) if node.op_type == "MatMulNBits"
                   else weight(node.input[1])[0][-1])

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..batch_rows import LEAST_COSINE, row_cosine
+from ..generate.model import shapes_pinned
 from . import openvino_state
 from . import static_cache as static_module
 from .decoder_cache import DecoderCache, repeat_first_row
@@ -151,9 +152,7 @@ class WhisperModel:
                 self.encoder = RunnerFactory.create_runner(name, self.files.encoder, opts)
                 self._runners.append(self.encoder)
             self.backend = name
-            # as npurt.generate decides a decoder's shapes are pinned (generate.model.prepare)
-            self.pinned = name == "QNN" or str(opts.get("device") or "").upper() == "NPU" or \
-                opts.get("static_shapes") is True
+            self.pinned = shapes_pinned(name, str(opts.get("device") or ""), opts.get("static_shapes"))
             if self.files.decoder is not None and self.files.decoder_with_past is not None:
                 self.decoder = RunnerFactory.create_runner(name, self.files.decoder, opts)
                 self._runners.append(self.decoder)

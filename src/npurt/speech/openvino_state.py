@@ -55,10 +55,12 @@ _PAST = re.compile(r"^past_key_values\.(\d+)\.decoder\.(key|value)$")
 _TOLERANCE = 1e-4
 
 
-def folder_for(with_past: Path, cache_dir: Path) -> Path:
-    """The folder of ``cache_dir`` that keeps the stateful form of this export (keyed by its path, size and time)."""
+def folder_for(with_past: Path, cache_dir: Path, form: tuple[object, ...] = (_VERSION,)) -> Path:
+    """The folder of ``cache_dir`` that keeps a form derived from this export, keyed by its path, size and time and
+    by ``form`` (what tells the form apart: by default this module's stateful one, at its version;
+    ``static_cache.folder_for`` gives its own)."""
     stat = with_past.stat()
-    key = hashlib.sha256(json.dumps([str(with_past.resolve()), stat.st_size, stat.st_mtime_ns, _VERSION]).encode())
+    key = hashlib.sha256(json.dumps([str(with_past.resolve()), stat.st_size, stat.st_mtime_ns, *form]).encode())
     return cache_dir / "speech" / key.hexdigest()[:32]
 
 

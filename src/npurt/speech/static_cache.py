@@ -33,7 +33,6 @@ where this decoder takes no mask and needs its cross-attention inputs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -85,11 +84,10 @@ def derive(model: onnx.ModelProto, weight_dims: Mapping[str, tuple[int, ...]] | 
     ``weight_dims``: the dims of initializers left out of a weightless model. ValueError naming what does not fit
     (a port missing, no position embedding read from the cache's shape, an attention whose mask is not found)."""
     import numpy as np
-    from onnx import TensorProto, helper
 
     from ..onnx_build import GraphBuilder
     from ..onnx_graph import graph_inputs
-    from ..onnx_proto import rename_uses
+    from ..onnx_proto import TensorProto, make_tensor_value_info, rename_uses, tensor_dtype_to_np_dtype
 
     graph = model.graph
     inputs = {v.name: v for v in graph_inputs(graph)}
@@ -141,7 +139,7 @@ def derive(model: onnx.ModelProto, weight_dims: Mapping[str, tuple[int, ...]] | 
     max_length = int(constants[position_gather.input[0]][0])
 
     b = GraphBuilder(graph, _PREFIX)
-    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    dtype = tensor_dtype_to_np_dtype(elem_type)
     keys = np.arange(max_length + 1, dtype=np.int64)  # the cache's rows, then the new row (the export's Concat)
     visible = b.node("Or", [b.node("Less", [b.const(keys), POSITION]), b.const(keys == max_length)])
     additive = b.node("Where", [visible, b.const(np.zeros(1, dtype)), b.const(np.full(1, np.finfo(dtype).min, dtype))])
@@ -163,14 +161,14 @@ def derive(model: onnx.ModelProto, weight_dims: Mapping[str, tuple[int, ...]] | 
 
     # the ports: ids [B, 1], the position [1], the cache at max_length rows; the new rows out
     _set_dims(inputs[INPUT_IDS], (_BATCH, 1))
-    graph.input.append(helper.make_tensor_value_info(POSITION, TensorProto.INT64, [1]))
+    graph.input.append(make_tensor_value_info(POSITION, TensorProto.INT64, [1]))
     for past in pasts:
         _set_dims(inputs[past], (_BATCH, heads, max_length, head_dim))
     kept = [o for o in graph.output if not o.name.startswith("present.")]
     del graph.output[:]
     graph.output.extend(kept)
     for _, new_row in pairs:
-        graph.output.append(helper.make_tensor_value_info(new_row, elem_type, [_BATCH, heads, 1, head_dim]))
+        graph.output.append(make_tensor_value_info(new_row, elem_type, [_BATCH, heads, 1, head_dim]))
     del graph.value_info[:]  # (the export's inferred shapes name the grown length: stale)
     _prune(graph)
     return StepLayout(max_length, tuple(pairs), heads, head_dim)
@@ -258,12 +256,12 @@ def _layer_order(name: str) -> tuple[int, str]:
 
 
 def folder_for(with_past: Path, cache_dir: Path, copy_weights: bool = False) -> Path:
-    """The folder of ``cache_dir`` that keeps the static form of this export (keyed by its path, size and time, and
-    whether its weights are copied: an NPU's runner loads the form with onnx, which refuses hard-linked data)."""
-    stat = with_past.stat()
-    key = hashlib.sha256(json.dumps([str(with_past.resolve()), stat.st_size, stat.st_mtime_ns, "static",
-                                     _VERSION, copy_weights]).encode())
-    return cache_dir / "speech" / key.hexdigest()[:32]
+    """The folder of ``cache_dir`` that keeps the static form of this export (``openvino_state.folder_for``'s, keyed
+    also by whether its weights are copied: an NPU's runner loads the form with onnx, which refuses hard-linked
+    data)."""
+    from .openvino_state import folder_for as keyed  # (here: this file also runs alone, as the check's child)
+
+    return keyed(with_past, cache_dir, ("static", _VERSION, copy_weights))
 
 
 _LAYOUT = "static_layout.json"
