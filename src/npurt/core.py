@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import huge_pages
 from .engine import Backend
 from .jobs import JobScheduler
 from .logs import RunnerLog
@@ -46,6 +47,7 @@ class RunnerCore:
         self.log = log
         self.model_name = model_name
         self.closed = False
+        self.huge_pages: huge_pages.Collapse | None = None  # the collapse of the load's memory (option huge_pages)
         self._tls = threading.local()
         # set this thread's last_error: a C call (setattr on the thread-local), no Python frame (every job's path)
         self.set_last_error: Callable[[str], None] = functools.partial(setattr, self._tls, "error")
@@ -138,6 +140,7 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
     stats = RunnerStats()
     backend.count_copy = stats.copy
     variants: ShapeVariants | None = None
+    huge = options.wants_huge_pages and huge_pages.model_bytes(backend.model_path) >= huge_pages.MIN_BYTES
     try:
         t0 = time.perf_counter()
         opened = backend.open()
@@ -163,6 +166,8 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         before_load(core)
         if not engine_first:
             variants.load()
+        if huge:
+            core.huge_pages = huge_pages.collapse_all()
     except BaseException:
         if variants is not None:
             variants.close()

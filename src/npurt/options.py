@@ -27,7 +27,7 @@ OPTION_KEYS = (
     "max_concurrent_runs", "async_threadpool_depth", "callback_order", "log_level", "cache_dir",
     "performance_hint", "inference_precision", "hw_format", "engine_options", "memory_provider",
     "memory_strict", "hw_view", "max_compiled_shapes", "static_shapes", "num_threads", "state_pairs", "service",
-    "execution_provider", "ep_policy", "frames", "decoder",
+    "execution_provider", "ep_policy", "frames", "decoder", "huge_pages",
 )
 MAX_DECODER_BATCH = 64  # rows of one batched step: each holds a cache of max_length rows
 DECODER_KEYS = ("max_length", "prefill_chunk", "batch")
@@ -105,6 +105,13 @@ class RunnerOptions:
     ep_policy: str | None = None
     frames: Mapping[str, FrameSpec] = field(default_factory=dict)  # input -> how it takes camera / decoder frames
     decoder: DecoderSpec | None = None  # a decoder-only model run in its static form (npurt.generate)
+    # the memory the engine allocates at load collapsed into huge pages (npurt.huge_pages); None: where option
+    # decoder is given (a step reads every weight)
+    huge_pages: bool | None = None
+
+    @property
+    def wants_huge_pages(self) -> bool:
+        return self.huge_pages if self.huge_pages is not None else self.decoder is not None
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""
@@ -179,9 +186,9 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
                 raise ValueError(f"option 'state_pairs' maps input names to the output names fed back as them, "
                                  f"e.g. {{'state': 'stateN'}}; got {value!r}")
             kw[key] = dict(value)
-        elif key == "static_shapes":
+        elif key in ("static_shapes", "huge_pages"):
             if not isinstance(value, bool):
-                raise ValueError(f"option 'static_shapes': {value!r} is not a bool")
+                raise ValueError(f"option {key!r}: {value!r} is not a bool")
             kw[key] = value
         elif key == "callback_order":
             kw[key] = _choice(key, value, CALLBACK_ORDERS, upper=False)

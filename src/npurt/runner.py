@@ -30,6 +30,7 @@ from .arrays import ArrayRuns
 from .bound import BoundRun
 from .core import RunnerCore, assemble
 from .engine import Backend, Engine
+from .huge_pages import Collapse
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
 from .ports import Port, PortSpec
@@ -199,6 +200,14 @@ class Runner:
         """Totals since the runner was made (a new dict): ``copies`` / ``bytes_copied`` (every host copy of tensor
         data it did), ``executes`` / ``execute_failures``, ``jobs_*`` (submitted, completed, failed), ``compiles``."""
         return self._core.stats.snapshot()
+
+    @property
+    def huge_pages(self) -> Collapse | None:
+        """The collapse of the memory the engine allocated at load into huge pages, on a thread of its own (option
+        ``huge_pages``, by default where option decoder is given; ``npurt.huge_pages``): its ``done`` event, then
+        the bytes ``collapsed`` of those ``advised``, or why the kernel ``refused``. None where not asked for, or
+        where the model (its file and data) is under ``huge_pages.MIN_BYTES``."""
+        return self._core.huge_pages
 
     @property
     def last_error(self) -> str:
