@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from npurt import Generator, RunnerFactory
+from npurt.huge_pages import MAX_DEFAULT_BYTES, MIN_BYTES, wanted
 from npurt.options import parse_options
 from tests.helpers.decoders import decoder_folder
 from tests.helpers.real_models import folder, reference
@@ -16,13 +17,19 @@ from tests.helpers.real_models import folder, reference
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def test_the_option_is_a_bool_and_defaults_to_decoders():
-    assert parse_options({}).wants_huge_pages is False
-    assert parse_options({"decoder": {"max_length": 64}}).wants_huge_pages is True
-    assert parse_options({"decoder": {"max_length": 64}, "huge_pages": False}).wants_huge_pages is False
-    assert parse_options({"huge_pages": True}).wants_huge_pages is True
+def test_the_option_is_a_bool_and_by_default_a_mid_sized_decoder_s(tmp_path):
+    assert parse_options({"huge_pages": True}).huge_pages is True
     with pytest.raises(ValueError, match="'huge_pages': 'yes' is not a bool"):
         parse_options({"huge_pages": "yes"})
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"0" * 1024)
+    data = tmp_path / "model.onnx.data"
+    for size, decoder, expected in ((MIN_BYTES, True, True), (MAX_DEFAULT_BYTES, True, True), (MIN_BYTES, False, False),
+                                    (MAX_DEFAULT_BYTES + 1, True, False), (MIN_BYTES // 2, True, False)):
+        with data.open("wb") as f:
+            f.truncate(size - 1024)  # (a sparse file: its size is what counts)
+        assert wanted(None, decoder, model) is expected, (size, decoder)
+        assert wanted(True, decoder, model) is True and wanted(False, decoder, model) is False
 
 
 def _anon_huge_bytes() -> int:

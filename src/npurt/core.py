@@ -140,7 +140,7 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
     stats = RunnerStats()
     backend.count_copy = stats.copy
     variants: ShapeVariants | None = None
-    huge = options.wants_huge_pages and huge_pages.model_bytes(backend.model_path) >= huge_pages.MIN_BYTES
+    huge = huge_pages.wanted(options.huge_pages, options.decoder is not None, backend.model_path)
     try:
         t0 = time.perf_counter()
         opened = backend.open()

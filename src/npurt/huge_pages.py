@@ -7,14 +7,14 @@ glibc's ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``). Under transparent huge pages
 Ubuntu's default) memory is huge only where advised, and neither engine advises its own (ONNX Runtime's arena and
 prepacked weights, OpenVINO's plug-in), nor can a process turn glibc's tunable on once it runs.
 
-So once a model of ``MIN_BYTES`` or more has loaded, the process's anonymous ranges that are nearly all resident are
-advised (``MADV_HUGEPAGE``) and collapsed into huge pages (``MADV_COLLAPSE``, Linux 6.1+), on a thread of its own:
-all of them, as a model loaded after another was freed reuses the memory the first one had. Collapsing copies
-(~0.05-0.4 s of one core for SmolLM2 int4, ~0.25-1.8 s for fp32: the kernel's compaction varies), which the load
-does not wait for; what runs beside it waits at times for the process's mappings (a Generator made at once maps its
-cache: +35 ms on int4, +80-140 ms on fp32 on the 2-core VM). Advice only: no value changes. Under ``always`` the
-ranges are mostly huge already; under ``never``, on an older kernel or another OS the kernel refuses and nothing
-changes (``Collapse.refused`` says why).
+So once a model has loaded (``wanted``: by default a decoder of ``MIN_BYTES`` to ``MAX_DEFAULT_BYTES``; ``npurt
+serve`` asks at any size), the process's anonymous ranges that are nearly all resident are advised (``MADV_HUGEPAGE``)
+and collapsed into huge pages (``MADV_COLLAPSE``, Linux 6.1+), on a thread of its own: all of them, as a model loaded
+after another was freed reuses the memory the first one had. Collapsing copies (~0.05-0.4 s of one core for SmolLM2
+int4, ~1.6-1.8 s for fp32: the kernel's compaction varies), which the load does not wait for; what runs beside it
+waits at times for the process's mappings (a Generator made at once maps its cache: +15-35 ms on int4). Advice
+only: no value changes. Under ``always`` the ranges are mostly huge already; under ``never``, on an older kernel or
+another OS the kernel refuses and nothing changes (``Collapse.refused`` says why).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from pathlib import Path
 Ranges = list[tuple[int, int]]  # [start, end) addresses
 
 HUGE_PAGE = 2 << 20
-MIN_BYTES = 32 << 20  # a model of fewer bytes: too small for its TLB misses to show; nothing is done
+MIN_BYTES = 32 << 20  # a model of fewer bytes: too small for its TLB misses to show
+# by default no larger: collapsing SmolLM2 fp32's process (540 MB of weights) took 1.6-1.8 s, and its first 64 ids,
+# decoded beside it, came at 0.7x the ids/s (1.15-1.2x after); int4's (~120 MB) took 0.05-0.4 s
+MAX_DEFAULT_BYTES = 256 << 20
 DENSE = 0.875  # a range is collapsed where at least this share of it is resident
 _MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25
@@ -70,6 +73,14 @@ def model_bytes(model_path: Path) -> int:
         return sum(f.stat().st_size for f in model_path.parent.glob(glob.escape(model_path.stem) + ".*") if f.is_file())
     except OSError:
         return 0
+
+
+def wanted(asked: bool | None, decoder: bool, model_path: Path) -> bool:
+    """Whether to collapse after loading ``model_path``: as option huge_pages ``asked``; by default (None) for a
+    decoder (option decoder: a step reads every weight) of MIN_BYTES to MAX_DEFAULT_BYTES."""
+    if asked is not None:
+        return asked
+    return decoder and MIN_BYTES <= model_bytes(model_path) <= MAX_DEFAULT_BYTES
 
 
 def _whole_pages(ranges: Ranges) -> Ranges:
@@ -140,4 +151,5 @@ def _reason(code: int, advice: int) -> str:
     return f"{what}: {os.strerror(code)}"
 
 
-__all__ = ["Collapse", "MIN_BYTES", "collapse_all", "dense_anonymous_ranges", "model_bytes"]
+__all__ = ["MAX_DEFAULT_BYTES", "MIN_BYTES", "Collapse", "collapse_all", "dense_anonymous_ranges", "model_bytes",
+           "wanted"]

@@ -105,13 +105,8 @@ class RunnerOptions:
     ep_policy: str | None = None
     frames: Mapping[str, FrameSpec] = field(default_factory=dict)  # input -> how it takes camera / decoder frames
     decoder: DecoderSpec | None = None  # a decoder-only model run in its static form (npurt.generate)
-    # the memory the engine allocates at load collapsed into huge pages (npurt.huge_pages); None: where option
-    # decoder is given (a step reads every weight)
+    # the process's memory collapsed into huge pages once the model loaded (npurt.huge_pages); None: huge_pages.wanted
     huge_pages: bool | None = None
-
-    @property
-    def wants_huge_pages(self) -> bool:
-        return self.huge_pages if self.huge_pages is not None else self.decoder is not None
 
     def tensor_type(self, direction: TensorDirection, name: str) -> TensorType:
         """The view a port is compiled for: its per-tensor option, else the direction's option."""

@@ -203,10 +203,10 @@ class Runner:
 
     @property
     def huge_pages(self) -> Collapse | None:
-        """The collapse of the memory the engine allocated at load into huge pages, on a thread of its own (option
-        ``huge_pages``, by default where option decoder is given; ``npurt.huge_pages``): its ``done`` event, then
-        the bytes ``collapsed`` of those ``advised``, or why the kernel ``refused``. None where not asked for, or
-        where the model (its file and data) is under ``huge_pages.MIN_BYTES``."""
+        """The collapse of the process's memory into huge pages once this model loaded, on a thread of its own
+        (option ``huge_pages``; by default for a decoder of 32 to 256 MB: ``npurt.huge_pages.wanted``): its ``done``
+        event, then the bytes ``collapsed`` of those ``advised``, or why the kernel ``refused``. None where not
+        asked for."""
         return self._core.huge_pages
 
     @property
