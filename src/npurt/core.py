@@ -140,7 +140,6 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
     stats = RunnerStats()
     backend.count_copy = stats.copy
     variants: ShapeVariants | None = None
-    huge = huge_pages.wanted(options.huge_pages, options.decoder is not None, backend.model_path)
     try:
         t0 = time.perf_counter()
         opened = backend.open()
@@ -166,7 +165,8 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         before_load(core)
         if not engine_first:
             variants.load()
-        if huge:
+        if backend.model_is_a_file and huge_pages.wanted(options.huge_pages, options.decoder is not None,
+                                                         backend.model_path, opened.device_info.attached == "CPU"):
             core.huge_pages = huge_pages.collapse_all()
     except BaseException:
         if variants is not None:

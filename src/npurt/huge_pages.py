@@ -2,19 +2,23 @@
 ``huge_pages``).
 
 A decoder's step reads every weight once. On 4-KiB pages that walk misses the TLB all the way: SmolLM2-135M int4 on
-the CPU provider decoded at 1.2-1.3x the ids/s with its weights on 2-MiB pages (onnxruntime-genai the same, run with
-glibc's ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``). Under transparent huge pages' ``madvise`` mode (Debian's and
-Ubuntu's default) memory is huge only where advised, and neither engine advises its own (ONNX Runtime's arena and
-prepacked weights, OpenVINO's plug-in), nor can a process turn glibc's tunable on once it runs.
+the CPU provider decoded at 1.15-1.3x the ids/s with its weights on 2-MiB pages, in-process and in the benchmark
+(docs/performance.md, section 8; onnxruntime-genai the same when run with glibc's
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``).
+Under transparent huge pages' ``madvise`` mode (Debian's and Ubuntu's default) memory is huge only where advised, and
+neither engine advises its own (ONNX Runtime's arena and prepacked weights, OpenVINO's plug-in), nor can a process
+turn glibc's tunable on once it runs.
 
-So once a model has loaded (``wanted``: by default a decoder of ``MIN_BYTES`` to ``MAX_DEFAULT_BYTES``; ``npurt
-serve`` asks at any size), the process's anonymous ranges that are nearly all resident are advised (``MADV_HUGEPAGE``)
-and collapsed into huge pages (``MADV_COLLAPSE``, Linux 6.1+), on a thread of its own: all of them, as a model loaded
-after another was freed reuses the memory the first one had. Collapsing copies (~0.05-0.4 s of one core for SmolLM2
-int4, ~1.6-1.8 s for fp32: the kernel's compaction varies), which the load does not wait for; what runs beside it
-waits at times for the process's mappings (a Generator made at once maps its cache: +15-35 ms on int4). Advice
-only: no value changes. Under ``always`` the ranges are mostly huge already; under ``never``, on an older kernel or
-another OS the kernel refuses and nothing changes (``Collapse.refused`` says why).
+So once a model has loaded (``wanted``: by default a decoder of ``MIN_BYTES`` to ``MAX_DEFAULT_BYTES`` on the CPU;
+``npurt serve`` asks at any size), the process's anonymous ranges that are nearly all resident are collapsed into huge
+pages (``MADV_COLLAPSE``, Linux 6.1+), on a thread of its own: all of them, as a model loaded after another was freed
+reuses the memory the first one had. One-shot: no flag stays on the ranges (``MADV_HUGEPAGE`` would leave later
+faults and khugepaged filling them, and would lift another library's ``MADV_NOHUGEPAGE``, which the collapse
+respects). Collapsing copies (~0.05-0.4 s of one core for SmolLM2 int4, ~1.6-1.8 s for fp32: the kernel's compaction
+varies), which the load does not wait for; what runs beside it waits at times for the process's mappings (a
+Generator made at once maps its cache: +15-35 ms on int4). Closing the runner stops it at the next huge page.
+Advice only: no value changes. The collapse ignores the THP mode, so under ``never`` nothing is asked (the admin's
+choice); on a kernel before 6.1 or another OS the kernel refuses and nothing changes (``Collapse.refused`` says why).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import ctypes
 import errno
 import glob
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,31 +41,39 @@ MIN_BYTES = 32 << 20  # a model of fewer bytes: too small for its TLB misses to 
 # decoded beside it, came at 0.7x the ids/s (1.15-1.2x after); int4's (~120 MB) took 0.05-0.4 s
 MAX_DEFAULT_BYTES = 256 << 20
 DENSE = 0.875  # a range is collapsed where at least this share of it is resident
-_MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_HEADER = re.compile(r"[0-9a-f]+-[0-9a-f]+")
 
 
 def dense_anonymous_ranges() -> Ranges | None:
-    """The process's private anonymous writable ranges (the heap included) whose pages are nearly all resident
-    (``DENSE``), from /proc/self/smaps; None where there is no such file (not Linux). A collapse fills a huge page's
-    missing small ones: over a sparse range (an address space reserved, touched here and there) it would grow the
-    memory the process holds."""
+    """The process's private anonymous writable ranges that are nearly all resident (``dense``), from
+    /proc/self/smaps; None where there is no such file (not Linux)."""
     try:
         with open("/proc/self/smaps") as smaps:
-            lines = smaps.readlines()
+            return dense(smaps.readlines())
     except OSError:
         return None
+
+
+def dense(smaps: list[str]) -> Ranges:
+    """The private anonymous writable ranges of an smaps listing (the heap included; not a file's mapping, the
+    stack, a named ``[anon:...]`` one or vdso) whose resident share is at least ``DENSE``. A collapse fills a huge
+    page's missing small ones: over a sparse range (address space reserved, touched here and there) it would grow
+    the memory the process holds."""
     ranges: Ranges = []
     current: tuple[int, int] | None = None
-    for line in lines:
+    for line in smaps:
         parts = line.split()
-        if "-" in parts[0] and not parts[0].endswith(":"):  # a mapping's first line
+        if not parts:
+            continue
+        if _HEADER.fullmatch(parts[0]):  # a mapping's first line (field lines start with "Name:")
             current = None
-            if len(parts) >= 5 and parts[1].startswith("rw") and parts[1][3] == "p" and \
-                    (len(parts) == 5 or parts[5] == "[heap]"):  # (not a file's mapping, the stack, vdso)
+            if len(parts) >= 5 and parts[1][:2] == "rw" and parts[1][3:4] == "p" and \
+                    (len(parts) == 5 or parts[5] == "[heap]"):
                 start, _, end = parts[0].partition("-")
                 current = (int(start, 16), int(end, 16))
-        elif parts[0] == "Rss:" and current is not None:
+        elif parts[0] == "Rss:" and current is not None and len(parts) > 1:
             if int(parts[1]) << 10 >= DENSE * (current[1] - current[0]):
                 ranges.append(current)
             current = None
@@ -75,12 +88,13 @@ def model_bytes(model_path: Path) -> int:
         return 0
 
 
-def wanted(asked: bool | None, decoder: bool, model_path: Path) -> bool:
+def wanted(asked: bool | None, decoder: bool, model_path: Path, on_cpu: bool) -> bool:
     """Whether to collapse after loading ``model_path``: as option huge_pages ``asked``; by default (None) for a
-    decoder (option decoder: a step reads every weight) of MIN_BYTES to MAX_DEFAULT_BYTES."""
+    decoder (option decoder: a step reads every weight) of MIN_BYTES to MAX_DEFAULT_BYTES whose engine runs on the
+    CPU (an NPU's or a GPU's weights are not read through this process's pages)."""
     if asked is not None:
         return asked
-    return decoder and MIN_BYTES <= model_bytes(model_path) <= MAX_DEFAULT_BYTES
+    return decoder and on_cpu and MIN_BYTES <= model_bytes(model_path) <= MAX_DEFAULT_BYTES
 
 
 def _whole_pages(ranges: Ranges) -> Ranges:
@@ -92,27 +106,48 @@ def _whole_pages(ranges: Ranges) -> Ranges:
 @dataclass
 class Collapse:
     """The collapse of the process's dense anonymous memory, on a thread of its own: ``done`` is set when it ends;
-    then ``collapsed`` bytes of the ``advised`` are on huge pages, in ``seconds`` (``refused``: the kernel's reason
-    where it took none)."""
+    then ``collapsed`` bytes of the ``advised`` are on huge pages, in ``seconds`` (``refused``: why the kernel took
+    none, or why nothing was asked). ``stop()`` ends it at the next huge page (the runner's close)."""
 
     advised: int = 0
     collapsed: int = 0
     seconds: float = 0.0
     refused: str = ""
     done: threading.Event = field(default_factory=threading.Event)
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        self.stopped.set()
 
 
 def collapse_all() -> Collapse:
     """Start collapsing the process's dense anonymous memory (after a load: most of it the engine's; what is huge
-    already the kernel passes over)."""
+    already the kernel passes over). Where no thread can be started, a Collapse refused and done."""
     collapse = Collapse()
-    threading.Thread(target=_collapse, args=(collapse,), name="npurt-huge-pages", daemon=True).start()
+    try:
+        threading.Thread(target=_collapse, args=(collapse,), name="npurt-huge-pages", daemon=True).start()
+    except RuntimeError as e:  # (at interpreter exit, or out of threads)
+        collapse.refused = f"no thread to collapse on: {e}"
+        collapse.done.set()
     return collapse
+
+
+def thp_mode() -> str:
+    """The kernel's transparent huge pages mode ("always", "madvise", "never"; "" where not told)."""
+    try:
+        text = THP_MODE.read_text()
+    except OSError:
+        return ""
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else ""
 
 
 def _collapse(collapse: Collapse) -> None:
     t0 = time.perf_counter()
     try:
+        if thp_mode() == "never":
+            collapse.refused = "transparent huge pages are 'never' on this machine: nothing asked"
+            return
         ranges = dense_anonymous_ranges()
         if ranges is None:
             collapse.refused = "no /proc/self/smaps to read (not Linux)"
@@ -124,32 +159,34 @@ def _collapse(collapse: Collapse) -> None:
         madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         reasons = set()
         for lo, hi in pages:
-            # freed and mapped again since (the engine's, or anyone's): advice only, the kernel checks the range
-            if madvise(lo, hi - lo, _MADV_HUGEPAGE) != 0:
-                reasons.add(_reason(ctypes.get_errno(), _MADV_HUGEPAGE))
-                continue
-            # a huge page at a time: the engine's reads of the page being copied wait for that page only
+            # a huge page at a time: the engine's reads of the page being copied wait for that page only, and a
+            # close stops it (a range freed since and mapped again sparse would be filled)
             for at in range(lo, hi, HUGE_PAGE):
+                if collapse.stopped.is_set():
+                    reasons.add("stopped: the runner closed")
+                    break
                 if madvise(at, HUGE_PAGE, _MADV_COLLAPSE) == 0:
                     collapse.collapsed += HUGE_PAGE
-                elif (code := ctypes.get_errno()) == errno.EINVAL:
-                    reasons.add(_reason(code, _MADV_COLLAPSE))
+                    continue
+                code = ctypes.get_errno()
+                reasons.add(_reason(code))
+                if code == errno.EINVAL:  # the range is marked not to be huge, or the kernel has no MADV_COLLAPSE
                     break
         if not collapse.collapsed:
             collapse.refused = "; ".join(sorted(reasons)) or "nothing to collapse"
-    except (OSError, AttributeError) as e:  # no libc to call (not Linux)
-        collapse.refused = f"madvise unavailable: {e}"
+    except Exception as e:  # noqa: BLE001 - advice only: told in ``refused``, never raised on a daemon thread
+        collapse.refused = f"{type(e).__name__}: {e}"
     finally:
         collapse.seconds = time.perf_counter() - t0
         collapse.done.set()
 
 
-def _reason(code: int, advice: int) -> str:
-    what = "MADV_HUGEPAGE" if advice == _MADV_HUGEPAGE else "MADV_COLLAPSE"
+def _reason(code: int) -> str:
     if code == errno.EINVAL:
-        return f"{what} refused (transparent huge pages 'never', or a kernel before 6.1)"
-    return f"{what}: {os.strerror(code)}"
+        return ("MADV_COLLAPSE refused: memory marked MADV_NOHUGEPAGE, huge pages disabled for this process, or a "
+                "kernel before 6.1")
+    return f"MADV_COLLAPSE: {os.strerror(code)}"
 
 
-__all__ = ["MAX_DEFAULT_BYTES", "MIN_BYTES", "Collapse", "collapse_all", "dense_anonymous_ranges", "model_bytes",
-           "wanted"]
+__all__ = ["DENSE", "MAX_DEFAULT_BYTES", "MIN_BYTES", "Collapse", "collapse_all", "dense", "dense_anonymous_ranges",
+           "model_bytes", "thp_mode", "wanted"]

@@ -204,9 +204,9 @@ class Runner:
     @property
     def huge_pages(self) -> Collapse | None:
         """The collapse of the process's memory into huge pages once this model loaded, on a thread of its own
-        (option ``huge_pages``; by default for a decoder of 32 to 256 MB: ``npurt.huge_pages.wanted``): its ``done``
-        event, then the bytes ``collapsed`` of those ``advised``, or why the kernel ``refused``. None where not
-        asked for."""
+        (option ``huge_pages``; by default for a decoder of 32 to 256 MB on the CPU: ``npurt.huge_pages.wanted``):
+        its ``done`` event, then the bytes ``collapsed`` of those ``advised``, or why none were (``refused``). None
+        where not asked for (a remote runner's: the service's process holds its memory)."""
         return self._core.huge_pages
 
     @property
@@ -407,6 +407,8 @@ class Runner:
             return
         core.closed = True  # from here on nothing new starts
         open_runners.discard(self)
+        if core.huge_pages is not None:
+            core.huge_pages.stop()  # (its memory goes now: a range mapped again there would be filled)
         try:
             self._streams.close()  # runs waiting for their stream's turn end now, with FAILURE
             core.jobs.close()
