@@ -70,6 +70,8 @@ class RunnerCore:
     def executed(self, status: StatusCode, message: str) -> StatusCode:
         """An execute's end: counted, and ``status`` returned with ``message`` as its ``last_error``."""
         self.stats.execute_ended()
+        if self.huge_pages is not None:  # (its collapse waits for the first run: a prompt's run beside it waited)
+            self.huge_pages.start()
         if status is not SUCCESS:
             self.stats.execute_failed()
             self.log.debug("%s: %s", status.name, message)

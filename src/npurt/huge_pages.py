@@ -15,8 +15,8 @@ pages (``MADV_COLLAPSE``, Linux 6.1+), on a thread of its own: all of them, as a
 reuses the memory the first one had. One-shot: no flag stays on the ranges (``MADV_HUGEPAGE`` would leave later
 faults and khugepaged filling them, and would lift another library's ``MADV_NOHUGEPAGE``, which the collapse
 respects). Collapsing copies (~0.05-0.4 s of one core for SmolLM2 int4, ~1.6-1.8 s for fp32: the kernel's compaction
-varies), which the load does not wait for; what runs beside it waits at times for the process's mappings (a
-Generator made at once maps its cache: +15-35 ms on int4). Closing the runner stops it at the next huge page.
+varies), which the load does not wait for; it begins after the runner's first run (``IDLE_START_S``), as the steps
+run beside it wait at times for the pages being copied. Closing the runner stops it at the next huge page.
 Advice only: no value changes. The collapse ignores the THP mode, so under ``never`` nothing is asked (the admin's
 choice); on a kernel before 6.1 or another OS the kernel refuses and nothing changes (``Collapse.refused`` says why).
 """
@@ -41,6 +41,10 @@ MIN_BYTES = 32 << 20  # a model of fewer bytes: too small for its TLB misses to 
 # decoded beside it, came at 0.7x the ids/s (1.15-1.2x after); int4's (~120 MB) took 0.05-0.4 s
 MAX_DEFAULT_BYTES = 256 << 20
 DENSE = 0.875  # a range is collapsed where at least this share of it is resident
+# the collapse begins when the runner's first run ends, or after this long without one: begun at once, it ran beside
+# the Generator's making (its cache's mappings waited: +10-15 ms) and the prompt's run (its weights' pages waited:
+# SmolLM2 int4's first token 81-209 ms against 83-97 ms where the compaction took 0.24-0.27 s)
+IDLE_START_S = 1.0
 _MADV_COLLAPSE = 25
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _HEADER = re.compile(r"[0-9a-f]+-[0-9a-f]+")
@@ -115,9 +119,16 @@ class Collapse:
     refused: str = ""
     done: threading.Event = field(default_factory=threading.Event)
     stopped: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        """Let it begin (the runner's first run has ended; else it begins after ``IDLE_START_S``)."""
+        if not self.go.is_set():
+            self.go.set()
 
     def stop(self) -> None:
         self.stopped.set()
+        self.go.set()
 
 
 def collapse_all() -> Collapse:
@@ -143,8 +154,12 @@ def thp_mode() -> str:
 
 
 def _collapse(collapse: Collapse) -> None:
+    collapse.go.wait(IDLE_START_S)
     t0 = time.perf_counter()
     try:
+        if collapse.stopped.is_set():
+            collapse.refused = "stopped before it began: the runner closed"
+            return
         if thp_mode() == "never":
             collapse.refused = "transparent huge pages are 'never' on this machine: nothing asked"
             return
@@ -188,5 +203,5 @@ def _reason(code: int) -> str:
     return f"MADV_COLLAPSE: {os.strerror(code)}"
 
 
-__all__ = ["DENSE", "MAX_DEFAULT_BYTES", "MIN_BYTES", "Collapse", "collapse_all", "dense", "dense_anonymous_ranges",
-           "model_bytes", "thp_mode", "wanted"]
+__all__ = ["DENSE", "IDLE_START_S", "MAX_DEFAULT_BYTES", "MIN_BYTES", "Collapse", "collapse_all", "dense",
+           "dense_anonymous_ranges", "model_bytes", "thp_mode", "wanted"]
