@@ -13,9 +13,8 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import huge_pages
 from .engine import Backend
 from .jobs import JobScheduler
 from .logs import RunnerLog
@@ -29,6 +28,9 @@ from .stream_state import StreamState, StreamTable
 from .tensor import NpuTensor
 from .types import DeviceInfo, JobHandle, NpuTensorInfo, StatusCode, TensorDirection
 from .variants import ShapeVariants
+
+if TYPE_CHECKING:
+    from .huge_pages import Collapse
 
 
 class RunnerCore:
@@ -47,7 +49,7 @@ class RunnerCore:
         self.log = log
         self.model_name = model_name
         self.closed = False
-        self.huge_pages: huge_pages.Collapse | None = None  # the collapse of the load's memory (option huge_pages)
+        self.huge_pages: Collapse | None = None  # the collapse of the load's memory (option huge_pages)
         self._tls = threading.local()
         # set this thread's last_error: a C call (setattr on the thread-local), no Python frame (every job's path)
         self.set_last_error: Callable[[str], None] = functools.partial(setattr, self._tls, "error")
@@ -167,9 +169,13 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         before_load(core)
         if not engine_first:
             variants.load()
-        if backend.model_is_a_file and huge_pages.wanted(options.huge_pages, options.decoder is not None,
-                                                         backend.model_path, opened.device_info.attached == "CPU"):
-            core.huge_pages = huge_pages.collapse_all()
+        if backend.model_is_a_file and options.huge_pages is not False and \
+                (options.huge_pages or options.decoder is not None):
+            from . import huge_pages  # (only where it may be asked for: not on every import of npurt)
+
+            if huge_pages.wanted(options.huge_pages, options.decoder is not None, backend.model_path,
+                                 opened.device_info.attached == "CPU"):
+                core.huge_pages = huge_pages.collapse_all()
     except BaseException:
         if variants is not None:
             variants.close()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import glob
 import os
 import re
 import threading
@@ -86,6 +85,8 @@ def dense(smaps: list[str]) -> Ranges:
 
 def model_bytes(model_path: Path) -> int:
     """The bytes of a model file and the files beside it that share its stem (its external data, an IR's .bin)."""
+    import glob
+
     try:
         return sum(f.stat().st_size for f in model_path.parent.glob(glob.escape(model_path.stem) + ".*") if f.is_file())
     except OSError:

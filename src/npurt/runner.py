@@ -21,7 +21,7 @@ import shutil
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +30,6 @@ from .arrays import ArrayRuns
 from .bound import BoundRun
 from .core import RunnerCore, assemble
 from .engine import Backend, Engine
-from .huge_pages import Collapse
 from .logs import RunnerLog
 from .options import RunnerOptions, parse_options
 from .ports import Port, PortSpec
@@ -54,6 +53,9 @@ from .types import (
     job_handle,
 )
 from .variants import Variant
+
+if TYPE_CHECKING:
+    from .huge_pages import Collapse
 
 
 class Runner:
