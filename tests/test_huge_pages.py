@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import mmap
 import re
+import time
 from pathlib import Path
 
 import pytest
 
-from npurt import Generator, RunnerFactory
+from npurt import Generator, RunnerFactory, huge_pages
 from npurt.huge_pages import MAX_DEFAULT_BYTES, MIN_BYTES, dense, thp_mode, wanted
 from npurt.options import parse_options
 from tests.helpers.decoders import PROMPT, decoder_folder
@@ -80,6 +81,24 @@ def test_a_small_decoder_asked_collapses_and_leaves_no_huge_memory_marked_otherw
         assert collapse.collapsed > 0, collapse.refused  # (the process's heap, at the least)
     assert _anon_huge_kib(start, start + len(kept)) == 0
     kept.close()
+
+
+@collapses
+def test_the_collapse_waits_for_the_first_run_and_a_close_before_it_stops_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(huge_pages, "START_AT_LATEST_S", 60.0)
+    model = decoder_folder(tmp_path, "gqa")
+    options = {"decoder": {"max_length": 32}, "huge_pages": True}
+    with RunnerFactory.create_runner("VAIML", model, options) as r:
+        collapse = r.huge_pages
+        assert collapse is not None
+        time.sleep(0.3)
+        assert not collapse.done.is_set() and collapse.advised == 0  # (not begun: no run yet)
+        Generator(r).generate(PROMPT, 2, eos_token_id=[])
+        assert collapse.done.wait(120) and collapse.collapsed > 0, collapse.refused
+    with RunnerFactory.create_runner("VAIML", model, options) as r:
+        collapse = r.huge_pages
+    assert collapse is not None and collapse.done.wait(10)
+    assert collapse.refused == "stopped before it began: the runner closed" and collapse.collapsed == 0
 
 
 def _address(buffer: mmap.mmap) -> int:

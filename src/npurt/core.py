@@ -72,7 +72,7 @@ class RunnerCore:
     def executed(self, status: StatusCode, message: str) -> StatusCode:
         """An execute's end: counted, and ``status`` returned with ``message`` as its ``last_error``."""
         self.stats.execute_ended()
-        if self.huge_pages is not None:  # (its collapse waits for the first run: a prompt's run beside it waited)
+        if self.huge_pages is not None:  # (its collapse waits for the first run: runs beside it wait on its pages)
             self.huge_pages.start()
         if status is not SUCCESS:
             self.stats.execute_failed()
@@ -169,8 +169,8 @@ def assemble(backend: Backend, options: RunnerOptions, log: RunnerLog, model_nam
         before_load(core)
         if not engine_first:
             variants.load()
-        if backend.model_is_a_file and options.huge_pages is not False and \
-                (options.huge_pages or options.decoder is not None):
+        maybe = options.huge_pages if options.huge_pages is not None else options.decoder is not None
+        if backend.model_is_a_file and maybe:
             from . import huge_pages  # (only where it may be asked for: not on every import of npurt)
 
             if huge_pages.wanted(options.huge_pages, options.decoder is not None, backend.model_path,

@@ -14,9 +14,10 @@ So once a model has loaded (``wanted``: by default a decoder of ``MIN_BYTES`` to
 pages (``MADV_COLLAPSE``, Linux 6.1+), on a thread of its own: all of them, as a model loaded after another was freed
 reuses the memory the first one had. One-shot: no flag stays on the ranges (``MADV_HUGEPAGE`` would leave later
 faults and khugepaged filling them, and would lift another library's ``MADV_NOHUGEPAGE``, which the collapse
-respects). Collapsing copies (~0.05-0.4 s of one core for SmolLM2 int4, ~1.6-1.8 s for fp32: the kernel's compaction
-varies), which the load does not wait for; it begins after the runner's first run (``IDLE_START_S``), as the steps
-run beside it wait at times for the pages being copied. Closing the runner stops it at the next huge page.
+respects). Collapsing copies (~0.05-0.43 s of one core for SmolLM2 int4, ~1.5-1.8 s for fp32: the kernel's compaction
+varies), which the load does not wait for; it begins after the runner's first execute or bound run, or
+``START_AT_LATEST_S`` after the load, whichever is first, as the runs beside it wait at times for the pages being
+copied. Closing the runner stops it at the next huge page.
 Advice only: no value changes. The collapse ignores the THP mode, so under ``never`` nothing is asked (the admin's
 choice); on a kernel before 6.1 or another OS the kernel refuses and nothing changes (``Collapse.refused`` says why).
 """
@@ -36,14 +37,15 @@ Ranges = list[tuple[int, int]]  # [start, end) addresses
 
 HUGE_PAGE = 2 << 20
 MIN_BYTES = 32 << 20  # a model of fewer bytes: too small for its TLB misses to show
-# by default no larger: collapsing SmolLM2 fp32's process (540 MB of weights) took 1.6-1.8 s, and its first 64 ids,
-# decoded beside it, came at 0.7x the ids/s (1.15-1.2x after); int4's (~120 MB) took 0.05-0.4 s
+# by default no larger: collapsing SmolLM2 fp32's process (540 MB of weights) took 1.5-1.8 s, and its first 64 ids,
+# decoded beside it, came at 0.7x the ids/s (1.1x after); int4's (~120 MB) took 0.05-0.43 s
 MAX_DEFAULT_BYTES = 256 << 20
 DENSE = 0.875  # a range is collapsed where at least this share of it is resident
-# the collapse begins when the runner's first run ends, or after this long without one: begun at once, it ran beside
-# the Generator's making (its cache's mappings waited: +10-15 ms) and the prompt's run (its weights' pages waited:
-# SmolLM2 int4's first token 81-209 ms against 83-97 ms where the compaction took 0.24-0.27 s)
-IDLE_START_S = 1.0
+# the collapse begins when the runner's first execute or bound run ends (a Generator's first run), or this long after
+# the load, whichever comes first (other run paths: runner.run, execute_async, only by this): begun at once, it ran
+# beside the Generator's making (its cache's mappings waited: +10-35 ms) and the prompt's run (its weights' pages
+# waited: SmolLM2 int4's first token 81-209 ms against 83-97 ms where the compaction took 0.24-0.27 s)
+START_AT_LATEST_S = 1.0
 _MADV_COLLAPSE = 25
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _HEADER = re.compile(r"[0-9a-f]+-[0-9a-f]+")
@@ -123,7 +125,7 @@ class Collapse:
     go: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
-        """Let it begin (the runner's first run has ended; else it begins after ``IDLE_START_S``)."""
+        """Let it begin (the runner's first execute or bound run has ended)."""
         if not self.go.is_set():
             self.go.set()
 
@@ -155,7 +157,7 @@ def thp_mode() -> str:
 
 
 def _collapse(collapse: Collapse) -> None:
-    collapse.go.wait(IDLE_START_S)
+    collapse.go.wait(START_AT_LATEST_S)
     t0 = time.perf_counter()
     try:
         if collapse.stopped.is_set():
@@ -204,5 +206,5 @@ def _reason(code: int) -> str:
     return f"MADV_COLLAPSE: {os.strerror(code)}"
 
 
-__all__ = ["DENSE", "IDLE_START_S", "MAX_DEFAULT_BYTES", "MIN_BYTES", "Collapse", "collapse_all", "dense",
+__all__ = ["DENSE", "START_AT_LATEST_S", "MAX_DEFAULT_BYTES", "MIN_BYTES", "Collapse", "collapse_all", "dense",
            "dense_anonymous_ranges", "model_bytes", "thp_mode", "wanted"]
