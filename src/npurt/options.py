@@ -116,6 +116,14 @@ class RunnerOptions:
         return self.input_tensor_type if direction is TensorDirection.INPUT else self.output_tensor_type
 
 
+def cores() -> int:
+    """The CPUs this process may use (what per-run thread counts are sized by)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _choice(key: str, value: Any, valid: tuple[str, ...], upper: bool) -> str:
     if isinstance(value, str):
         v = value.upper() if upper else value.lower()
@@ -181,7 +189,7 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
                 raise ValueError(f"option 'state_pairs' maps input names to the output names fed back as them, "
                                  f"e.g. {{'state': 'stateN'}}; got {value!r}")
             kw[key] = dict(value)
-        elif key in ("static_shapes", "huge_pages"):
+        elif key in ("static_shapes", "huge_pages", "memory_strict"):
             if not isinstance(value, bool):
                 raise ValueError(f"option {key!r}: {value!r} is not a bool")
             kw[key] = value
@@ -221,10 +229,6 @@ def parse_options(options: Mapping[str, Any] | None) -> RunnerOptions:
             kw[key] = _parse_frames(value)
         elif key == "decoder":
             kw[key] = _parse_decoder(value)
-        elif key == "memory_strict":
-            if not isinstance(value, bool):
-                raise ValueError(f"option 'memory_strict': {value!r} is not a bool")
-            kw[key] = value
     if "num_threads" not in kw and os.environ.get(NUM_THREADS_ENV):
         try:
             kw["num_threads"] = _positive_int(NUM_THREADS_ENV, int(os.environ[NUM_THREADS_ENV]))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..factory import RunnerFactory, create_auto
+from ..options import cores
 from ..runner import Runner
 from ..types import NpuError, StatusCode
 from . import protocol as p
@@ -123,7 +124,7 @@ class Service:
             raw = p.served_options(options, {**defaults, **requested})
             t0 = time.perf_counter()
             runner = self._create_runner(self.models[name], raw)
-            slots = self.workers or max(runner.max_concurrent_runs, _cores())
+            slots = self.workers or max(runner.max_concurrent_runs, cores())
             served = ServedModel(name, key, raw, runner, slots, self.metrics)
             self._served[full_key] = served
             log.info("model %s (%s) loaded in %.0f ms: %s; options %s; %d runs at once", name,
@@ -384,13 +385,6 @@ def _gid_of(group: str | int) -> int:
         return grp.getgrnam(str(group)).gr_gid
     except KeyError:
         raise ValueError(f"--group {group!r}: no such group") from None
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 __all__ = ["Limits", "Peer", "Service", "ServiceError", "peer_of"]

@@ -12,13 +12,12 @@ SessionOptions of every session of a runner from them and npurt's own choices (t
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import onnxruntime as ort
 
-from ...options import RunnerOptions
+from ...options import RunnerOptions, cores
 from ...types import NpuError
 
 SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's config entry: "1" spins, anything else does not
@@ -70,14 +69,6 @@ def spinning_off(options: RunnerOptions) -> bool:
     """Whether idle intra-op threads stop spin-waiting: with several runs at once they steal each other's cores. One
     run at a time keeps ONNX Runtime's default (spinning): its threads wait for that run's next parallel section."""
     return options.performance_hint == "THROUGHPUT" and (options.max_concurrent_runs or 2) > 1
-
-
-def cores() -> int:
-    """The CPUs this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def optimization_name(given: Mapping[str, Any]) -> str:
